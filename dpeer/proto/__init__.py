@@ -1,0 +1,1 @@
+"""Generated wire protocol (dpeer.v1); do not edit, run scripts/gen_proto.py."""

@@ -1,0 +1,366 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Heartbeat(_message.Message):
+    __slots__ = ("node_id", "addr", "incarnation", "term", "last_applied", "commit_index", "first_index", "sent_at")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    addr: str
+    incarnation: int
+    term: int
+    last_applied: int
+    commit_index: int
+    first_index: int
+    sent_at: float
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., incarnation: _Optional[int] = ..., term: _Optional[int] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., first_index: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
+
+class MemberUpdate(_message.Message):
+    __slots__ = ("node_id", "addr", "state", "incarnation", "from_id")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        ALIVE: _ClassVar[MemberUpdate.State]
+        SUSPECT: _ClassVar[MemberUpdate.State]
+        DEAD: _ClassVar[MemberUpdate.State]
+        LEFT: _ClassVar[MemberUpdate.State]
+    ALIVE: MemberUpdate.State
+    SUSPECT: MemberUpdate.State
+    DEAD: MemberUpdate.State
+    LEFT: MemberUpdate.State
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    addr: str
+    state: MemberUpdate.State
+    incarnation: int
+    from_id: str
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[MemberUpdate.State, str]] = ..., incarnation: _Optional[int] = ..., from_id: _Optional[str] = ...) -> None: ...
+
+class Ping(_message.Message):
+    __slots__ = ("seq", "heartbeat", "target", "gossip")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    heartbeat: Heartbeat
+    target: str
+    gossip: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., target: _Optional[str] = ..., gossip: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("seq", "heartbeat", "gossip")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    heartbeat: Heartbeat
+    gossip: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., gossip: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+
+class PingReq(_message.Message):
+    __slots__ = ("seq", "heartbeat", "target", "target_addr", "gossip")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ADDR_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    heartbeat: Heartbeat
+    target: str
+    target_addr: str
+    gossip: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., target: _Optional[str] = ..., target_addr: _Optional[str] = ..., gossip: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+
+class Nack(_message.Message):
+    __slots__ = ("seq", "heartbeat")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    heartbeat: Heartbeat
+    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class PushPull(_message.Message):
+    __slots__ = ("heartbeat", "members", "reply")
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    heartbeat: Heartbeat
+    members: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    reply: bool
+    def __init__(self, heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ..., reply: _Optional[bool] = ...) -> None: ...
+
+class Entry(_message.Message):
+    __slots__ = ("index", "term", "kind", "payload")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    term: int
+    kind: str
+    payload: bytes
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., kind: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class VoteRequest(_message.Message):
+    __slots__ = ("term", "candidate", "last_index", "last_term", "pre_vote")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_TERM_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    candidate: str
+    last_index: int
+    last_term: int
+    pre_vote: bool
+    def __init__(self, term: _Optional[int] = ..., candidate: _Optional[str] = ..., last_index: _Optional[int] = ..., last_term: _Optional[int] = ..., pre_vote: _Optional[bool] = ...) -> None: ...
+
+class VoteResponse(_message.Message):
+    __slots__ = ("term", "granted", "pre_vote", "reason")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    PRE_VOTE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    granted: bool
+    pre_vote: bool
+    reason: str
+    def __init__(self, term: _Optional[int] = ..., granted: _Optional[bool] = ..., pre_vote: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("term", "leader", "prev_index", "prev_term", "entries", "commit", "read_seq")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    PREV_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PREV_TERM_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    leader: str
+    prev_index: int
+    prev_term: int
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    commit: int
+    read_seq: int
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., prev_index: _Optional[int] = ..., prev_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("term", "success", "match_index", "reject_hint", "read_seq")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    SUCCESS_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REJECT_HINT_FIELD_NUMBER: _ClassVar[int]
+    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    success: bool
+    match_index: int
+    reject_hint: int
+    read_seq: int
+    def __init__(self, term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., reject_hint: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("term", "leader", "index", "snapshot_term", "data")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    leader: str
+    index: int
+    snapshot_term: int
+    data: bytes
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SnapshotResponse(_message.Message):
+    __slots__ = ("term", "match_index")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    match_index: int
+    def __init__(self, term: _Optional[int] = ..., match_index: _Optional[int] = ...) -> None: ...
+
+class Envelope(_message.Message):
+    __slots__ = ("from_id", "from_addr", "to_id", "ping", "ack", "ping_req", "nack", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "snapshot_request", "snapshot_response")
+    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ADDR_FIELD_NUMBER: _ClassVar[int]
+    TO_ID_FIELD_NUMBER: _ClassVar[int]
+    PING_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    PING_REQ_FIELD_NUMBER: _ClassVar[int]
+    NACK_FIELD_NUMBER: _ClassVar[int]
+    PUSH_PULL_FIELD_NUMBER: _ClassVar[int]
+    VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    VOTE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    APPEND_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    APPEND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    from_id: str
+    from_addr: str
+    to_id: str
+    ping: Ping
+    ack: Ack
+    ping_req: PingReq
+    nack: Nack
+    push_pull: PushPull
+    vote_request: VoteRequest
+    vote_response: VoteResponse
+    append_request: AppendRequest
+    append_response: AppendResponse
+    snapshot_request: SnapshotRequest
+    snapshot_response: SnapshotResponse
+    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., to_id: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ..., snapshot_response: _Optional[_Union[SnapshotResponse, _Mapping]] = ...) -> None: ...
+
+class Delivered(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FetchEntriesRequest(_message.Message):
+    __slots__ = ("node_id", "from_index", "to_index", "max_chunk_bytes")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TO_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    from_index: int
+    to_index: int
+    max_chunk_bytes: int
+    def __init__(self, node_id: _Optional[str] = ..., from_index: _Optional[int] = ..., to_index: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class EntryChunk(_message.Message):
+    __slots__ = ("entries", "commit_index", "term")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    commit_index: int
+    term: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class FetchSnapshotRequest(_message.Message):
+    __slots__ = ("node_id", "offset")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    offset: int
+    def __init__(self, node_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("index", "snapshot_term", "offset", "data", "total_size", "done", "crc32")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    snapshot_term: int
+    offset: int
+    data: bytes
+    total_size: int
+    done: bool
+    crc32: int
+    def __init__(self, index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., done: _Optional[bool] = ..., crc32: _Optional[int] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("node_id", "addr")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    addr: str
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("accepted", "leader_id", "leader_addr", "members", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    leader_id: str
+    leader_addr: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_addr: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class KvPutRequest(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class KvPutReply(_message.Message):
+    __slots__ = ("committed", "index", "leader_id", "reason")
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    committed: bool
+    index: int
+    leader_id: str
+    reason: str
+    def __init__(self, committed: _Optional[bool] = ..., index: _Optional[int] = ..., leader_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class KvGetRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class KvGetReply(_message.Message):
+    __slots__ = ("found", "value", "read_index", "reason")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    READ_INDEX_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    value: str
+    read_index: int
+    reason: str
+    def __init__(self, found: _Optional[bool] = ..., value: _Optional[str] = ..., read_index: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

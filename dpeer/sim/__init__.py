@@ -1,0 +1,1 @@
+"""A seeded, deterministic discrete-event simulator for the pure protocol cores."""

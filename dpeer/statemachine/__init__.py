@@ -1,0 +1,1 @@
+"""Durable, deterministic node state: the log, term/vote, snapshots, the applied cluster state."""

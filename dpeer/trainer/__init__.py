@@ -1,0 +1,1 @@
+"""The training side: worker, group (re)formation, healing, exact-once data, checkpoints."""

@@ -1,0 +1,108 @@
+"""Deterministic global-batch sampling: which dataset indices each step consumes, and how a step's
+indices are split across the ranks of the current group.
+
+Pure Python, no torch: step ``s`` consumes positions ``[s*B, (s+1)*B)`` of an endless stream made
+of one seeded permutation of ``range(dataset_len)`` per epoch. The permutation is a keyed Feistel
+network with cycle-walking, so any index is computed in O(1) without materialising the epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_MASK64 = (1 << 64) - 1
+_ROUNDS = 6
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64 finaliser: a fast, well-distributed 64-bit integer hash."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+class FeistelPermutation:
+    """A keyed bijection of ``range(n)`` (balanced Feistel network plus cycle-walking)."""
+
+    def __init__(self, n: int, key: int) -> None:
+        if n <= 0:
+            raise ValueError(f"permutation domain must be positive, got {n}")
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        bits += bits % 2
+        self._half = bits // 2
+        self._half_mask = (1 << self._half) - 1
+        self._keys = [_mix64((key & _MASK64) ^ _mix64(r + 1)) for r in range(_ROUNDS)]
+
+    def _encrypt(self, x: int) -> int:
+        left, right = x >> self._half, x & self._half_mask
+        for k in self._keys:
+            left, right = right, left ^ (_mix64(right ^ k) & self._half_mask)
+        return (left << self._half) | right
+
+    def __call__(self, i: int) -> int:
+        """Return the image of ``i`` (0 <= i < n)."""
+        if not 0 <= i < self.n:
+            raise IndexError(f"index {i} outside permutation domain {self.n}")
+        x = self._encrypt(i)
+        while x >= self.n:
+            x = self._encrypt(x)
+        return x
+
+
+@dataclass(frozen=True)
+class GlobalBatchSampler:
+    """Maps a step number to its fixed, seeded list of ``global_batch`` dataset indices."""
+
+    dataset_len: int
+    global_batch: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        if self.dataset_len <= 0 or self.global_batch <= 0:
+            raise ValueError("dataset_len and global_batch must be positive")
+
+    def _perm(self, epoch: int) -> FeistelPermutation:
+        return FeistelPermutation(self.dataset_len, _mix64(self.seed * 0x100000001B3 + epoch))
+
+    def indices_for_step(self, step: int) -> list[int]:
+        """Global sample indices consumed by ``step`` (same on every node, any world size)."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        out: list[int] = []
+        pos = step * self.global_batch
+        end = pos + self.global_batch
+        while pos < end:
+            epoch, offset = divmod(pos, self.dataset_len)
+            perm = self._perm(epoch)
+            take = min(end - pos, self.dataset_len - offset)
+            out.extend(perm(offset + j) for j in range(take))
+            pos += take
+        return out
+
+    def cursor_after(self, step: int) -> int:
+        """Stream position (samples consumed) once ``step`` steps are committed."""
+        return step * self.global_batch
+
+
+def shard_bounds(total: int, rank: int, world: int) -> tuple[int, int]:
+    """Contiguous ``[start, end)`` of rank's share of ``total`` items; the first ranks get the remainder."""
+    if world <= 0 or not 0 <= rank < world:
+        raise ValueError(f"bad rank {rank} for world {world}")
+    base, extra = divmod(total, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def shard(indices: list[int], rank: int, world: int) -> list[int]:
+    """This rank's contiguous, deterministic slice of a step's global indices."""
+    start, end = shard_bounds(len(indices), rank, world)
+    return indices[start:end]
+
+
+def micro_batches(indices: list[int], micro_bs: int) -> list[list[int]]:
+    """Split a rank's share into micro-batches of at most ``micro_bs`` for gradient accumulation."""
+    if micro_bs <= 0:
+        raise ValueError(f"micro batch must be positive, got {micro_bs}")
+    return [indices[i : i + micro_bs] for i in range(0, len(indices), micro_bs)]

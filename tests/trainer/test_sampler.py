@@ -1,0 +1,81 @@
+import pytest
+
+from dpeer.trainer.sampler import (
+    FeistelPermutation,
+    GlobalBatchSampler,
+    micro_batches,
+    shard,
+    shard_bounds,
+)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 16, 17, 100, 1000, 4097])
+@pytest.mark.parametrize("key", [0, 1, 12345])
+def test_feistel_is_a_permutation(n, key):
+    perm = FeistelPermutation(n, key)
+    assert sorted(perm(i) for i in range(n)) == list(range(n))
+
+
+def test_permutation_depends_on_key():
+    a = [FeistelPermutation(1000, 1)(i) for i in range(1000)]
+    b = [FeistelPermutation(1000, 2)(i) for i in range(1000)]
+    assert a != b
+
+
+@pytest.mark.parametrize(
+    "dataset_len,batch,steps",
+    [(100, 10, 10), (100, 7, 30), (64, 64, 3), (10, 3, 20), (1, 1, 4)],
+)
+def test_each_epoch_covers_dataset_exactly_once(dataset_len, batch, steps):
+    s = GlobalBatchSampler(dataset_len, batch, seed=7)
+    stream = [i for st in range(steps) for i in s.indices_for_step(st)]
+    for e in range(len(stream) // dataset_len):
+        assert sorted(stream[e * dataset_len : (e + 1) * dataset_len]) == list(range(dataset_len))
+    assert all(len(s.indices_for_step(st)) == batch for st in range(steps))
+
+
+def test_indices_are_deterministic_and_seeded():
+    a = GlobalBatchSampler(1000, 32, seed=1)
+    b = GlobalBatchSampler(1000, 32, seed=1)
+    c = GlobalBatchSampler(1000, 32, seed=2)
+    assert a.indices_for_step(5) == b.indices_for_step(5)
+    assert a.indices_for_step(5) != c.indices_for_step(5)
+    assert a.indices_for_step(0) != a.indices_for_step(1)
+    assert a.cursor_after(3) == 96
+
+
+@pytest.mark.parametrize("batch", [1, 2, 7, 16, 33])
+def test_shards_partition_any_world(batch):
+    indices = GlobalBatchSampler(500, batch, seed=3).indices_for_step(2)
+    for world in range(1, batch + 1):
+        parts = [shard(indices, r, world) for r in range(world)]
+        assert [i for p in parts for i in p] == indices
+        sizes = [len(p) for p in parts]
+        assert max(sizes) - min(sizes) <= 1
+        assert sum(sizes) == batch
+
+
+@pytest.mark.parametrize(
+    "total,rank,world,expected",
+    [(10, 0, 3, (0, 4)), (10, 1, 3, (4, 7)), (10, 2, 3, (7, 10)), (2, 2, 3, (2, 2)), (0, 0, 1, (0, 0))],
+)
+def test_shard_bounds_table(total, rank, world, expected):
+    assert shard_bounds(total, rank, world) == expected
+
+
+@pytest.mark.parametrize("bad", [(0, 0), (1, 1), (-1, 2)])
+def test_shard_rejects_bad_rank(bad):
+    rank, world = bad
+    with pytest.raises(ValueError):
+        shard([1, 2, 3], rank, world)
+
+
+@pytest.mark.parametrize(
+    "n,mb,expected_sizes",
+    [(10, 4, [4, 4, 2]), (8, 4, [4, 4]), (3, 8, [3]), (0, 2, [])],
+)
+def test_micro_batches(n, mb, expected_sizes):
+    items = list(range(n))
+    parts = micro_batches(items, mb)
+    assert [len(p) for p in parts] == expected_sizes
+    assert [i for p in parts for i in p] == items
