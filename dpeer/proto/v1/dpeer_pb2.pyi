@@ -7,15 +7,25 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class MemberState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ALIVE: _ClassVar[MemberState]
+    SUSPECT: _ClassVar[MemberState]
+    DEAD: _ClassVar[MemberState]
+    LEFT: _ClassVar[MemberState]
+ALIVE: MemberState
+SUSPECT: MemberState
+DEAD: MemberState
+LEFT: MemberState
+
 class Heartbeat(_message.Message):
-    __slots__ = ("node_id", "addr", "incarnation", "term", "last_applied", "commit_index", "first_index", "sent_at")
+    __slots__ = ("node_id", "addr", "incarnation", "term", "last_applied", "commit_index", "sent_at")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
-    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
@@ -23,87 +33,106 @@ class Heartbeat(_message.Message):
     term: int
     last_applied: int
     commit_index: int
-    first_index: int
     sent_at: float
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., incarnation: _Optional[int] = ..., term: _Optional[int] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., first_index: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., incarnation: _Optional[int] = ..., term: _Optional[int] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ..., sent_at: _Optional[float] = ...) -> None: ...
 
 class MemberUpdate(_message.Message):
-    __slots__ = ("node_id", "addr", "state", "incarnation", "from_id")
-    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        ALIVE: _ClassVar[MemberUpdate.State]
-        SUSPECT: _ClassVar[MemberUpdate.State]
-        DEAD: _ClassVar[MemberUpdate.State]
-        LEFT: _ClassVar[MemberUpdate.State]
-    ALIVE: MemberUpdate.State
-    SUSPECT: MemberUpdate.State
-    DEAD: MemberUpdate.State
-    LEFT: MemberUpdate.State
+    __slots__ = ("state", "node_id", "addr", "incarnation", "origin", "refused")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDR_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    state: MemberState
+    node_id: str
+    addr: str
+    incarnation: int
+    origin: str
+    refused: bool
+    def __init__(self, state: _Optional[_Union[MemberState, str]] = ..., node_id: _Optional[str] = ..., addr: _Optional[str] = ..., incarnation: _Optional[int] = ..., origin: _Optional[str] = ..., refused: _Optional[bool] = ...) -> None: ...
+
+class MemberRecord(_message.Message):
+    __slots__ = ("node_id", "addr", "state", "incarnation", "term", "last_applied", "commit_index")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
-    FROM_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
-    state: MemberUpdate.State
+    state: MemberState
     incarnation: int
-    from_id: str
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[MemberUpdate.State, str]] = ..., incarnation: _Optional[int] = ..., from_id: _Optional[str] = ...) -> None: ...
+    term: int
+    last_applied: int
+    commit_index: int
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., state: _Optional[_Union[MemberState, str]] = ..., incarnation: _Optional[int] = ..., term: _Optional[int] = ..., last_applied: _Optional[int] = ..., commit_index: _Optional[int] = ...) -> None: ...
 
 class Ping(_message.Message):
-    __slots__ = ("seq", "heartbeat", "target", "gossip")
+    __slots__ = ("seq", "target", "hb", "updates")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
-    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    HB_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    heartbeat: Heartbeat
     target: str
-    gossip: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
-    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., target: _Optional[str] = ..., gossip: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+    hb: Heartbeat
+    updates: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, seq: _Optional[int] = ..., target: _Optional[str] = ..., hb: _Optional[_Union[Heartbeat, _Mapping]] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq", "heartbeat", "gossip")
+    __slots__ = ("seq", "hb", "updates")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
-    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    HB_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    heartbeat: Heartbeat
-    gossip: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
-    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., gossip: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+    hb: Heartbeat
+    updates: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, seq: _Optional[int] = ..., hb: _Optional[_Union[Heartbeat, _Mapping]] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class PingReq(_message.Message):
-    __slots__ = ("seq", "heartbeat", "target", "target_addr", "gossip")
+    __slots__ = ("seq", "target", "target_addr", "hb", "updates")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TARGET_ADDR_FIELD_NUMBER: _ClassVar[int]
-    GOSSIP_FIELD_NUMBER: _ClassVar[int]
+    HB_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    heartbeat: Heartbeat
     target: str
     target_addr: str
-    gossip: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
-    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., target: _Optional[str] = ..., target_addr: _Optional[str] = ..., gossip: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
+    hb: Heartbeat
+    updates: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, seq: _Optional[int] = ..., target: _Optional[str] = ..., target_addr: _Optional[str] = ..., hb: _Optional[_Union[Heartbeat, _Mapping]] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class Nack(_message.Message):
-    __slots__ = ("seq", "heartbeat")
+    __slots__ = ("seq", "hb")
     SEQ_FIELD_NUMBER: _ClassVar[int]
-    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    HB_FIELD_NUMBER: _ClassVar[int]
     seq: int
-    heartbeat: Heartbeat
-    def __init__(self, seq: _Optional[int] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    hb: Heartbeat
+    def __init__(self, seq: _Optional[int] = ..., hb: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Gossip(_message.Message):
+    __slots__ = ("hb", "updates")
+    HB_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    hb: Heartbeat
+    updates: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    def __init__(self, hb: _Optional[_Union[Heartbeat, _Mapping]] = ..., updates: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ...) -> None: ...
 
 class PushPull(_message.Message):
-    __slots__ = ("heartbeat", "members", "reply")
-    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("hb", "members", "join", "reply")
+    HB_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
     REPLY_FIELD_NUMBER: _ClassVar[int]
-    heartbeat: Heartbeat
-    members: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    hb: Heartbeat
+    members: _containers.RepeatedCompositeFieldContainer[MemberRecord]
+    join: bool
     reply: bool
-    def __init__(self, heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ..., reply: _Optional[bool] = ...) -> None: ...
+    def __init__(self, hb: _Optional[_Union[Heartbeat, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberRecord, _Mapping]]] = ..., join: _Optional[bool] = ..., reply: _Optional[bool] = ...) -> None: ...
 
 class Entry(_message.Message):
     __slots__ = ("index", "term", "kind", "payload")
@@ -144,90 +173,106 @@ class VoteResponse(_message.Message):
     def __init__(self, term: _Optional[int] = ..., granted: _Optional[bool] = ..., pre_vote: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("term", "leader", "prev_index", "prev_term", "entries", "commit", "read_seq")
+    __slots__ = ("term", "leader", "prev_index", "prev_term", "entries", "commit")
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     PREV_INDEX_FIELD_NUMBER: _ClassVar[int]
     PREV_TERM_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
-    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
     term: int
     leader: str
     prev_index: int
     prev_term: int
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     commit: int
-    read_seq: int
-    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., prev_index: _Optional[int] = ..., prev_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., prev_index: _Optional[int] = ..., prev_term: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit: _Optional[int] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
-    __slots__ = ("term", "success", "match_index", "reject_hint", "read_seq")
+    __slots__ = ("term", "success", "match_index", "reject_hint", "reject_term")
     TERM_FIELD_NUMBER: _ClassVar[int]
     SUCCESS_FIELD_NUMBER: _ClassVar[int]
     MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     REJECT_HINT_FIELD_NUMBER: _ClassVar[int]
-    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    REJECT_TERM_FIELD_NUMBER: _ClassVar[int]
     term: int
     success: bool
     match_index: int
     reject_hint: int
+    reject_term: int
+    def __init__(self, term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., reject_hint: _Optional[int] = ..., reject_term: _Optional[int] = ...) -> None: ...
+
+class RaftHeartbeat(_message.Message):
+    __slots__ = ("term", "leader", "commit", "read_seq")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    leader: str
+    commit: int
     read_seq: int
-    def __init__(self, term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., reject_hint: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., commit: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
+
+class RaftHeartbeatResponse(_message.Message):
+    __slots__ = ("term", "read_seq")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    READ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    read_seq: int
+    def __init__(self, term: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
-    __slots__ = ("term", "leader", "index", "snapshot_term", "data")
+    __slots__ = ("term", "leader", "index", "term_of_index", "data", "voters", "learners")
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
-    SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
+    TERM_OF_INDEX_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
     term: int
     leader: str
     index: int
-    snapshot_term: int
+    term_of_index: int
     data: bytes
-    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
-
-class SnapshotResponse(_message.Message):
-    __slots__ = ("term", "match_index")
-    TERM_FIELD_NUMBER: _ClassVar[int]
-    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
-    term: int
-    match_index: int
-    def __init__(self, term: _Optional[int] = ..., match_index: _Optional[int] = ...) -> None: ...
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., term_of_index: _Optional[int] = ..., data: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("from_id", "from_addr", "to_id", "ping", "ack", "ping_req", "nack", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "snapshot_request", "snapshot_response")
+    __slots__ = ("from_id", "from_addr", "ping", "ack", "ping_req", "nack", "gossip", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "raft_heartbeat", "raft_heartbeat_response", "snapshot_request")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ADDR_FIELD_NUMBER: _ClassVar[int]
-    TO_ID_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PING_REQ_FIELD_NUMBER: _ClassVar[int]
     NACK_FIELD_NUMBER: _ClassVar[int]
+    GOSSIP_FIELD_NUMBER: _ClassVar[int]
     PUSH_PULL_FIELD_NUMBER: _ClassVar[int]
     VOTE_REQUEST_FIELD_NUMBER: _ClassVar[int]
     VOTE_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     APPEND_REQUEST_FIELD_NUMBER: _ClassVar[int]
     APPEND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    RAFT_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    RAFT_HEARTBEAT_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_REQUEST_FIELD_NUMBER: _ClassVar[int]
-    SNAPSHOT_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     from_addr: str
-    to_id: str
     ping: Ping
     ack: Ack
     ping_req: PingReq
     nack: Nack
+    gossip: Gossip
     push_pull: PushPull
     vote_request: VoteRequest
     vote_response: VoteResponse
     append_request: AppendRequest
     append_response: AppendResponse
+    raft_heartbeat: RaftHeartbeat
+    raft_heartbeat_response: RaftHeartbeatResponse
     snapshot_request: SnapshotRequest
-    snapshot_response: SnapshotResponse
-    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., to_id: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ..., snapshot_response: _Optional[_Union[SnapshotResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., gossip: _Optional[_Union[Gossip, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., raft_heartbeat: _Optional[_Union[RaftHeartbeat, _Mapping]] = ..., raft_heartbeat_response: _Optional[_Union[RaftHeartbeatResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ...) -> None: ...
 
 class Delivered(_message.Message):
     __slots__ = ()
@@ -282,12 +327,14 @@ class SnapshotChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., done: _Optional[bool] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "addr")
+    __slots__ = ("node_id", "addr", "store_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ...) -> None: ...
+    store_port: int
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "leader_id", "leader_addr", "members", "reason")
@@ -299,15 +346,17 @@ class JoinReply(_message.Message):
     accepted: bool
     leader_id: str
     leader_addr: str
-    members: _containers.RepeatedCompositeFieldContainer[MemberUpdate]
+    members: _containers.RepeatedCompositeFieldContainer[MemberRecord]
     reason: str
-    def __init__(self, accepted: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_addr: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberUpdate, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, accepted: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_addr: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberRecord, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "forwarded")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FORWARDED_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    forwarded: bool
+    def __init__(self, node_id: _Optional[str] = ..., forwarded: _Optional[bool] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ("accepted", "reason")

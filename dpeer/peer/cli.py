@@ -1,0 +1,243 @@
+"""The `dpeer` command line: the public contract of DESIGN.md "Interfaces".
+
+Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config,
+3 node unreachable. Errors go to stderr as one clear sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from dpeer.peer import config as cfg
+from dpeer.peer import errors
+from dpeer.peer.transport.client import NodeClient
+from dpeer.peer.transport.options import Security
+
+EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+EXAMPLES = {
+    "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
+    "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo",
+    "status": "dpeer status --addr 127.0.0.1:7101 --json",
+    "members": "dpeer members --addr 127.0.0.1:7101",
+    "kv": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101\n  dpeer kv get lr --addr 127.0.0.1:7101 --json",
+    "leave": "dpeer leave --addr 127.0.0.1:7102",
+    "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
+    "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
+}
+
+
+class UsageError(Exception):
+    """Bad flags or config: exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one sentence and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _sub(subs: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
+    return subs.add_parser(
+        name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[name]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--addr", required=True, help="HOST:PORT of any node")
+    p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default 10)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command tree."""
+    parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.")
+    subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    start = _sub(subs, "start", "run a node in the foreground")
+    start.add_argument("--node-id", help="unique, stable name of this box")
+    start.add_argument("--listen", help="HOST:PORT the gRPC server binds")
+    start.add_argument("--data-dir", type=Path, help="folder for the store and checkpoints")
+    start.add_argument("--join", help="HOST:PORT[,HOST:PORT...] of live members")
+    start.add_argument("--advertise", help="HOST:PORT peers dial when it differs from --listen")
+    start.add_argument("--config", type=Path, help="YAML config file")
+    start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
+    start.add_argument("--job", help="demo or MODULE:FUNCTION")
+    start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
+    for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
+        p = _sub(subs, name, help_)
+        _client_flags(p)
+        p.add_argument("--json", action="store_true", help="print JSON")
+    kv = _sub(subs, "kv", "read and write cluster settings")
+    kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
+    put = kvs.add_parser("put", help="commit KEY=VALUE; exit 0 only once committed")
+    put.add_argument("key")
+    put.add_argument("value")
+    _client_flags(put)
+    get = kvs.add_parser("get", help="linearizable read; exit 1 when absent")
+    get.add_argument("key")
+    get.add_argument("--json", action="store_true", help="print JSON")
+    _client_flags(get)
+    leave = _sub(subs, "leave", "make a node leave gracefully; its daemon exits")
+    _client_flags(leave)
+    demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
+    demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
+    demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
+    demo.add_argument("--chaos", action="store_true", help="kill and restart nodes on a schedule")
+    demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
+    demo.add_argument("--base-port", type=int, default=7300, help="first gRPC port (default 7300)")
+    demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
+    conf = _sub(subs, "config", "show the effective config or check a file")
+    confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    show = confs.add_parser("show", help="print the effective config as YAML")
+    show.add_argument("--config", type=Path, help="YAML config file")
+    show.add_argument("--preset", choices=["lan", "wan", "edge"])
+    show.add_argument("--node-id")
+    check = confs.add_parser("check", help="validate a config file; exit 2 when it is wrong")
+    check.add_argument("file", type=Path)
+    return parser
+
+
+def _security(path: Path | None) -> Security:
+    if path is None:
+        return Security()
+    s = cfg.load(path).security
+    return Security.from_files(s.tls_cert, s.tls_key, s.tls_ca, s.cluster_token_file)
+
+
+def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
+    cfg.parse_hostport(args.addr)
+
+    async def go() -> Any:
+        async with NodeClient(args.addr, _security(args.config), timeout=args.timeout) as client:
+            return await call(client)
+
+    return asyncio.run(go())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print one JSON object (--json) or a short summary."""
+    doc = json.loads(_run(args, lambda c: c.status()).json)
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+        return EXIT_OK
+    group, train = doc.get("group"), doc.get("train")
+    print(f"node {doc['node_id']}  role {doc['role']}  term {doc['term']}  leader {doc['leader']}")
+    print(f"commit {doc['commit_index']}  applied {doc['last_applied']}  members {len(doc['members'])}")
+    if group:
+        print(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
+    if train:
+        print(f"train step {train['step']}  samples {train['samples']}  loss {train['loss']}")
+    return EXIT_OK
+
+
+def cmd_members(args: argparse.Namespace) -> int:
+    """Print the members table this node sees."""
+    members = json.loads(_run(args, lambda c: c.status()).json)["members"]
+    if args.json:
+        print(json.dumps(members, sort_keys=True))
+        return EXIT_OK
+    print(f"{'NODE':<20} {'ADDR':<22} {'STATE':<8} {'INC':>4} {'VERSION':>8}")
+    for m in members:
+        print(f"{m['node_id']:<20} {m['addr']:<22} {m['state']:<8} {m['incarnation']:>4} {m['version']:>8}")
+    return EXIT_OK
+
+
+def cmd_kv(args: argparse.Namespace) -> int:
+    """kv put waits for the commit; kv get reads linearizably and exits 1 when absent."""
+    if args.kv_command == "put":
+        reply = _run(args, lambda c: c.kv_put(args.key, args.value, timeout=args.timeout))
+        if not reply.committed:
+            print(f"dpeer: not committed: {reply.reason}", file=sys.stderr)
+            return EXIT_NO
+        print(f"committed at index {reply.index}")
+        return EXIT_OK
+    reply = _run(args, lambda c: c.kv_get(args.key))
+    if args.json:
+        print(json.dumps({"key": args.key, "found": reply.found, "value": reply.value if reply.found else None}))
+    elif reply.found:
+        print(reply.value)
+    if not reply.found:
+        if not args.json:
+            print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
+        return EXIT_NO
+    return EXIT_OK
+
+
+def cmd_leave(args: argparse.Namespace) -> int:
+    """Ask the node to leave; exit 1 if it refuses."""
+    reply = _run(args, lambda c: c.leave())
+    if not reply.accepted:
+        print(f"dpeer: the node did not leave: {reply.reason}", file=sys.stderr)
+        return EXIT_NO
+    print("left")
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Show the effective config or check a file."""
+    import yaml
+
+    if args.config_command == "check":
+        cfg.check_file(args.file)
+        print(f"{args.file}: ok")
+        return EXIT_OK
+    effective = cfg.load(args.config, {"preset": args.preset, "node_id": args.node_id})
+    print(yaml.safe_dump(json.loads(effective.model_dump_json()), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Run the daemon in the foreground until SIGTERM, SIGINT or `dpeer leave`."""
+    from dpeer.peer.daemon import run_daemon
+
+    flags = {
+        "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
+        "advertise": args.advertise, "preset": args.preset, "job": args.job,
+        "metrics_listen": args.metrics_listen,
+    }
+    config = cfg.load(args.config, flags)
+    if config.node_id is None:
+        raise UsageError("--node-id (or node_id in the config, or DPEER_NODE_ID) is required")
+    return run_daemon(config)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Start a local cluster training the demo job and show it live."""
+    from dpeer.peer.demo import run_demo
+
+    return run_demo(args)
+
+
+COMMANDS = {
+    "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
+    "leave": cmd_leave, "config": cmd_config, "demo": cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `dpeer` command; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UsageError, cfg.ConfigError, ValueError) as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except errors.Unreachable as exc:
+        print(f"dpeer: {exc}; is its daemon running?", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except errors.PeerError as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return EXIT_NO
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The daemon's configuration: one YAML file validated by pydantic, then DPEER_* env, then flags.
+
+Precedence, lowest first: built-in defaults, the preset's timing, the YAML file, DPEER_*
+environment variables, command-line flags. Unknown keys and bad values are refused with the
+key's dotted path, so an operator sees exactly which line of the file is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+PresetName = Literal["lan", "wan", "edge"]
+_HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ConfigError(ValueError):
+    """A config file, env variable or flag that cannot be used; the message names the key."""
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """Split HOST:PORT, refusing anything that is not a usable address."""
+    match = _HOSTPORT.match(value.strip())
+    if not match or not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
+    return match.group(1).strip("[]"), int(match.group(2))
+
+
+def _check_hostport(value: str) -> str:
+    parse_hostport(value)
+    return value.strip()
+
+
+class Strict(BaseModel):
+    """Base for config sections: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TrainingConfig(Strict):
+    """The demo job's run: how long, how big a global batch, which seed."""
+
+    steps: int = Field(3000, gt=0, description="steps to train; the default runs for minutes")
+    global_batch: int = Field(64, gt=0, description="samples per step, fixed whatever the world size")
+    micro_batch: int = Field(64, gt=0, description="largest per-rank forward pass; bigger shares accumulate")
+    seed: int = Field(0, ge=0, description="seeds the model, the data and the sample order")
+    lr: float = Field(0.01, gt=0, description="optimizer learning rate")
+    checkpoint_every: int = Field(200, ge=0, description="steps between full-state checkpoints; 0 disables")
+
+
+class SecurityConfig(Strict):
+    """Mutual TLS between peers and a shared cluster token; all off by default on loopback."""
+
+    tls_cert: Path | None = Field(None, description="this node's certificate (PEM)")
+    tls_key: Path | None = Field(None, description="this node's private key (PEM)")
+    tls_ca: Path | None = Field(None, description="CA that signs every peer's certificate (PEM)")
+    cluster_token_file: Path | None = Field(None, description="file holding the shared cluster token")
+
+    @field_validator("tls_cert", "tls_key", "tls_ca", "cluster_token_file")
+    @classmethod
+    def _exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"file {value} does not exist")
+        return value
+
+
+class NodeConfig(Strict):
+    """Everything one daemon needs; `dpeer config show` prints the effective values."""
+
+    node_id: str | None = Field(None, description="unique, stable name of this box")
+    listen: str = Field("127.0.0.1:7100", description="address the gRPC server binds, and only it")
+    advertise: str | None = Field(None, description="address peers dial when it differs from listen")
+    data_dir: Path = Field(Path("./dpeer-data"), description="LMDB store and checkpoints")
+    join: list[str] = Field(default_factory=list, description="live members to join through")
+    preset: PresetName = Field("lan", description="timing preset: lan, wan or edge")
+    job: str | None = Field(None, description="demo or MODULE:FUNCTION; none runs a daemon only")
+    metrics_listen: str | None = Field(None, description="HOST:PORT for Prometheus metrics")
+    store_port: int | None = Field(None, ge=1, le=65535,
+                                   description="port of the rendezvous store this node hosts as rank 0; default listen port + 1")
+    max_voters: int = Field(5, ge=1, le=9, description="voting members; the rest are learners")
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, value: str | None) -> str | None:
+        if value is not None and not _NODE_ID.match(value):
+            raise ValueError("node ids are 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")
+        return value
+
+    @field_validator("listen", "advertise", "metrics_listen")
+    @classmethod
+    def _addr(cls, value: str | None) -> str | None:
+        return None if value is None else _check_hostport(value)
+
+    @field_validator("join", mode="before")
+    @classmethod
+    def _join(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        return [_check_hostport(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("job")
+    @classmethod
+    def _job(cls, value: str | None) -> str | None:
+        if value is not None and value != "demo" and not re.match(r"^[\w.]+:\w+$", value):
+            raise ValueError("job is 'demo' or MODULE:FUNCTION")
+        return value
+
+    @property
+    def advertise_addr(self) -> str:
+        """The address peers should dial."""
+        return self.advertise or self.listen
+
+    @property
+    def effective_store_port(self) -> int:
+        """The rendezvous store's port: store_port, else the listen port + 1."""
+        return self.store_port or parse_hostport(self.listen)[1] + 1
+
+
+def _format(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{source}: config key {key}: {first['msg']}{more}"
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        node = out
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """Parse one YAML config file into a mapping, with a clear error for unreadable or non-map files."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the config file must be a mapping of keys to values")
+    return data
+
+
+def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """DPEER_NODE_ID, DPEER_TRAINING__STEPS, ...: '__' separates nested keys."""
+    flat = {}
+    for name, value in environ.items():
+        if name.startswith("DPEER_") and name not in ("DPEER_SLOW",):
+            flat[name[len("DPEER_"):].lower().replace("__", ".")] = value
+    return _nest(flat)
+
+
+def load(
+    path: Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> NodeConfig:
+    """The effective config: defaults < file < DPEER_* env < flags (None-valued flags are unset)."""
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if path is not None:
+        layers.append((str(path), read_file(path)))
+    layers.append(("environment", from_env(os.environ if environ is None else environ)))
+    layers.append(("flags", _nest({k: v for k, v in (flags or {}).items() if v is not None})))
+    merged: dict[str, Any] = {}
+    for source, layer in layers:
+        try:
+            NodeConfig.model_validate(_merge(merged, layer))
+        except ValidationError as exc:
+            raise ConfigError(_format(exc, source)) from None
+        merged = _merge(merged, layer)
+    return NodeConfig.model_validate(merged)
+
+
+def check_file(path: Path) -> NodeConfig:
+    """Validate one file on its own, as `dpeer config check FILE` does."""
+    try:
+        return NodeConfig.model_validate(read_file(path))
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, str(path))) from None

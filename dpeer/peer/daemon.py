@@ -1,0 +1,206 @@
+"""`dpeer start`: one node's daemon: store, cores, gRPC server, leader chores, worker, signals.
+
+Lifecycle: open the store (moving a corrupt one aside), found a cluster or resume or join,
+serve, tell systemd READY=1 once this node is an active member, run until SIGTERM/SIGINT or
+`dpeer leave`, then leave gracefully (a committed member_left) with the store flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from dpeer.peer import codec, errors, logs
+from dpeer.peer.config import NodeConfig
+from dpeer.peer.consensus import bootstrap
+from dpeer.peer.leader import LeaderChores
+from dpeer.peer.metrics import Metrics
+from dpeer.peer.node import Node
+from dpeer.peer.notify import Notifier, watchdog_interval
+from dpeer.peer.resyncer import Resyncer
+from dpeer.peer.service import Service
+from dpeer.peer.status import document
+from dpeer.peer.storage_adapter import StoreStorage
+from dpeer.peer.transport.client import Channels, NodeClient, PeerSender
+from dpeer.peer.transport.options import Security
+from dpeer.peer.transport.server import serve
+from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
+from dpeer.statemachine.store import Store
+
+log = logging.getLogger("dpeer.daemon")
+JOIN_RETRY = 0.5
+LEAVE_TIMEOUT = 10.0
+
+
+class Daemon:
+    """Everything one `dpeer start` runs; built by run_daemon."""
+
+    def __init__(self, config: NodeConfig, store: Store, security: Security) -> None:
+        assert config.node_id is not None
+        self.config, self.store, self.security = config, store, security
+        self.node_id = config.node_id
+        self.addr = config.advertise_addr
+        self.channels = Channels(security)
+        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0)
+        if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
+            bootstrap(StoreStorage(store), [self.node_id])
+            log.info("founded a new cluster")
+        self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
+                         max_voters=config.max_voters)
+        self.store_ports: dict[str, int] = {}
+        self.node.apply_listeners.append(self._on_apply)
+        self.resyncer = Resyncer(self.node, self.channels)
+        self.leader = LeaderChores(self.node, config.preset, self.store_ports, config.effective_store_port)
+        self.node.chores.append(self.leader)
+        self.service = Service(self.node, self.channels, self.status, self._leave_done, config.effective_store_port)
+        self.metrics = Metrics(self.node_id)
+        self.notifier = Notifier()
+        self.started = time.monotonic()
+        self.joined = False
+        self.exit_code = 0
+        self._tasks: list[asyncio.Task] = []
+
+    def _refused(self, addr: str) -> None:
+        self.node.refused(addr)
+
+    def _on_apply(self, entry: Any, result: Any) -> None:
+        if entry.kind.value == "member_joined" and result.accepted:
+            self.store_ports[entry.payload["node_id"]] = int(entry.payload.get("store_port") or 0)
+
+    def status(self) -> dict[str, Any]:
+        """The status document (see status.document)."""
+        extra = {
+            "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "joined": self.joined,
+        }
+        return document(self.node, extra)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until told to stop; returns the process exit code."""
+        self.server = await serve(self.config.listen, self.service, self.security)
+        log.info("listening on %s (advertised %s)", self.config.listen, self.addr)
+        if self.config.metrics_listen:
+            self.metrics.serve(self.config.metrics_listen)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.node.chores.append(self._chores)
+        if self.config.join:
+            self.node.join_seeds(self.config.join)
+            self._tasks.append(loop.create_task(self._join()))
+        try:
+            await self.node.run()
+        finally:
+            await self._shutdown()
+        return self.exit_code
+
+    def _chores(self, now: float) -> None:
+        member = self.store.state.members.get(self.node_id)
+        if not self.joined and member is not None and member.status == "active":
+            self.joined = True
+            log.info("joined the cluster as an active member")
+            self.notifier.ready(f"member of a cluster of {len(self.store.state.members)}")
+        if now - getattr(self, "_last_metrics", 0.0) >= 0.5:
+            self._last_metrics = now
+            self._update_metrics()
+
+    def _update_metrics(self) -> None:
+        m, store = self.metrics, self.store
+        counts: dict[str, int] = {}
+        for rec in self.node.swim.members():
+            counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
+        m.set_members(counts)
+        m.term.set(store.current_term)
+        m.is_leader.set(1 if self.node.role == "leader" else 0)
+        m.commit_index.set(store.commit_index)
+        m.last_applied.set(store.last_applied)
+        m.generation.set(store.state.view.generation if store.state.view else 0)
+        if self.notifier.enabled and watchdog_interval() is not None:
+            self.notifier.watchdog()
+
+    async def _join(self) -> None:
+        """Ask the seeds (following leader hints) to admit us until one accepts."""
+        port = self.config.effective_store_port
+        while not self.node.stopping:
+            for seed in self.config.join:
+                try:
+                    async with NodeClient(seed, self.security, timeout=5.0) as client:
+                        reply = await client.join(self.node_id, self.addr, port)
+                    if reply.accepted:
+                        log.info("admitted through %s (leader %s)", seed, reply.leader_id)
+                        return
+                except errors.PeerError as exc:
+                    log.info("join through %s failed: %s", seed, exc)
+            await asyncio.sleep(JOIN_RETRY)
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("received %s: leaving the cluster", signal.Signals(sig).name)
+        asyncio.get_running_loop().create_task(self._graceful_leave())
+
+    async def _graceful_leave(self) -> None:
+        self.notifier.stopping()
+        try:
+            await asyncio.wait_for(self.service.leave_cluster(), LEAVE_TIMEOUT)
+        except (errors.PeerError, asyncio.TimeoutError) as exc:
+            log.warning("could not commit the leave (%s); exiting anyway, the store is durable", exc)
+            self.node.stop()
+
+    async def _leave_done(self) -> None:
+        """member_left is committed: gossip it briefly, then stop."""
+        self._send_leave_gossip()
+        asyncio.get_running_loop().call_later(0.3, self.node.stop)
+
+    def _send_leave_gossip(self) -> None:
+        for addr, msg in self.node.swim.leave(self.node.clock()):
+            self.sender.send(addr, codec.encode(msg, self.node_id, self.addr))
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await self.server.stop(grace=0.5)
+        await self.sender.close()
+        await self.channels.close()
+        self.store.close()
+        log.info("stopped; store closed")
+
+
+def run_daemon(config: NodeConfig) -> int:
+    """Open the store and run the daemon in the foreground; returns the exit code."""
+    assert config.node_id is not None
+    logs.setup(lambda: {"node": config.node_id})
+    try:
+        security = Security.from_files(config.security.tls_cert, config.security.tls_key,
+                                       config.security.tls_ca, config.security.cluster_token_file)
+    except (OSError, ValueError) as exc:
+        print(f"dpeer: cannot load the security files: {exc}", file=sys.stderr)
+        return 2
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        store = Store.open(config.data_dir / "store", node_id=config.node_id)
+    except (StoreFormatError, NodeIdMismatch) as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:
+        print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
+        return 1
+    daemon = Daemon(config, store, security)
+
+    def context() -> dict[str, Any]:
+        try:
+            view = store.state.view
+            return {"node": config.node_id, "term": store.current_term, "generation": view.generation if view else 0}
+        except StoreError:
+            return {"node": config.node_id}
+
+    logs.setup(context)
+    try:
+        return asyncio.run(daemon.run())
+    except OSError as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return 2

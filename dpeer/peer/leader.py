@@ -1,0 +1,89 @@
+"""The leader's chores: keep committed membership, voters and the training view in line with gossip.
+
+Runs on every node every chore interval and acts only while the node leads, one proposal in
+flight at a time, in priority order: admit itself, reconcile member statuses, adjust voters,
+then the next view once the wanted members have held still for the quiet window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from dpeer.peer.errors import PeerError
+from dpeer.peer.node import Node
+from dpeer.peer.views import Decision, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.statemachine.entry import EntryKind
+
+log = logging.getLogger("dpeer.leader")
+
+# Per preset: how long wanted members must hold still before a view change (folds several
+# failures into one generation), and how long a voter may stay dead before a learner replaces it.
+QUIET_WINDOW = {"lan": 0.1, "wan": 0.5, "edge": 2.0}
+DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
+PROPOSAL_TIMEOUT = 5.0
+RETRY_AFTER_FAILURE = 0.1
+
+
+class LeaderChores:
+    """Callable chore; see the module docstring."""
+
+    def __init__(self, node: Node, preset: str, store_ports: dict[str, int], self_store_port: int) -> None:
+        self.node = node
+        self.quiet = QUIET_WINDOW[preset]
+        self.grace = DEAD_VOTER_GRACE[preset]
+        self.store_ports = store_ports
+        self.self_store_port = self_store_port
+        self.last_decision: Decision | None = None
+        self._task: asyncio.Task | None = None
+        self._wanted: list[str] | None = None
+        self._changed_at = 0.0
+        self._last_failure = ""
+
+    def __call__(self, now: float) -> None:
+        """Decide and start at most one proposal while leading."""
+        if self.node.role != "leader":
+            self._wanted = None
+            return
+        if self._task is not None and not self._task.done():
+            return
+        decision = self.decide(now)
+        if decision is not None:
+            self.last_decision = decision
+            self._task = asyncio.get_running_loop().create_task(self._carry_out(decision))
+
+    def decide(self, now: float) -> Decision | None:
+        """The next entry this leader should propose, or None."""
+        node, state = self.node, self.node.store.state
+        me = state.members.get(node.id)
+        if me is None or me.status != "active" or me.addr != node.addr:
+            payload = {"node_id": node.id, "addr": node.addr, "store_port": self.self_store_port}
+            return Decision(EntryKind.MEMBER_JOINED, payload, "the leader is not an active member yet")
+        observed = node.observed()
+        for decision in (
+            reconcile_members(state, observed),
+            plan_voters(state, observed, now, self.grace, node.raft_config.max_voters),
+        ):
+            if decision.propose:
+                return decision
+        members = training_members(state, observed)
+        if members != self._wanted:
+            self._wanted, self._changed_at = members, now
+        ports = {n: self.store_ports.get(n, 0) for n in members}
+        decision = decide_view(state, members, self._changed_at, now, self.quiet, ports)
+        return decision if decision.propose else None
+
+    async def _carry_out(self, decision: Decision) -> None:
+        assert decision.kind is not None and decision.payload is not None
+        try:
+            if decision.kind is EntryKind.CONFIG_CHANGE:
+                await self.node.change_membership(decision.payload["op"], decision.payload["node"], PROPOSAL_TIMEOUT)
+            else:
+                await self.node.propose(decision.kind, dict(decision.payload), PROPOSAL_TIMEOUT)
+            log.info("committed %s: %s", decision.kind.value, decision.reason)
+        except PeerError as exc:
+            message = f"could not commit {decision.kind.value} ({decision.reason}): {exc}"
+            if message != self._last_failure:
+                log.warning("%s", message)
+            self._last_failure = message
+            await asyncio.sleep(RETRY_AFTER_FAILURE)

@@ -1,0 +1,44 @@
+"""Prometheus metrics of one node, served over HTTP on --metrics-listen."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+MEMBER_STATES = ("alive", "suspect", "dead", "left")
+
+
+class Metrics:
+    """The node's gauges and counters, in a registry of its own (several nodes can share a process)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.registry = CollectorRegistry()
+        r, labels = self.registry, {"node": node_id}
+        self.members = Gauge("dpeer_members", "Members by gossip state", ["node", "state"], registry=r)
+        self.term = Gauge("dpeer_term", "Current Raft term", ["node"], registry=r).labels(**labels)
+        self.is_leader = Gauge("dpeer_is_leader", "1 on the leader", ["node"], registry=r).labels(**labels)
+        self.commit_index = Gauge("dpeer_commit_index", "Commit index", ["node"], registry=r).labels(**labels)
+        self.last_applied = Gauge("dpeer_last_applied", "Last applied index", ["node"], registry=r).labels(**labels)
+        self.generation = Gauge("dpeer_view_generation", "Committed view generation", ["node"], registry=r).labels(**labels)
+        self.reforms = Counter("dpeer_reforms", "Training group re-formations", ["node"], registry=r).labels(**labels)
+        self.recovery = Histogram(
+            "dpeer_recovery_seconds", "From a reported failure to the next committed step",
+            ["node"], registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+        ).labels(**labels)
+        self.step = Gauge("dpeer_train_step", "Last committed training step", ["node"], registry=r).labels(**labels)
+        self.samples = Gauge("dpeer_train_samples", "Samples consumed", ["node"], registry=r).labels(**labels)
+        self.rtt = Histogram(
+            "dpeer_heartbeat_rtt_seconds", "Probe round-trip time", ["node"], registry=r,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
+        ).labels(**labels)
+        self.refused = Counter("dpeer_refused_calls", "Calls refused (bad token or message)", ["node"], registry=r).labels(**labels)
+        self._node = node_id
+
+    def set_members(self, counts: dict[str, int]) -> None:
+        """Members by gossip state; states absent from counts read 0."""
+        for state in MEMBER_STATES:
+            self.members.labels(node=self._node, state=state).set(counts.get(state, 0))
+
+    def serve(self, listen: str) -> None:
+        """Serve /metrics on HOST:PORT from a background thread."""
+        host, port = listen.rsplit(":", 1)
+        start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)

@@ -1,0 +1,304 @@
+"""One node's runtime driver: feeds the membership and consensus cores, persists, sends.
+
+Everything runs on one asyncio loop, so the cores are only ever touched from one thread.
+The driver owns the clock and the I/O the pure cores leave to their caller: it persists each
+Raft Ready to the store before releasing its messages, turns core messages into Envelopes,
+and reports applied entries to whoever waits for them (RPCs, the worker supervisor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from dpeer.peer import codec
+from dpeer.peer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused
+from dpeer.peer.consensus.config import PRESETS as RAFT_PRESETS
+from dpeer.peer.errors import BadRequest, Unavailable
+from dpeer.peer.membership import (
+    Ack,
+    HeartbeatObserved,
+    MemberAlive,
+    MemberDead,
+    MemberLeft,
+    MemberRecord,
+    MemberState,
+    MemberSuspect,
+    Membership,
+)
+from dpeer.peer.membership import preset as membership_preset
+from dpeer.peer.resync import LocalVersion
+from dpeer.peer.storage_adapter import StoreStorage
+from dpeer.peer.views import Observed
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.state import ApplyResult
+from dpeer.statemachine.store import Store
+
+log = logging.getLogger("dpeer.node")
+Sender = Callable[[str, pb.Envelope], None]
+ApplyListener = Callable[[Entry, ApplyResult], None]
+
+
+class Node:
+    """The cores of one node wired to its store and network; see the module docstring."""
+
+    def __init__(
+        self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
+        max_voters: int = 5, clock: Callable[[], float] = time.monotonic, seed: int | None = None,
+        snapshot_every: int = 10_000, snapshot_keep: int = 1_000,
+    ) -> None:
+        self.id, self.addr, self.store, self.clock = node_id, addr, store, clock
+        self.storage = StoreStorage(store)
+        self._send = sender
+        rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
+        now = clock()
+        self.raft_config = replace(RAFT_PRESETS[preset], max_voters=max_voters)
+        self.raft = RaftNode(node_id, self.storage, self.raft_config, rng, now)
+        known = [MemberRecord(n, m.addr, MemberState.ALIVE, 0) for n, m in store.state.members.items()
+                 if n != node_id and m.status == "active"]
+        self.swim = Membership(node_id, addr, membership_preset(preset), rng, now, known=known)
+        self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
+        self.addrs[node_id] = addr
+        self.since: dict[str, tuple[str, float]] = {}
+        self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
+        self.role, self.leader_id = "follower", None
+        self.apply_listeners: list[ApplyListener] = []
+        self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
+        self.chores: list[Callable[[float], None]] = []
+        self.chore_interval = 0.02
+        self.stopping = False
+        self.invalid_messages = 0
+        self.entries_written = 0
+        self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
+        self._reads: dict[int, asyncio.Future] = {}
+        self._applied_waiters: list[tuple[int, asyncio.Future]] = []
+        self._wake = asyncio.Event()
+        self._next_chores = now
+
+    # -- inputs ---------------------------------------------------------------------------
+    def deliver(self, envelope: pb.Envelope) -> None:
+        """Take one Envelope from a peer; BadRequest when it is malformed or forged."""
+        msg = codec.decode(envelope)
+        now = self.clock()
+        if isinstance(msg, codec.MEMBERSHIP_TYPES):
+            if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
+                raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
+            self.addrs.setdefault(msg.hb.node_id, msg.hb.addr)
+            self._send_swim(self.swim.receive(now, msg))
+            self._swim_effects(now)
+        else:
+            self.addrs.setdefault(envelope.from_id, envelope.from_addr)
+            self.raft.step(now, envelope.from_id, msg)
+            self.drain()
+        self._wake.set()
+
+    def refused(self, addr: str) -> None:
+        """A connection to addr was refused: strong evidence its process is gone."""
+        now = self.clock()
+        self._send_swim(self.swim.unreachable(now, addr))
+        self._swim_effects(now)
+        self._wake.set()
+
+    def join_seeds(self, seeds: list[str]) -> None:
+        """Start gossip through the seed addresses (push-pull with each)."""
+        self._send_swim(self.swim.join(self.clock(), seeds))
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run timers until stop(): Raft ticks, SWIM probes, resyncs and leader chores."""
+        while not self.stopping:
+            now = self.clock()
+            swim_due = self.swim.next_tick()
+            due = min(self.raft.next_deadline(), math.inf if swim_due is None else swim_due, self._next_chores)
+            if due > now:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=min(due - now, 1.0))
+                except asyncio.TimeoutError:
+                    pass
+            self._wake.clear()
+            self.step_timers()
+
+    def step_timers(self) -> None:
+        """Run whatever timers are due now."""
+        now = self.clock()
+        if now >= self.raft.next_deadline():
+            self.raft.tick(now)
+        swim_due = self.swim.next_tick()
+        if swim_due is not None and now >= swim_due:
+            self._send_swim(self.swim.tick(now))
+        self._swim_effects(now)
+        self.drain()
+        if now >= self._next_chores:
+            self._next_chores = now + self.chore_interval
+            for chore in self.chores:
+                chore(now)
+
+    def stop(self) -> None:
+        """Make run() return at its next wake-up."""
+        self.stopping = True
+        self._wake.set()
+
+    # -- Raft Ready -------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Persist, apply and send every pending Ready, in the core's contract order."""
+        while self.raft.has_ready():
+            rd = self.raft.ready()
+            hs = rd.hard_state
+            if hs is not None and (hs.term, hs.voted_for) != (self.store.current_term, self.store.voted_for):
+                self.store.set_hard_state(hs.term, hs.voted_for)
+            if rd.snapshot is not None:
+                self.storage.install_snapshot(rd.snapshot)
+                log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
+            if rd.entries:
+                self.store.append(rd.entries)
+                self.entries_written += len(rd.entries)
+            if hs is not None and hs.commit > self.store.commit_index:
+                self.store.set_commit(hs.commit)
+            if rd.committed_entries:
+                self._applied(self.store.apply_to(rd.committed_entries[-1].index))
+            for dst, msg in rd.messages:
+                self._send_raft(dst, msg)
+            for rs in rd.read_states:
+                fut = self._reads.pop(rs.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(rs.index)
+            if rd.soft_state is not None:
+                self._on_soft(rd.soft_state.leader, rd.soft_state.role)
+            self.raft.advance(rd)
+        if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
+            log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
+        self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
+
+    def _on_soft(self, leader: str | None, role: str) -> None:
+        if (leader, role) != (self.leader_id, self.role):
+            log.info("role %s, leader %s", role, leader)
+        self.leader_id, self.role = leader, role
+        if role != "leader":
+            for fut in list(self._reads.values()):
+                if not fut.done():
+                    fut.set_exception(Unavailable("leadership changed during the read; try again"))
+            self._reads.clear()
+
+    def _applied(self, done: list[tuple[Entry, ApplyResult]]) -> None:
+        for entry, result in done:
+            if entry.kind is EntryKind.MEMBER_JOINED:
+                self.addrs[entry.payload["node_id"]] = entry.payload["addr"]
+            for term, fut in self._waiters.pop(entry.index, []):
+                if not fut.done():
+                    fut.set_result((entry.term == term, entry, result))
+            for listener in self.apply_listeners:
+                listener(entry, result)
+        applied = self.store.last_applied
+        keep = []
+        for index, fut in self._applied_waiters:
+            if index <= applied:
+                if not fut.done():
+                    fut.set_result(applied)
+            else:
+                keep.append((index, fut))
+        self._applied_waiters = keep
+
+    # -- commands ---------------------------------------------------------------------------
+    async def propose(self, kind: EntryKind, payload: dict[str, Any], timeout: float) -> tuple[Entry, ApplyResult]:
+        """Propose an entry as leader and wait until it is applied; Unavailable if it is not."""
+        result = self.raft.propose(kind, payload)
+        return await self._wait_proposal(result, timeout)
+
+    async def change_membership(self, op: str, node: str, timeout: float) -> tuple[Entry, ApplyResult]:
+        """Propose one single-server configuration change and wait until it is applied."""
+        return await self._wait_proposal(self.raft.change_membership(op, node), timeout)
+
+    async def _wait_proposal(self, result: Any, timeout: float) -> tuple[Entry, ApplyResult]:
+        if isinstance(result, NotLeader):
+            raise Unavailable(f"not the leader (leader: {result.leader or 'unknown'})")
+        if isinstance(result, Refused):
+            raise BadRequest(f"refused: {result.reason}")
+        assert isinstance(result, Proposed)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(result.index, []).append((result.term, fut))
+        self.drain()
+        try:
+            same_term, entry, applied = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"entry {result.index} was not committed within {timeout:g}s (no quorum?)") from None
+        if not same_term:
+            raise Unavailable(f"leadership changed before entry {result.index} committed; try again")
+        return entry, applied
+
+    async def read_barrier(self, timeout: float) -> int:
+        """ReadIndex: wait until a quorum confirmed leadership and the read index is applied."""
+        result = self.raft.read_index()
+        if isinstance(result, NotLeader):
+            raise Unavailable(f"not the leader (leader: {result.leader or 'unknown'})")
+        assert isinstance(result, ReadRequested)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._reads[result.request_id] = fut
+        self.drain()
+        try:
+            index = await asyncio.wait_for(fut, timeout)
+            await self.wait_applied(index, timeout)
+        except asyncio.TimeoutError:
+            self._reads.pop(result.request_id, None)
+            raise Unavailable(f"leadership not confirmed by a quorum within {timeout:g}s") from None
+        return index
+
+    async def wait_applied(self, index: int, timeout: float) -> int:
+        """Wait until last_applied >= index."""
+        if self.store.last_applied >= index:
+            return self.store.last_applied
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._applied_waiters.append((index, fut))
+        return await asyncio.wait_for(fut, timeout)
+
+    def accept_committed(self, entries: list[Entry], commit_index: int) -> bool:
+        """Take committed entries fetched from a peer (resync); False when they do not fit."""
+        result = self.raft.accept_committed(entries, commit_index)
+        if not result.accepted:
+            log.info("resync batch refused: %s", result.reason)
+        self.drain()
+        return result.accepted
+
+    # -- views of the cores ---------------------------------------------------------------
+    @property
+    def local_version(self) -> LocalVersion:
+        """Our log position, as resync planning sees it."""
+        return LocalVersion(self.store.current_term, self.store.last_applied, self.store.commit_index)
+
+    def observed(self) -> dict[str, Observed]:
+        """Gossip's view of every member with how long it has been in its state."""
+        out = {}
+        for rec in self.swim.members():
+            state, since = self.since.get(rec.node_id, (rec.state.value, 0.0))
+            out[rec.node_id] = Observed(rec.state.value, rec.addr, since if state == rec.state.value else 0.0)
+        return out
+
+    # -- output ---------------------------------------------------------------------------
+    def _send_swim(self, out: list[tuple[str, Any]]) -> None:
+        for addr, msg in out:
+            self._send(addr, codec.encode(msg, self.id, self.addr))
+
+    def _send_raft(self, dst: str, msg: Any) -> None:
+        addr = self.addrs.get(dst)
+        if addr is None:
+            log.debug("no address for %s; dropped a %s", dst, type(msg).__name__)
+            return
+        self._send(addr, codec.encode(msg, self.id, self.addr))
+
+    def _swim_effects(self, now: float) -> None:
+        for effect in self.swim.drain_effects():
+            if isinstance(effect, HeartbeatObserved):
+                for listener in self.heartbeat_listeners:
+                    listener(effect)
+                continue
+            state = {MemberAlive: "alive", MemberSuspect: "suspect", MemberDead: "dead", MemberLeft: "left"}[type(effect)]
+            self.since[effect.node_id] = (state, now)
+            if isinstance(effect, MemberAlive):
+                self.addrs[effect.node_id] = effect.addr
+            log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)

@@ -1,0 +1,162 @@
+"""The daemon's side of the Peer service: bulk reads from the store, and commands through the leader.
+
+Commands that change the log (join, leave, kv put) and linearizable reads are served by the
+leader; any other node forwards them there, so an operator can talk to whichever node is near.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from dpeer.peer import codec
+from dpeer.peer.errors import BadRequest, Behind, Unavailable
+from dpeer.peer.node import Node
+from dpeer.peer.transport.client import Channels, NodeClient
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.errors import Compacted
+
+log = logging.getLogger("dpeer.service")
+CHUNK_BYTES = 1 << 20
+SNAPSHOT_CHUNK = 1 << 20
+COMMAND_TIMEOUT = 10.0
+MAX_KEY, MAX_VALUE = 256, 64 * 1024
+
+
+def _check_id(value: str, what: str) -> None:
+    if not value or len(value) > 64 or not value.isprintable() or " " in value:
+        raise BadRequest(f"{what} must be 1-64 printable characters without spaces")
+
+
+class Service:
+    """Implements transport.server.PeerHandler over a Node."""
+
+    def __init__(
+        self, node: Node, channels: Channels, status: Callable[[], dict[str, Any]],
+        on_leave: Callable[[], Awaitable[None]], self_store_port: int,
+    ) -> None:
+        self.node = node
+        self.channels = channels
+        self._status = status
+        self._on_leave = on_leave
+        self._store_port = self_store_port
+        self.refused = 0
+
+    # -- peers ----------------------------------------------------------------------------
+    async def deliver(self, envelope: pb.Envelope) -> None:
+        """One protocol message; refused (and counted, and logged) when malformed."""
+        try:
+            self.node.deliver(envelope)
+        except BadRequest as exc:
+            self.refused += 1
+            log.warning("refused a message from %r: %s", envelope.from_id[:64], exc)
+            raise
+
+    async def fetch_entries(self, request: pb.FetchEntriesRequest) -> AsyncIterator[pb.EntryChunk]:
+        """Committed entries [from_index, to_index] (to the commit index when 0), in chunks."""
+        store = self.node.store
+        if request.from_index < 1:
+            raise BadRequest("from_index starts at 1")
+        hi = store.commit_index if request.to_index == 0 else min(request.to_index, store.commit_index)
+        lo = request.from_index
+        while lo <= hi:
+            try:
+                batch = store.entries(lo, hi + 1, max_bytes=CHUNK_BYTES)
+            except Compacted:
+                raise Behind(f"entries from {lo} are compacted here (first index {store.first_index})") from None
+            if not batch:
+                return
+            yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=store.commit_index,
+                                term=store.current_term)
+            lo = batch[-1].index + 1
+
+    async def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
+        """The newest snapshot from request.offset on, in chunks; the last carries the CRC."""
+        import zlib
+
+        snap = self.node.store.snapshot()
+        data = snap.data
+        if request.offset > len(data):
+            raise BadRequest(f"offset {request.offset} is past the snapshot's {len(data)} bytes")
+        for start in range(request.offset, max(len(data), 1), SNAPSHOT_CHUNK):
+            part = data[start:start + SNAPSHOT_CHUNK]
+            done = start + SNAPSHOT_CHUNK >= len(data)
+            yield pb.SnapshotChunk(index=snap.index, snapshot_term=snap.term, offset=start, data=part,
+                                   total_size=len(data), done=done, crc32=zlib.crc32(data) if done else 0)
+
+    # -- commands through the leader -------------------------------------------------------
+    def _leader_client(self) -> NodeClient:
+        leader = self.node.leader_id
+        addr = self.node.addrs.get(leader) if leader else None
+        if addr is None or leader == self.node.id:
+            raise Unavailable("no leader is known right now (election under way or no quorum); try again")
+        return NodeClient(addr, channels=self.channels, timeout=COMMAND_TIMEOUT)
+
+    def _leading(self) -> bool:
+        return self.node.role == "leader"
+
+    async def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        """Admit a node: commit member_joined (idempotent) and answer with the members to gossip with."""
+        _check_id(request.node_id, "node_id")
+        codec.mm._addr(request.addr)  # noqa: SLF001 - same address rules as the membership messages
+        if not self._leading():
+            return await self._leader_client().join(request.node_id, request.addr, request.store_port)
+        member = self.node.store.state.members.get(request.node_id)
+        if member is None or member.status != "active" or member.addr != request.addr:
+            payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port}
+            await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
+        records = [codec.record_out(r) for r in self.node.swim.members()]
+        return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
+
+    async def leave(self, request: pb.LeaveRequest) -> pb.LeaveReply:
+        """Leave gracefully: this node (node_id empty or ours) commits member_left and exits."""
+        if request.forwarded:
+            _check_id(request.node_id, "node_id")
+            if not self._leading():
+                await self._leader_client().leave(request.node_id, forwarded=True)
+            elif getattr(self.node.store.state.members.get(request.node_id), "status", None) == "active":
+                await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": request.node_id}, COMMAND_TIMEOUT)
+            return pb.LeaveReply(accepted=True)
+        if request.node_id and request.node_id != self.node.id:
+            raise BadRequest("a node can only be asked to leave itself; call the leaving node")
+        await self.leave_cluster()
+        return pb.LeaveReply(accepted=True)
+
+    async def leave_cluster(self) -> None:
+        """Commit member_left for this node (through the leader), then start the daemon's exit."""
+        payload = {"node_id": self.node.id}
+        member = self.node.store.state.members.get(self.node.id)
+        if member is not None and member.status == "active":
+            if self._leading():
+                await self.node.propose(EntryKind.MEMBER_LEFT, payload, COMMAND_TIMEOUT)
+            else:
+                await self._leader_client().leave(self.node.id, forwarded=True)
+        await self._on_leave()
+
+    async def status(self) -> pb.StatusReply:
+        """The status document as JSON."""
+        return pb.StatusReply(json=json.dumps(self._status(), sort_keys=True))
+
+    async def kv_put(self, request: pb.KvPutRequest) -> pb.KvPutReply:
+        """Commit key=value; the reply comes once the entry is applied here (on the leader)."""
+        if not request.key or len(request.key) > MAX_KEY or len(request.value) > MAX_VALUE:
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} bytes")
+        if not self._leading():
+            return await self._leader_client().kv_put(request.key, request.value)
+        entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
+                                           COMMAND_TIMEOUT)
+        return pb.KvPutReply(committed=True, index=entry.index, leader_id=self.node.id)
+
+    async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
+        """A linearizable read (ReadIndex on the leader)."""
+        if not request.key or len(request.key) > MAX_KEY:
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters")
+        if not self._leading():
+            return await self._leader_client().kv_get(request.key)
+        index = await self.node.read_barrier(COMMAND_TIMEOUT)
+        value = self.node.store.state.kv.get(request.key)
+        if value is None:
+            return pb.KvGetReply(found=False, read_index=index)
+        return pb.KvGetReply(found=True, value=value, read_index=index)

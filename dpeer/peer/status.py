@@ -1,0 +1,46 @@
+"""The status document of `dpeer status --json` (a public contract: see DESIGN.md "Interfaces")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpeer.peer.node import Node
+
+
+def members(node: Node) -> list[dict[str, Any]]:
+    """Gossip's members with their committed status: {node_id, addr, state, incarnation, version, committed}."""
+    committed = node.store.state.members
+    out = []
+    for rec in sorted(node.swim.members(), key=lambda r: r.node_id):
+        member = committed.get(rec.node_id)
+        out.append({
+            "node_id": rec.node_id, "addr": rec.addr, "state": rec.state.value,
+            "incarnation": rec.incarnation, "version": rec.last_applied,
+            "committed": member.status if member is not None else None,
+        })
+    return out
+
+
+def group(node: Node) -> dict[str, Any] | None:
+    """The committed view as seen by this node, or None when it is not in it."""
+    view = node.store.state.view
+    if view is None or node.id not in view.members:
+        return None
+    return {"generation": view.generation, "world_size": len(view.members),
+            "rank": view.members.index(node.id), "members": list(view.members), "store_host": view.store_host}
+
+
+def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
+    """The whole status object; `extra` adds train, resync and process fields."""
+    store, state = node.store, node.store.state
+    doc: dict[str, Any] = {
+        "node_id": node.id, "addr": node.addr, "term": store.current_term, "leader": node.leader_id,
+        "role": node.role, "commit_index": store.commit_index, "last_applied": store.last_applied,
+        "first_index": store.first_index, "snapshot_index": store.snapshot_index,
+        "members": members(node), "group": group(node), "train": None,
+        "voters": list(state.voters), "learners": list(state.learners),
+        "control": state.control, "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
+        "recovered_from": str(store.recovered_from) if store.recovered_from else None,
+    }
+    doc.update(extra)
+    return doc

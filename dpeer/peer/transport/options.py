@@ -1,0 +1,72 @@
+"""Channel and server settings shared by both ends: message bounds, reconnect backoff, TLS, token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+"""Largest single message either side accepts; bulk data travels in chunks below this."""
+
+TOKEN_HEADER = "x-dpeer-token"
+TLS_SERVER_NAME = "dpeer"
+"""Peer certificates carry this DNS name, so boxes can move between addresses (NAT, clouds)."""
+
+
+@dataclass(frozen=True)
+class Security:
+    """Mutual TLS material and the cluster token; all None means plaintext on a trusted network."""
+
+    cert: bytes | None = None
+    key: bytes | None = None
+    ca: bytes | None = None
+    token: str | None = None
+
+    @classmethod
+    def from_files(
+        cls, cert: Path | None, key: Path | None, ca: Path | None, token_file: Path | None
+    ) -> "Security":
+        """Read the PEM files and token named in the config; all three TLS files or none."""
+        tls = [cert, key, ca]
+        if any(tls) and not all(tls):
+            raise ValueError("mutual TLS needs all of security.tls_cert, tls_key and tls_ca")
+        token = token_file.read_text().strip() if token_file else None
+        if token_file and not token:
+            raise ValueError(f"cluster token file {token_file} is empty")
+        read = lambda p: p.read_bytes() if p else None  # noqa: E731
+        return cls(read(cert), read(key), read(ca), token)
+
+    @property
+    def tls(self) -> bool:
+        """True when peers must present certificates signed by our CA."""
+        return self.cert is not None
+
+
+def channel_options() -> list[tuple[str, int | str]]:
+    """Bounded messages and a short reconnect backoff, so a restarted peer is reached again quickly."""
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.initial_reconnect_backoff_ms", 50),
+        ("grpc.min_reconnect_backoff_ms", 50),
+        ("grpc.max_reconnect_backoff_ms", 500),
+        ("grpc.enable_retries", 0),
+        ("grpc.keepalive_time_ms", 10_000),
+    ]
+
+
+def open_channel(addr: str, security: Security) -> grpc.aio.Channel:
+    """A channel to addr, secured with mutual TLS when configured."""
+    options = channel_options()
+    if not security.tls:
+        return grpc.aio.insecure_channel(addr, options=options)
+    creds = grpc.ssl_channel_credentials(security.ca, security.key, security.cert)
+    options.append(("grpc.ssl_target_name_override", TLS_SERVER_NAME))
+    return grpc.aio.secure_channel(addr, creds, options=options)
+
+
+def call_metadata(security: Security) -> tuple[tuple[str, str], ...]:
+    """Metadata sent with every call: the cluster token when one is set."""
+    return ((TOKEN_HEADER, security.token),) if security.token else ()

@@ -1,0 +1,135 @@
+"""Leader-side decisions on membership, voters and training views, as pure table-tested functions.
+
+Each function takes the applied ClusterState plus what the leader observes now (gossip states,
+times) and returns what to propose and why, in the manner of TorchFT's quorum decisions. The
+leader proposes at most one of them at a time; the log's rules make each change take effect
+in the same order everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.state import ClusterState
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What gossip says of one node right now."""
+
+    state: str  # alive, suspect, dead or left
+    addr: str
+    since: float  # when it entered that state (leader's clock)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An entry to propose (kind and payload), or none; always with the reason."""
+
+    kind: EntryKind | None
+    payload: Mapping[str, Any] | None
+    reason: str
+
+    @property
+    def propose(self) -> bool:
+        """True when there is an entry to propose."""
+        return self.kind is not None
+
+
+def _none(reason: str) -> Decision:
+    return Decision(None, None, reason)
+
+
+def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> Decision:
+    """The first member whose committed status disagrees with gossip: dead, left or back alive."""
+    for node_id in sorted(observed):
+        seen = observed[node_id]
+        member = state.members.get(node_id)
+        status = member.status if member is not None else None
+        if seen.state == "dead" and status == "active":
+            return Decision(EntryKind.MEMBER_DEAD, {"node_id": node_id}, f"{node_id} is dead by gossip")
+        if seen.state == "left" and status == "active":
+            return Decision(EntryKind.MEMBER_LEFT, {"node_id": node_id}, f"{node_id} left")
+        if seen.state == "alive" and status == "dead":
+            payload = {"node_id": node_id, "addr": seen.addr}
+            return Decision(EntryKind.MEMBER_JOINED, payload, f"{node_id} is alive again")
+    return _none("committed member statuses match gossip")
+
+
+def plan_voters(
+    state: ClusterState, observed: Mapping[str, Observed], now: float, grace: float, max_voters: int
+) -> Decision:
+    """One single-server configuration change (payload {op, node}): drop a leaver, admit a newcomer
+    as a learner, promote a healthy learner below the voter cap, or demote a voter dead past
+    `grace` when a healthy learner can take its place (so a quorum of live voters remains)."""
+    voters, learners = list(state.voters), list(state.learners)
+    status = {n: m.status for n, m in state.members.items()}
+    gone = [n for n in voters + learners if status.get(n) == "left"]
+    if gone:
+        return _change("remove", gone[0], f"{gone[0]} left the cluster")
+    newcomers = sorted(n for n, s in status.items() if s == "active" and n not in voters + learners)
+    if newcomers:
+        return _change("add_learner", newcomers[0], f"{newcomers[0]} joins as a learner")
+    healthy = [x for x in learners if _alive(observed, x) and status.get(x) == "active"]
+    if healthy and len(voters) < max_voters:
+        return _change("promote", healthy[0], f"promote {healthy[0]}: {len(voters)} voters of at most {max_voters}")
+    long_dead = [v for v in voters if _dead_for(observed, v, now) >= grace]
+    if long_dead and healthy and len(voters) > 1:
+        return _change("remove", long_dead[0],
+                       f"voter {long_dead[0]} dead past {grace:g}s; {healthy[0]} will replace it")
+    return _none("voting configuration is as wanted")
+
+
+def _change(op: str, node: str, reason: str) -> Decision:
+    return Decision(EntryKind.CONFIG_CHANGE, {"op": op, "node": node}, reason)
+
+
+def _alive(observed: Mapping[str, Observed], node_id: str) -> bool:
+    seen = observed.get(node_id)
+    return seen is not None and seen.state == "alive"
+
+
+def _dead_for(observed: Mapping[str, Observed], node_id: str, now: float) -> float:
+    seen = observed.get(node_id)
+    return now - seen.since if seen is not None and seen.state == "dead" else -1.0
+
+
+def training_members(state: ClusterState, observed: Mapping[str, Observed]) -> list[str]:
+    """Who should train: active members that gossip sees alive.
+
+    A node becomes an active member only once its worker has built the job (it asks to join
+    after that), so the survivors never wait on a newcomer's start-up.
+
+    Survivors keep their relative rank order; newcomers follow, sorted, so ranks move as
+    little as possible from one generation to the next.
+    """
+    want = {n for n, m in state.members.items() if m.status == "active" and _alive(observed, n)}
+    current = list(state.view.members) if state.view is not None else []
+    return [m for m in current if m in want] + sorted(want - set(current))
+
+
+def decide_view(
+    state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
+    store_port_of: Mapping[str, int],
+) -> Decision:
+    """Propose the next generation once the wanted members have held still for `quiet` seconds.
+
+    Waiting for a short quiet window folds several failures into one view change. The store
+    host is the new rank 0, which hosts the rendezvous store for the new group.
+    """
+    current = state.view
+    if current is not None and list(current.members) == members:
+        return _none(f"generation {current.generation} already has these members")
+    if not members:
+        return _none("no member is ready to train")
+    if state.control != "running":
+        return _none(f"training is {state.control}")
+    if now - changed_at < quiet:
+        return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
+    rank0 = members[0]
+    host = state.members[rank0].addr.rsplit(":", 1)[0]
+    generation = (current.generation if current is not None else 0) + 1
+    payload = {"generation": generation, "members": members, "store_host": f"{host}:{store_port_of[rank0]}"}
+    return Decision(EntryKind.VIEW, payload, f"generation {generation}: {len(members)} members")

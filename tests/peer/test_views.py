@@ -1,0 +1,108 @@
+"""Table tests of the leader's pure decisions on members, voters and views."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from dpeer.peer.views import Observed, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.state import ClusterState, Member, View
+
+
+def state(members: dict[str, str], voters=(), learners=(), view=None, control="running") -> ClusterState:
+    ms = {n: Member(f"10.0.0.{i}:7100", status, i) for i, (n, status) in enumerate(sorted(members.items()), 1)}
+    return ClusterState(members=MappingProxyType(ms), voters=tuple(voters), learners=tuple(learners),
+                        view=view, control=control)
+
+
+def seen(**states: str) -> dict[str, Observed]:
+    return {n: Observed(s, f"h:{i}", since=10.0) for i, (n, s) in enumerate(states.items())}
+
+
+@pytest.mark.parametrize(
+    "members, gossip, kind, node",
+    [
+        ({"a": "active", "b": "active"}, seen(a="alive", b="alive"), None, None),
+        ({"a": "active", "b": "active"}, seen(a="alive", b="dead"), EntryKind.MEMBER_DEAD, "b"),
+        ({"a": "active", "b": "active"}, seen(a="alive", b="suspect"), None, None),
+        ({"a": "active", "b": "active"}, seen(a="alive", b="left"), EntryKind.MEMBER_LEFT, "b"),
+        ({"a": "active", "b": "dead"}, seen(a="alive", b="alive"), EntryKind.MEMBER_JOINED, "b"),
+        ({"a": "active", "b": "left"}, seen(a="alive", b="alive"), None, None),
+        ({"a": "active"}, seen(a="alive", z="alive"), None, None),
+    ],
+)
+def test_reconcile_members(members, gossip, kind, node) -> None:
+    d = reconcile_members(state(members), gossip)
+    assert d.kind == kind, d.reason
+    if node:
+        assert d.payload["node_id"] == node and d.reason
+
+
+@pytest.mark.parametrize(
+    "members, voters, learners, gossip, now, want, why",
+    [
+        ({"a": "active"}, ["a"], [], seen(a="alive"), 0, None, "as wanted"),
+        ({"a": "active", "b": "active"}, ["a"], [], seen(a="alive", b="alive"), 0,
+         ("add_learner", "b"), "learner"),
+        ({"a": "active", "b": "active"}, ["a"], ["b"], seen(a="alive", b="alive"), 0,
+         ("promote", "b"), "promote"),
+        ({"a": "active", "b": "active"}, ["a"], ["b"], seen(a="alive", b="suspect"), 0, None, "as wanted"),
+        ({"a": "active", "b": "left"}, ["a", "b"], [], seen(a="alive"), 0, ("remove", "b"), "left"),
+        # at the cap, a voter dead past the grace period is demoted so a healthy learner can replace it
+        ({"a": "active", "b": "active", "c": "active"}, ["a", "b"], ["c"],
+         seen(a="alive", b="dead", c="alive"), 100.0, ("remove", "b"), "dead past"),
+        # not yet past the grace period
+        ({"a": "active", "b": "active", "c": "active"}, ["a", "b"], ["c"],
+         seen(a="alive", b="dead", c="alive"), 15.0, None, "as wanted"),
+        # no healthy learner: keep the dead voter rather than shrink the quorum
+        ({"a": "active", "b": "active", "c": "active"}, ["a", "b"], ["c"],
+         seen(a="alive", b="dead", c="dead"), 100.0, None, "as wanted"),
+    ],
+)
+def test_plan_voters(members, voters, learners, gossip, now, want, why) -> None:
+    d = plan_voters(state(members, voters, learners), gossip, now=now, grace=30.0, max_voters=2)
+    assert why in d.reason
+    if want is None:
+        assert not d.propose
+    else:
+        assert d.kind == EntryKind.CONFIG_CHANGE
+        assert (d.payload["op"], d.payload["node"]) == want
+
+
+def test_training_members_keep_survivor_order_and_append_newcomers() -> None:
+    s = state({"a": "active", "b": "active", "c": "active", "d": "active", "e": "dead"},
+              view=View(4, ("c", "a", "b"), "h:1"))
+    gossip = seen(a="alive", b="dead", c="alive", d="alive", e="alive")
+    assert training_members(s, gossip) == ["c", "a", "d"]
+
+
+def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> None:
+    s = state({"a": "active", "b": "active"}, view=View(3, ("a",), "10.0.0.1:8100"))
+    ports = {"a": 8100, "b": 8101}
+    early = decide_view(s, ["a", "b"], changed_at=10.0, now=10.05, quiet=0.1, store_port_of=ports)
+    assert not early.propose and "waiting" in early.reason
+    d = decide_view(s, ["a", "b"], changed_at=10.0, now=10.2, quiet=0.1, store_port_of=ports)
+    assert d.kind == EntryKind.VIEW
+    assert d.payload == {"generation": 4, "members": ["a", "b"], "store_host": "10.0.0.1:8100"}
+
+
+@pytest.mark.parametrize(
+    "view, members, control, why",
+    [
+        (View(1, ("a",), "x:1"), ["a"], "running", "already has"),
+        (None, [], "running", "no member"),
+        (None, ["a"], "paused", "paused"),
+    ],
+)
+def test_decide_view_holds(view, members, control, why) -> None:
+    s = state({"a": "active"}, view=view, control=control)
+    d = decide_view(s, members, changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 1})
+    assert not d.propose and why in d.reason
+
+
+def test_first_view_uses_rank0_host() -> None:
+    s = state({"a": "active", "b": "active"})
+    d = decide_view(s, ["b", "a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
+    assert d.payload["generation"] == 1 and d.payload["store_host"] == "10.0.0.2:8"
