@@ -20,7 +20,10 @@ from dpeer.peer.transport.options import Security
 
 
 def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
-    """The first port p >= start such that p..p+2*count-1 are all free on 127.0.0.1."""
+    """The first port p >= start such that p..p+2*count-1 are all free on 127.0.0.1.
+
+    Node i listens on p + 2i and its worker's rendezvous store on p + 2i + 1.
+    """
     port = start
     while port + 2 * count < stop:
         if all(_free(p) for p in range(port, port + 2 * count)):
@@ -74,7 +77,7 @@ class LocalCluster:
         self.env = env or {}
         base = base_port or free_port_block(size)
         self.nodes = [
-            LocalNode(f"n{i + 1}", base + i, root / f"n{i + 1}", root / f"n{i + 1}.log") for i in range(size)
+            LocalNode(f"n{i + 1}", base + 2 * i, root / f"n{i + 1}", root / f"n{i + 1}.log") for i in range(size)
         ]
         root.mkdir(parents=True, exist_ok=True)
 

@@ -34,6 +34,7 @@ from dpeer.statemachine.store import Store
 log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
+INTRODUCE_EVERY = 1.0
 
 
 class Daemon:
@@ -62,6 +63,7 @@ class Daemon:
         self.started = time.monotonic()
         self.joined = False
         self.exit_code = 0
+        self._last_metrics = self._last_introduce = 0.0
         self._tasks: list[asyncio.Task] = []
 
     def _refused(self, addr: str) -> None:
@@ -106,9 +108,20 @@ class Daemon:
             self.joined = True
             log.info("joined the cluster as an active member")
             self.notifier.ready(f"member of a cluster of {len(self.store.state.members)}")
-        if now - getattr(self, "_last_metrics", 0.0) >= 0.5:
+        if now - self._last_metrics >= 0.5:
             self._last_metrics = now
             self._update_metrics()
+        if now - self._last_introduce >= INTRODUCE_EVERY:
+            self._last_introduce = now
+            self._introduce_committed_members()
+
+    def _introduce_committed_members(self) -> None:
+        """Push-pull with committed active members that gossip does not know (missed joins, reaped
+        after a long partition), so the log's membership and gossip's converge."""
+        unknown = [m.addr for n, m in self.store.state.members.items()
+                   if m.status == "active" and n != self.node_id and self.node.swim.state_of(n) is None]
+        if unknown:
+            self.node.join_seeds(unknown)
 
     def _update_metrics(self) -> None:
         m, store = self.metrics, self.store
@@ -120,6 +133,7 @@ class Daemon:
         m.is_leader.set(1 if self.node.role == "leader" else 0)
         m.commit_index.set(store.commit_index)
         m.last_applied.set(store.last_applied)
+        m.invalid.set(self.node.invalid_messages)
         m.generation.set(store.state.view.generation if store.state.view else 0)
         if self.notifier.enabled and watchdog_interval() is not None:
             self.notifier.watchdog()
@@ -134,6 +148,7 @@ class Daemon:
                         reply = await client.join(self.node_id, self.addr, port)
                     if reply.accepted:
                         log.info("admitted through %s (leader %s)", seed, reply.leader_id)
+                        self.node.join_seeds([m.addr for m in reply.members if m.node_id != self.node_id])
                         return
                 except errors.PeerError as exc:
                     log.info("join through %s failed: %s", seed, exc)

@@ -30,7 +30,7 @@ class Metrics:
             "dpeer_heartbeat_rtt_seconds", "Probe round-trip time", ["node"], registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         ).labels(**labels)
-        self.refused = Counter("dpeer_refused_calls", "Calls refused (bad token or message)", ["node"], registry=r).labels(**labels)
+        self.invalid = Gauge("dpeer_invalid_messages", "Peer messages refused as malformed", ["node"], registry=r).labels(**labels)
         self._node = node_id
 
     def set_members(self, counts: dict[str, int]) -> None:

@@ -42,7 +42,6 @@ class Service:
         self._status = status
         self._on_leave = on_leave
         self._store_port = self_store_port
-        self.refused = 0
 
     # -- peers ----------------------------------------------------------------------------
     async def deliver(self, envelope: pb.Envelope) -> None:
@@ -50,7 +49,7 @@ class Service:
         try:
             self.node.deliver(envelope)
         except BadRequest as exc:
-            self.refused += 1
+            self.node.invalid_messages += 1
             log.warning("refused a message from %r: %s", envelope.from_id[:64], exc)
             raise
 

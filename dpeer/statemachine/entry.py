@@ -1,0 +1,225 @@
+"""Log entries and their byte encodings: the LMDB key/value form and the wire form.
+
+Pure: no lmdb, asyncio, grpc, torch or clock. A stored value is msgpack ``[term, kind, payload,
+crc32]`` where the CRC covers the msgpack of ``[term, kind, payload]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import msgpack
+
+from dpeer.statemachine.errors import CorruptEntry, LogGapError
+
+_KEY = struct.Struct(">Q")
+_MAX_INDEX = (1 << 64) - 1
+_CRC_93 = zlib.crc32(b"\x93")  # CRC of the 3-element array header the CRC covers
+
+
+class EntryKind(str, enum.Enum):
+    """What a log entry records; the value is the string stored on disk and sent on the wire."""
+
+    MEMBER_JOINED = "member_joined"
+    MEMBER_LEFT = "member_left"
+    MEMBER_DEAD = "member_dead"
+    VIEW = "view"
+    CHECKPOINT = "checkpoint"
+    KV_PUT = "kv_put"
+    KV_DELETE = "kv_delete"
+    CONTROL = "control"
+    NOOP = "noop"
+    CONFIG_CHANGE = "config_change"
+
+
+_KINDS: dict[str, EntryKind] = {k.value: k for k in EntryKind}
+CONTROL_ACTIONS: tuple[str, ...] = ("pause", "resume", "drain")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One replicated log entry: its position, the term it was proposed in, and what it records."""
+
+    index: int
+    term: int
+    kind: EntryKind
+    payload: dict[str, Any]
+
+
+def encode_key(index: int) -> bytes:
+    """Big-endian u64 so LMDB's byte order is index order (and append=True puts stay valid)."""
+    if not 0 <= index <= _MAX_INDEX:
+        raise ValueError(f"log index {index} is outside 0..2**64-1")
+    return _KEY.pack(index)
+
+
+def decode_key(key: bytes) -> int:
+    """Inverse of encode_key; a key of the wrong length is corruption."""
+    if len(key) != 8:
+        raise CorruptEntry(f"log key has {len(key)} bytes, expected 8")
+    return _KEY.unpack(key)[0]
+
+
+def pack_payload(payload: Mapping[str, Any]) -> bytes:
+    """Msgpack a payload dict, e.g. for the wire's payload-bytes field."""
+    return msgpack.packb(dict(payload), use_bin_type=True)
+
+
+def unpack_payload(data: bytes) -> dict[str, Any]:
+    """Inverse of pack_payload; raises CorruptEntry unless the bytes hold a dict with str keys."""
+    try:
+        payload = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise CorruptEntry(f"payload bytes are not valid msgpack: {exc}") from exc
+    try:
+        _check_payload_dict(payload)
+    except ValueError as exc:
+        raise CorruptEntry(str(exc)) from exc
+    return payload
+
+
+def encode_entry(entry: Entry) -> bytes:
+    """Encode an entry's value (the index lives in the key) with a CRC over term, kind, payload."""
+    _check_fields(entry.index, entry.term, entry.kind, entry.payload)
+    body = msgpack.packb([entry.term, entry.kind.value, entry.payload], use_bin_type=True)
+    crc = zlib.crc32(body)
+    # body starts with the 3-element array header 0x93; the stored value is a 4-element array.
+    return b"\x94" + body[1:] + msgpack.packb(crc)
+
+
+def decode_entry(index: int, value: bytes) -> Entry:
+    """Decode and verify a stored value; raises CorruptEntry with the index on any mismatch."""
+    try:
+        term, kind, payload, crc = msgpack.unpackb(value, raw=False, strict_map_key=True)
+        crc_ok = value[0] == 0x94 and zlib.crc32(memoryview(value)[1 : -_int_len(crc)], _CRC_93) == crc
+    except Exception as exc:  # msgpack and unpacking raise several unrelated types on bad input
+        raise CorruptEntry(f"entry {index}: value is not msgpack [term, kind, payload, crc32] ({exc!r})") from exc
+    if not crc_ok:
+        raise CorruptEntry(f"entry {index}: CRC mismatch (stored {crc!r})")
+    kind_enum = _KINDS.get(kind) if type(kind) is str else None
+    # Bytes that pass the CRC are the bytes encode_entry wrote after its field checks; these
+    # checks only guard against a CRC collision on damaged data.
+    if kind_enum is None or type(term) is not int or term < 0 or type(payload) is not dict:
+        raise CorruptEntry(f"entry {index}: bad fields (term {term!r}, kind {kind!r})")
+    return Entry(index, term, kind_enum, payload)
+
+
+def _int_len(n: int) -> int:
+    """Bytes msgpack uses for a non-negative int below 2**32 (the stored CRC)."""
+    if type(n) is not int or not 0 <= n < 1 << 32:
+        raise ValueError(f"crc {n!r} is not a u32")
+    return 1 if n < 128 else 2 if n < 256 else 3 if n < 65536 else 5
+
+
+def entry_to_wire(entry: Entry) -> tuple[int, int, str, bytes]:
+    """The transport's form of an entry: (index, term, kind string, msgpack payload bytes)."""
+    _check_fields(entry.index, entry.term, entry.kind, entry.payload)
+    return entry.index, entry.term, entry.kind.value, pack_payload(entry.payload)
+
+
+def entry_from_wire(index: int, term: int, kind: str, payload: bytes) -> Entry:
+    """Rebuild and validate an entry received from a peer; raises CorruptEntry on bad fields."""
+    kind_enum = _KINDS.get(kind) if type(kind) is str else None
+    if kind_enum is None:
+        raise CorruptEntry(f"entry {index}: unknown kind {kind!r}")
+    body = unpack_payload(payload)
+    try:
+        _check_fields(index, term, kind_enum, body)
+    except ValueError as exc:
+        raise CorruptEntry(f"entry {index}: {exc}") from exc
+    return Entry(index, term, kind_enum, body)
+
+
+def _check_fields(index: Any, term: Any, kind: Any, payload: Any) -> None:
+    """Shape checks shared by every encoder and decoder (types, ranges)."""
+    if type(index) is not int or not 1 <= index <= _MAX_INDEX:
+        raise ValueError(f"index must be an int in 1..2**64-1, got {index!r}")
+    if type(term) is not int or not 0 <= term <= _MAX_INDEX:
+        raise ValueError(f"term must be an int in 0..2**64-1, got {term!r}")
+    if not isinstance(kind, EntryKind):
+        raise ValueError(f"kind must be an EntryKind, got {kind!r}")
+    _check_payload_dict(payload)
+
+
+def _check_payload_dict(payload: Any) -> None:
+    """A payload is a dict keyed by strings; its per-kind fields are checked by validate_payload."""
+    if type(payload) is not dict or not all(type(k) is str for k in payload):
+        raise ValueError(f"payload must be a dict with str keys, got {type(payload).__name__}")
+
+
+def _is_int(v: Any, lo: int = 0) -> bool:
+    return type(v) is int and v >= lo
+
+
+def _is_ids(v: Any, *, nonempty: bool = False) -> bool:
+    return (
+        type(v) is list
+        and all(type(x) is str and x for x in v)
+        and len(set(v)) == len(v)
+        and (bool(v) or not nonempty)
+    )
+
+
+def _is_str(v: Any, *, nonempty: bool = False) -> bool:
+    return type(v) is str and (bool(v) or not nonempty)
+
+
+def _config_ok(p: Mapping[str, Any]) -> bool:
+    voters, learners = p.get("voters"), p.get("learners")
+    return (
+        _is_ids(voters, nonempty=True)
+        and _is_ids(learners)
+        and not set(voters) & set(learners)
+    )
+
+
+_SCHEMAS: dict[EntryKind, Any] = {
+    EntryKind.MEMBER_JOINED: lambda p: _is_str(p.get("node_id"), nonempty=True)
+    and _is_str(p.get("addr")),
+    EntryKind.MEMBER_LEFT: lambda p: _is_str(p.get("node_id"), nonempty=True),
+    EntryKind.MEMBER_DEAD: lambda p: _is_str(p.get("node_id"), nonempty=True),
+    EntryKind.VIEW: lambda p: _is_int(p.get("generation"), 1)
+    and _is_ids(p.get("members"), nonempty=True)
+    and _is_str(p.get("store_host")),
+    EntryKind.CHECKPOINT: lambda p: _is_int(p.get("step"))
+    and _is_str(p.get("digest"), nonempty=True)
+    and _is_ids(p.get("holders")),
+    EntryKind.KV_PUT: lambda p: _is_str(p.get("key"), nonempty=True) and _is_str(p.get("value")),
+    EntryKind.KV_DELETE: lambda p: _is_str(p.get("key"), nonempty=True),
+    EntryKind.CONTROL: lambda p: p.get("action") in CONTROL_ACTIONS,
+    EntryKind.NOOP: lambda p: True,
+    EntryKind.CONFIG_CHANGE: _config_ok,
+}
+
+PAYLOAD_FIELDS: dict[EntryKind, tuple[str, ...]] = {
+    EntryKind.MEMBER_JOINED: ("node_id", "addr"),
+    EntryKind.MEMBER_LEFT: ("node_id",),
+    EntryKind.MEMBER_DEAD: ("node_id",),
+    EntryKind.VIEW: ("generation", "members", "store_host"),
+    EntryKind.CHECKPOINT: ("step", "digest", "holders"),
+    EntryKind.KV_PUT: ("key", "value"),
+    EntryKind.KV_DELETE: ("key",),
+    EntryKind.CONTROL: ("action",),
+    EntryKind.NOOP: (),
+    EntryKind.CONFIG_CHANGE: ("voters", "learners"),
+}
+
+
+def payload_ok(kind: EntryKind, payload: Mapping[str, Any]) -> bool:
+    """True when the payload has the fields its kind needs, with the right types (extras ignored)."""
+    return bool(_SCHEMAS[kind](payload))
+
+
+def check_contiguous(entries: Sequence[Entry]) -> list[Entry]:
+    """The entries as a list; raises LogGapError unless indices are consecutive and terms never drop."""
+    out = list(entries)
+    for a, b in zip(out, out[1:]):
+        if b.index != a.index + 1:
+            raise LogGapError(f"entries are not contiguous: {a.index} then {b.index}")
+        if b.term < a.term:
+            raise LogGapError(f"entry {b.index} has term {b.term} below entry {a.index}'s {a.term}")
+    return out

@@ -1,0 +1,31 @@
+"""Fixtures for real-process tests: a LocalCluster of daemons on 127.0.0.1, always torn down."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from dpeer.peer.cluster import LocalCluster
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Build clusters that are SIGKILLed at the end of the test, printing logs on failure."""
+    made: list[LocalCluster] = []
+
+    def make(size: int, **kwargs: Any) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"c{len(made)}", size, **kwargs)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.stop_all()
+
+
+def run(coro: Any) -> Any:
+    """Run one coroutine to completion (tests stay plain functions)."""
+    return asyncio.run(coro)

@@ -1,0 +1,166 @@
+"""Real daemons on loopback: failure detection, leader failover, catch-up and quorum loss."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+
+from dpeer.peer.cluster import LocalCluster
+from dpeer.peer.transport.client import NodeClient
+from tests.integration.conftest import run
+
+TIMEOUT = 60.0
+
+
+def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run the dpeer CLI as an operator would."""
+    return subprocess.run([sys.executable, "-m", "dpeer.peer.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def states_by(docs: dict, observer: str) -> dict[str, str]:
+    return {m["node_id"]: m["state"] for m in docs[observer]["members"]}
+
+
+async def formed(cluster: LocalCluster, size: int) -> dict:
+    """Wait until every running node sees `size` alive members and one shared leader."""
+    def ok(docs: dict) -> bool:
+        live = [d for d in docs.values() if d is not None]
+        if len(live) != len([n for n in cluster.nodes if n.running]):
+            return False
+        leaders = {d["leader"] for d in live}
+        return (len(leaders) == 1 and None not in leaders
+                and all(sum(m["state"] == "alive" for m in d["members"]) == size for d in live)
+                and all(d["group"] is not None and d["group"]["world_size"] == size for d in live))
+    return await cluster.wait_for(ok, TIMEOUT, f"{size} members with one leader")
+
+
+def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:
+    cluster = make_cluster(5)
+    cluster.start_all()
+
+    async def scenario() -> None:
+        await formed(cluster, 5)
+        n4, n5 = cluster.node("n4"), cluster.node("n5")
+        cluster.kill(n5, signal.SIGKILL)
+        cluster.kill(n4, signal.SIGSTOP)
+        survivors = ["n1", "n2", "n3"]
+
+        def dead_seen(docs: dict) -> bool:
+            return all(docs.get(s) and states_by(docs, s).get("n5") == "dead"
+                       and states_by(docs, s).get("n4") == "dead" for s in survivors)
+        await cluster.wait_for(dead_seen, TIMEOUT, "n4 (stopped) and n5 (killed) dead at every survivor")
+        cluster.kill(n4, signal.SIGCONT)
+
+        def back(docs: dict) -> bool:
+            return all(docs.get(s) and states_by(docs, s).get("n4") == "alive" for s in survivors + ["n4"])
+        docs = await cluster.wait_for(back, TIMEOUT, "n4 alive again after SIGCONT")
+        assert all(states_by(docs, s)["n5"] == "dead" for s in survivors)
+
+    run(scenario())
+
+
+def test_restarted_node_fetches_only_what_it_missed(make_cluster) -> None:
+    cluster = make_cluster(3)
+    cluster.start_all()
+
+    async def scenario() -> None:
+        await formed(cluster, 3)
+        n3 = cluster.node("n3")
+        before = (await cluster.status(n3))["last_applied"]
+        cluster.kill(n3, signal.SIGKILL)
+        async with NodeClient(cluster.node("n1").addr, timeout=20) as client:
+            for i in range(40):
+                assert (await client.kv_put(f"k{i}", str(i))).committed
+        cluster.start(n3)
+
+        def caught_up(docs: dict) -> bool:
+            d1, d3 = docs.get("n1"), docs.get("n3")
+            return bool(d1 and d3 and d3["last_applied"] >= d1["commit_index"] and d3["group"])
+        docs = await cluster.wait_for(caught_up, TIMEOUT, "n3 caught up after restart")
+        d3 = docs["n3"]
+        missed = docs["n1"]["commit_index"] - before
+        fetched = d3["entries_written"] + d3["resync"]["fetched_entries"]
+        assert 40 <= fetched <= missed + 10, (fetched, missed, before)
+        for fetch in d3["resync"]["fetches"]:
+            assert fetch["from"] > before
+
+    run(scenario())
+
+
+def test_acknowledged_writes_survive_leader_and_follower_kills(make_cluster) -> None:
+    cluster = make_cluster(5)
+    cluster.start_all()
+
+    async def scenario() -> None:
+        docs = await formed(cluster, 5)
+        leader = cluster.node(next(iter(docs.values()))["leader"])
+        acked: dict[str, str] = {}
+
+        async def writer(stop: asyncio.Event) -> None:
+            i = 0
+            while not stop.is_set():
+                for node in cluster.nodes:
+                    if not node.running:
+                        continue
+                    key, value = f"w{i}", f"v{i}"
+                    result = cli("kv", "put", key, value, "--addr", node.addr, "--timeout", "5")
+                    if result.returncode == 0:
+                        acked[key] = value
+                    i += 1
+                    break
+                await asyncio.sleep(0)
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(writer(stop))
+        await asyncio.sleep(1.0)
+        cluster.kill(leader, signal.SIGKILL)
+        await asyncio.sleep(2.0)
+        follower = next(n for n in cluster.nodes if n.running and n is not leader)
+        cluster.kill(follower, signal.SIGKILL)
+        await asyncio.sleep(2.0)
+        cluster.start(leader)
+        cluster.start(follower)
+        await asyncio.sleep(2.0)
+        stop.set()
+        await task
+        await formed(cluster, 5)
+        assert len(acked) >= 5, acked
+        for node in cluster.nodes:
+            for key, value in acked.items():
+                result = cli("kv", "get", key, "--addr", node.addr, "--json")
+                assert result.returncode == 0, (node.node_id, key, result.stderr)
+                assert json.loads(result.stdout)["value"] == value
+
+    asyncio.run(scenario())
+
+
+def test_two_of_five_lost_keeps_working_three_halts_without_damage(make_cluster) -> None:
+    cluster = make_cluster(5)
+    cluster.start_all()
+
+    async def scenario() -> None:
+        docs = await formed(cluster, 5)
+        leader = next(iter(docs.values()))["leader"]
+        voters = docs[leader]["voters"]
+        assert len(voters) == 5
+        killed = [n for n in cluster.nodes if n.node_id != leader][:2]
+        for node in killed:
+            cluster.kill(node, signal.SIGKILL)
+        addr = cluster.node(leader).addr
+        assert cli("kv", "put", "two-down", "yes", "--addr", addr, "--timeout", "20").returncode == 0
+        third = next(n for n in cluster.nodes if n.running and n.node_id != leader)
+        cluster.kill(third, signal.SIGKILL)
+        halted = cli("kv", "put", "three-down", "no", "--addr", addr, "--timeout", "3")
+        assert halted.returncode != 0, halted.stdout
+        for node in killed + [third]:
+            cluster.start(node)
+        await formed(cluster, 5)
+        for node in cluster.nodes:
+            got = cli("kv", "get", "two-down", "--addr", node.addr, "--json")
+            assert got.returncode == 0 and json.loads(got.stdout)["value"] == "yes", got
+
+    run(scenario())

@@ -1,0 +1,144 @@
+"""Damaged stores: each gives a clear error or is moved aside intact, never a crash or silent loss."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import msgpack
+import pytest
+from sm_helpers import kv_entries
+
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.errors import CorruptEntry, StoreFormatError
+from dpeer.statemachine.store import TAIL_CHECK, Store
+
+MARK = "MARKER-7f3a9c"
+
+
+def build(path: Path, n: int = 200, marked: int | None = None, applied: int = 0) -> None:
+    """A store with n kv entries (entry `marked` carries MARK), term 4 and a vote for n2."""
+    with Store.open(path, node_id="n1") as s:
+        s.set_hard_state(4, "n2")
+        for lo in range(1, n + 1, 500):
+            batch = kv_entries(lo, min(n + 1, lo + 500), term=4)
+            s.append([Entry(e.index, e.term, EntryKind.NOOP, {"note": MARK}) if e.index == marked else e
+                      for e in batch])
+        s.set_commit(applied)
+        s.apply_to(applied)
+
+
+def reopen_expect_moved(path: Path, caplog: pytest.LogCaptureFixture) -> tuple[Store, Path]:
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    caplog.set_level(logging.ERROR, logger="dpeer.statemachine")
+    store = Store.open(path, node_id="n1")
+    aside = store.recovered_from
+    assert aside is not None and aside.name.startswith("s.corrupt-")
+    assert (aside / "data.mdb").read_bytes() == before["data.mdb"], "the bad store is kept byte for byte"
+    assert any("moved aside" in r.message and str(aside) in r.message for r in caplog.records)
+    assert store.last_index == 0 and store.node_id == "n1"
+    return store, aside
+
+
+def flip_marker(path: Path) -> int:
+    data = bytearray((path / "data.mdb").read_bytes())
+    hits, at = 0, data.find(MARK.encode())
+    while at != -1:
+        data[at + 3] ^= 0x01
+        hits += 1
+        at = data.find(MARK.encode(), at + 1)
+    (path / "data.mdb").write_bytes(bytes(data))
+    return hits
+
+
+@pytest.mark.parametrize("keep", [0, 100, 0.5])
+def test_truncated_data_file_is_moved_aside(tmp_path: Path, keep: float,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    build(path, n=3000)
+    data = path / "data.mdb"
+    size = data.stat().st_size
+    with open(data, "r+b") as f:
+        f.truncate(int(size * keep) if isinstance(keep, float) else keep)
+    store, _ = reopen_expect_moved(path, caplog)
+    with store:
+        assert store.current_term == 0, "nothing could be salvaged from a torn file"
+        store.append(kv_entries(1, 3))
+
+
+@pytest.mark.parametrize("pages", [(0,), (1,), (0, 1)])
+def test_garbage_in_meta_pages_is_moved_aside(tmp_path: Path, pages: tuple[int, ...],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    build(path)
+    with open(path / "data.mdb", "r+b") as f:
+        for p in pages:
+            f.seek(p * 4096)
+            f.write(bytes((i * 37 + 11) % 256 for i in range(4096)))
+    store, _ = reopen_expect_moved(path, caplog)
+    store.close()
+
+
+def test_crc_bad_entry_in_tail_is_moved_aside_keeping_term_and_vote(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    build(path, n=200, marked=150, applied=100)
+    assert flip_marker(path) >= 1
+    store, _ = reopen_expect_moved(path, caplog)
+    with store:
+        assert (store.current_term, store.voted_for) == (4, "n2"), "a fresh store must not vote twice"
+
+
+def test_crc_bad_entry_below_the_checked_tail_raises_on_read(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    n = TAIL_CHECK + 600
+    build(path, n=n, marked=10, applied=n)
+    assert flip_marker(path) >= 1
+    with Store.open(path) as s:
+        assert s.recovered_from is None
+        assert len(s.entries(11, 20)) == 9
+        with pytest.raises(CorruptEntry, match="entry 10: CRC mismatch"):
+            s.entries(5, 20)
+
+
+def test_newer_format_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    build(path)
+    with Store.open(path) as s:
+        s._write(lambda txn: txn.put(b"format_version", msgpack.packb(99), db=s._dbs["meta"]))
+    before = (path / "data.mdb").read_bytes()
+    with pytest.raises(StoreFormatError, match="format version 99 is newer"):
+        Store.open(path, node_id="n1")
+    assert (path / "data.mdb").read_bytes() == before
+    assert not list(tmp_path.glob("s.corrupt-*"))
+
+
+@pytest.mark.parametrize("damage", ["missing_snapshot", "commit_beyond_log", "state_behind_meta", "bad_meta_value"])
+def test_inconsistent_contents_are_moved_aside(tmp_path: Path, damage: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    build(path, n=50, applied=40)
+    with Store.open(path) as s:
+        s.snapshot_now(keep_tail=5)
+        meta, snap = s._dbs["meta"], s._dbs["snap"]
+        edits = {
+            "missing_snapshot": lambda txn: txn.delete(b"current", db=snap),
+            "commit_beyond_log": lambda txn: txn.put(b"commit_index", msgpack.packb(99), db=meta),
+            "state_behind_meta": lambda txn: txn.put(b"last_applied", msgpack.packb(41), db=meta),
+            "bad_meta_value": lambda txn: txn.put(b"current_term", b"\xc1", db=meta),
+        }
+        s._write(edits[damage])
+    store, _ = reopen_expect_moved(path, caplog)
+    store.close()
+
+
+def test_moved_aside_names_do_not_collide(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    asides = set()
+    for _ in range(3):
+        build(path, n=5)
+        with open(path / "data.mdb", "r+b") as f:
+            f.truncate(10)
+        with Store.open(path, node_id="n1") as s:
+            asides.add(s.recovered_from)
+    assert len(asides) == 3 and all(p is not None and (p / "data.mdb").exists() for p in asides)

@@ -1,0 +1,149 @@
+"""The pure apply function and the cluster state's serialization."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.errors import CorruptState
+from dpeer.statemachine.snapshot import decode_snapshot, encode_snapshot
+from dpeer.statemachine.state import (
+    ClusterState,
+    apply,
+    apply_many,
+    decode_state,
+    encode_state,
+    state_from_dict,
+    state_to_dict,
+)
+
+K = EntryKind
+
+
+def run(*specs: tuple[EntryKind, dict]) -> tuple[ClusterState, list]:
+    entries = [Entry(i, 1, kind, payload) for i, (kind, payload) in enumerate(specs, 1)]
+    return apply_many(ClusterState(), entries)
+
+
+def join(n: str) -> tuple[EntryKind, dict]:
+    return K.MEMBER_JOINED, {"node_id": n, "addr": f"{n}:1"}
+
+
+def view(gen: int, *members: str) -> tuple[EntryKind, dict]:
+    return K.VIEW, {"generation": gen, "members": list(members), "store_host": "h:9"}
+
+
+def test_membership_lifecycle() -> None:
+    s, res = run(join("a"), join("b"), (K.MEMBER_DEAD, {"node_id": "b"}),
+                 (K.MEMBER_LEFT, {"node_id": "a"}), (K.MEMBER_LEFT, {"node_id": "zz"}), join("b"))
+    assert [r.accepted for r in res] == [True, True, True, True, False, True]
+    assert s.members["a"].status == "left" and s.members["b"].status == "active"
+    assert s.members["b"].joined_index == 6, "a rejoin starts a new membership"
+    assert "unknown member" in res[4].reason
+
+
+def test_one_view_per_generation() -> None:
+    s, res = run(join("a"), join("b"), view(1, "b", "a"), view(1, "a"), view(3, "a"), view(2, "a"))
+    assert [r.accepted for r in res[2:]] == [True, False, False, True]
+    assert s.view is not None and s.view.generation == 2 and s.view.members == ("a",)
+    assert s.applied_index == 6
+
+
+def test_view_must_name_active_members() -> None:
+    s, res = run(join("a"), (K.MEMBER_DEAD, {"node_id": "a"}), view(1, "a"))
+    assert not res[2].accepted and s.view is None
+
+
+def test_checkpoint_kv_control_config() -> None:
+    s, res = run((K.CHECKPOINT, {"step": 10, "digest": "d1", "holders": ["a"]}),
+                 (K.CHECKPOINT, {"step": 10, "digest": "d2", "holders": ["a"]}),
+                 (K.KV_PUT, {"key": "x", "value": "1"}), (K.KV_DELETE, {"key": "y"}),
+                 (K.CONTROL, {"action": "pause"}), (K.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"]}),
+                 (K.NOOP, {}), (K.KV_PUT, {"key": "x"}))
+    assert [r.accepted for r in res] == [True, False, True, False, True, True, True, False]
+    assert s.checkpoint is not None and s.checkpoint.digest == "d1"
+    assert dict(s.kv) == {"x": "1"} and s.control == "paused"
+    assert s.voters == ("a",) and s.learners == ("b",)
+    assert res[7].reason == "malformed payload"
+
+
+def test_apply_refuses_out_of_order_and_term_regression() -> None:
+    s, _ = run((K.NOOP, {}))
+    with pytest.raises(ValueError, match="out of order"):
+        apply(s, Entry(3, 1, K.NOOP, {}))
+    with pytest.raises(ValueError, match="out of order"):
+        apply(s, Entry(1, 1, K.NOOP, {}))
+    s2, _ = apply(s, Entry(2, 5, K.NOOP, {}))
+    with pytest.raises(ValueError, match="term"):
+        apply(s2, Entry(3, 4, K.NOOP, {}))
+
+
+def test_state_is_read_only() -> None:
+    s, _ = run((K.KV_PUT, {"key": "x", "value": "1"}))
+    with pytest.raises(TypeError):
+        s.kv["x"] = "2"  # type: ignore[index]
+
+
+ids = st.sampled_from(["a", "b", "c", "d"])
+specs = st.one_of(
+    st.builds(lambda n: join(n), ids),
+    st.builds(lambda n: (K.MEMBER_DEAD, {"node_id": n}), ids),
+    st.builds(lambda n: (K.MEMBER_LEFT, {"node_id": n}), ids),
+    st.builds(lambda g, m: view(g, *m), st.integers(0, 6), st.lists(ids, min_size=1, max_size=3, unique=True)),
+    st.builds(lambda s: (K.CHECKPOINT, {"step": s, "digest": "d", "holders": ["a"]}), st.integers(0, 9)),
+    st.builds(lambda k, v: (K.KV_PUT, {"key": k, "value": v}), ids, st.text(max_size=3)),
+    st.builds(lambda k: (K.KV_DELETE, {"key": k}), ids),
+    st.builds(lambda a: (K.CONTROL, {"action": a}), st.sampled_from(["pause", "resume", "drain"])),
+    st.builds(lambda v: (K.CONFIG_CHANGE, {"voters": v[:2], "learners": v[2:]}),
+              st.lists(ids, min_size=2, max_size=4, unique=True)),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(specs, max_size=30), st.integers(0, 30))
+def test_apply_is_pure_deterministic_and_batch_independent(spec_list: list, cut: int) -> None:
+    entries = [Entry(i, 1, k, p) for i, (k, p) in enumerate(spec_list, 1)]
+    whole, res = apply_many(ClusterState(), entries)
+    before = state_to_dict(whole)
+    again, res2 = apply_many(ClusterState(), entries)
+    assert again == whole and res2 == res
+    head, _ = apply_many(ClusterState(), entries[:cut])
+    frozen_head = state_to_dict(head)
+    one = head
+    for e in entries[cut:]:
+        one, _ = apply(one, e)
+    assert one == whole, "applying in any batching gives the same state"
+    assert state_to_dict(head) == frozen_head and state_to_dict(whole) == before, "inputs unchanged"
+    accepted_views = [r for r in res if r.kind is K.VIEW and r.accepted]
+    assert len(accepted_views) == (whole.view.generation if whole.view else 0)
+    assert state_from_dict(state_to_dict(whole)) == whole
+    assert decode_state(encode_state(whole)) == whole
+    snap = encode_snapshot(whole)
+    assert decode_snapshot(snap.index, snap.term, snap.data) == whole
+
+
+def test_bad_state_dicts_are_refused() -> None:
+    s, _ = run(join("a"), view(1, "a"), (K.KV_PUT, {"key": "x", "value": "1"}))
+    good = state_to_dict(s)
+    bad = [dict(good, v=2), dict(good, applied_index=-1), dict(good, control="x"),
+           dict(good, kv={"x": 1}), dict(good, members={"a": ["a:1", "zombie", 1]}),
+           dict(good, view=[0, ["a"], "h"]), dict(good, voters=["a", "a"]), {k: good[k] for k in list(good)[:-1]},
+           None, []]
+    for d in bad:
+        with pytest.raises(CorruptState):
+            state_from_dict(d)
+
+
+def test_sealed_state_and_snapshot_detect_damage() -> None:
+    s, _ = run(join("a"))
+    blob = bytearray(encode_state(s))
+    blob[len(blob) // 2] ^= 0x10
+    with pytest.raises(CorruptState, match="CRC"):
+        decode_state(bytes(blob))
+    snap = encode_snapshot(s)
+    with pytest.raises(CorruptState, match="expected"):
+        decode_snapshot(snap.index + 1, snap.term, snap.data)
+    with pytest.raises(CorruptState):
+        decode_snapshot(snap.index, snap.term, snap.data[:-1])
