@@ -52,10 +52,8 @@ class Daemon:
             log.info("founded a new cluster")
         self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
                          max_voters=config.max_voters)
-        self.store_ports: dict[str, int] = {}
-        self.node.apply_listeners.append(self._on_apply)
         self.resyncer = Resyncer(self.node, self.channels)
-        self.leader = LeaderChores(self.node, config.preset, self.store_ports, config.effective_store_port)
+        self.leader = LeaderChores(self.node, config.preset, config.effective_store_port)
         self.node.chores.append(self.leader)
         self.service = Service(self.node, self.channels, self.status, self._leave_done, config.effective_store_port)
         self.metrics = Metrics(self.node_id)
@@ -68,10 +66,6 @@ class Daemon:
 
     def _refused(self, addr: str) -> None:
         self.node.refused(addr)
-
-    def _on_apply(self, entry: Any, result: Any) -> None:
-        if entry.kind.value == "member_joined" and result.accepted:
-            self.store_ports[entry.payload["node_id"]] = int(entry.payload.get("store_port") or 0)
 
     def status(self) -> dict[str, Any]:
         """The status document (see status.document)."""

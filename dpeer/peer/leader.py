@@ -28,11 +28,10 @@ RETRY_AFTER_FAILURE = 0.1
 class LeaderChores:
     """Callable chore; see the module docstring."""
 
-    def __init__(self, node: Node, preset: str, store_ports: dict[str, int], self_store_port: int) -> None:
+    def __init__(self, node: Node, preset: str, self_store_port: int) -> None:
         self.node = node
         self.quiet = QUIET_WINDOW[preset]
         self.grace = DEAD_VOTER_GRACE[preset]
-        self.store_ports = store_ports
         self.self_store_port = self_store_port
         self.last_decision: Decision | None = None
         self._task: asyncio.Task | None = None
@@ -56,7 +55,7 @@ class LeaderChores:
         """The next entry this leader should propose, or None."""
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
-        if me is None or me.status != "active" or me.addr != node.addr:
+        if me is None or me.status != "active" or me.addr != node.addr or me.store_port != self.self_store_port:
             payload = {"node_id": node.id, "addr": node.addr, "store_port": self.self_store_port}
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader is not an active member yet")
         observed = node.observed()
@@ -69,7 +68,7 @@ class LeaderChores:
         members = training_members(state, observed)
         if members != self._wanted:
             self._wanted, self._changed_at = members, now
-        ports = {n: self.store_ports.get(n, 0) for n in members}
+        ports = {n: state.members[n].store_port for n in members}
         decision = decide_view(state, members, self._changed_at, now, self.quiet, ports)
         return decision if decision.propose else None
 

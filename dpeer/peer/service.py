@@ -99,11 +99,17 @@ class Service:
     async def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         """Admit a node: commit member_joined (idempotent) and answer with the members to gossip with."""
         _check_id(request.node_id, "node_id")
-        codec.mm._addr(request.addr)  # noqa: SLF001 - same address rules as the membership messages
+        try:
+            codec.mm.MemberRecord(request.node_id, request.addr, codec.mm.MemberState.ALIVE, 0).validate()
+        except codec.mm.InvalidMessage as exc:
+            raise BadRequest(str(exc)) from None
+        if request.store_port > 65535:
+            raise BadRequest(f"store_port {request.store_port} is not a port")
         if not self._leading():
             return await self._leader_client().join(request.node_id, request.addr, request.store_port)
         member = self.node.store.state.members.get(request.node_id)
-        if member is None or member.status != "active" or member.addr != request.addr:
+        if (member is None or member.status != "active" or member.addr != request.addr
+                or member.store_port != request.store_port):
             payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port}
             await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]

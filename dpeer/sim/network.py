@@ -63,6 +63,11 @@ class SimNetwork:
         """Remove every partition (loss and delay settings stay)."""
         self._blocked.clear()
 
+    @property
+    def partitioned(self) -> bool:
+        """True while any link is cut by a partition."""
+        return bool(self._blocked)
+
     def is_blocked(self, src: str, dst: str) -> bool:
         """True when src -> dst is cut by a partition."""
         return (src, dst) in self._blocked

@@ -125,6 +125,11 @@ class Simulator:
         slot.tick_at = None
         self._reschedule(node_id)
 
+    def emit(self, node_id: str, out: Outbox) -> None:
+        """Send what a node produced outside an event (a client proposal made through at())."""
+        self._send_all(node_id, out)
+        self._reschedule(node_id)
+
     # -- time --------------------------------------------------------------------------
     def at(self, when: float, fn: Callable[[], None]) -> None:
         """Run fn (a fault, a proposal, a probe) at virtual time `when`."""

@@ -1,0 +1,28 @@
+"""A pure Raft consensus core in the manner of etcd-io/raft: no I/O, no clock, no threads.
+
+The caller owns disk, network and time: it feeds messages and `now` in, then drains a `Ready`
+(persist hard state and entries, install a snapshot, apply committed entries, send messages)
+and confirms with `advance`. See core.RaftNode for the contract.
+"""
+
+from dpeer.peer.consensus.config import EDGE, LAN, WAN, RaftConfig
+from dpeer.peer.consensus.core import RaftNode, Role
+from dpeer.peer.consensus.membership import Membership, MembershipError, bootstrap
+from dpeer.peer.consensus.ready import (
+    AcceptResult,
+    HardState,
+    NotLeader,
+    Proposed,
+    ReadRequested,
+    ReadState,
+    Ready,
+    Refused,
+    SoftState,
+)
+from dpeer.peer.consensus.storage import MemoryStorage, Snapshot, Storage
+
+__all__ = [
+    "AcceptResult", "EDGE", "HardState", "LAN", "Membership", "MembershipError", "MemoryStorage",
+    "NotLeader", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState", "Ready",
+    "Refused", "Role", "Snapshot", "SoftState", "Storage", "WAN", "bootstrap",
+]

@@ -1,0 +1,140 @@
+"""A hand-driven network of RaftNodes for step-by-step tests: nothing moves unless told to."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from dpeer.peer.consensus import MemoryStorage, RaftConfig, RaftNode, Ready, bootstrap
+from dpeer.statemachine.entry import Entry, EntryKind
+
+CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
+
+
+def kv(i: int) -> dict[str, Any]:
+    """A kv_put payload numbered i."""
+    return {"key": f"k{i}", "value": str(i)}
+
+
+def entry(index: int, term: int, kind: EntryKind = EntryKind.NOOP, **payload: Any) -> Entry:
+    """A log entry for hand-built logs."""
+    return Entry(index, term, kind, dict(payload))
+
+
+class Net:
+    """Nodes over MemoryStorage; messages queue until deliver() and may be cut or filtered."""
+
+    def __init__(self, ids: list[str], voters: list[str] | None = None,
+                 learners: list[str] = (), joiners: list[str] = (), cfg: RaftConfig = CFG) -> None:
+        self.now, self.cfg = 0.0, cfg
+        self.storages: dict[str, MemoryStorage] = {}
+        self.nodes: dict[str, RaftNode] = {}
+        self.applied: dict[str, list[Entry]] = {}
+        self.readies: dict[str, list[Ready]] = {}
+        self.queue: list[tuple[str, str, Any]] = []
+        self.cut: set[tuple[str, str]] = set()
+        self.drop: Callable[[str, str, Any], bool] = lambda s, d, m: False
+        self.rewrite: Callable[[str, str, Any], Any] = lambda s, d, m: m
+        for i, nid in enumerate(list(ids) + list(joiners)):
+            st = MemoryStorage()
+            if nid not in joiners:
+                bootstrap(st, voters or ids, learners)
+            self.storages[nid], self.applied[nid], self.readies[nid] = st, [], []
+            self.nodes[nid] = RaftNode(nid, st, cfg, random.Random(i), self.now)
+
+    # -- time and I/O -----------------------------------------------------------------------
+    def advance(self, dt: float) -> None:
+        """Move the clock without ticking anyone."""
+        self.now += dt
+
+    def flush(self, nid: str) -> None:
+        """Persist, apply and queue the messages of every Ready of node nid."""
+        node, st = self.nodes[nid], self.storages[nid]
+        while node.has_ready():
+            rd = node.ready()
+            hs = rd.hard_state
+            if hs is not None:
+                st.set_hard_state(hs.term, hs.voted_for)
+            if rd.snapshot is not None:
+                st.install_snapshot(rd.snapshot)
+            st.append(rd.entries)
+            if hs is not None:
+                st.set_commit(hs.commit)
+            for e in rd.committed_entries:
+                st.apply_to(e.index)
+                self.applied[nid].append(e)
+            self.readies[nid].append(rd)
+            self.queue.extend((nid, dst, m) for dst, m in rd.messages)
+            node.advance(rd)
+
+    def deliver(self, limit: int = 10_000) -> int:
+        """Deliver queued messages (and what they cause) until quiet; returns how many."""
+        count = 0
+        for nid in self.nodes:
+            self.flush(nid)
+        while self.queue and count < limit:
+            src, dst, m = self.queue.pop(0)
+            if (src, dst) in self.cut or dst not in self.nodes or self.drop(src, dst, m):
+                continue
+            count += 1
+            self.nodes[dst].step(self.now, src, self.rewrite(src, dst, m))
+            self.flush(dst)
+        return count
+
+    def tick(self, nid: str) -> None:
+        """Jump the clock to node nid's next deadline and tick it (others are not ticked)."""
+        self.now = max(self.now, self.nodes[nid].next_deadline())
+        self.nodes[nid].tick(self.now)
+        self.flush(nid)
+
+    def elect(self, nid: str) -> None:
+        """Let nid's election timer fire and deliver everything."""
+        self.tick(nid)
+        self.deliver()
+
+    def run(self, duration: float, nodes: list[str] | None = None) -> None:
+        """Tick nodes (all by default) in deadline order for duration, delivering as we go."""
+        until = self.now + duration
+        names = nodes or list(self.nodes)
+        while True:
+            nid = min(names, key=lambda n: self.nodes[n].next_deadline())
+            if self.nodes[nid].next_deadline() > until:
+                break
+            self.tick(nid)
+            self.deliver()
+        self.now = until
+
+    def heartbeat(self, nid: str) -> None:
+        """Let the leader nid send one round of heartbeats and deliver everything."""
+        self.tick(nid)
+        self.deliver()
+
+    # -- faults -----------------------------------------------------------------------------
+    def isolate(self, nid: str) -> None:
+        """Cut every link to and from nid."""
+        for other in self.nodes:
+            if other != nid:
+                self.cut |= {(nid, other), (other, nid)}
+
+    def heal(self) -> None:
+        """Restore every link."""
+        self.cut.clear()
+
+    def restart(self, nid: str) -> None:
+        """Crash nid (losing unpersisted state and queued messages to it) and rebuild it."""
+        self.queue = [q for q in self.queue if nid not in (q[0], q[1])]
+        self.nodes[nid] = RaftNode(nid, self.storages[nid], self.cfg, random.Random(99), self.now)
+
+    def leaders(self) -> list[str]:
+        """Nodes that believe they lead."""
+        return [n for n, node in self.nodes.items() if node.role.value == "leader"]
+
+    def propose(self, nid: str, i: int) -> Any:
+        """Propose kv i at nid and deliver."""
+        res = self.nodes[nid].propose(EntryKind.KV_PUT, kv(i))
+        self.deliver()
+        return res
+
+    def sent(self, nid: str, kind: type) -> list[tuple[str, Any]]:
+        """Every (dst, msg) of type kind that nid has emitted so far."""
+        return [(d, m) for rd in self.readies[nid] for d, m in rd.messages if isinstance(m, kind)]
