@@ -1,11 +1,17 @@
 """Membership benchmark: failure detection, dissemination, load and false positives.
 
-Simulated part (this file): the pure core driven by dpeer.sim on a virtual clock, so the figures
-are protocol figures (rounds, fan-out, timeouts), not the cost of Python or gRPC. Each figure
-is one function; a real-process section (daemons on loopback) can be added next to them.
+Simulated part: the pure core driven by dpeer.sim on a virtual clock, so the figures are
+protocol figures (rounds, fan-out, timeouts), not the cost of Python or gRPC.
 
-    python scripts/bench_membership.py            # 10, 100, 1000 nodes, 3 seeds
-    python scripts/bench_membership.py --quick    # fewer seeds, shorter loss runs
+Real-process part (--real): `dpeer start` daemons on loopback (LocalCluster): idle CPU per daemon
+with 16 peers (17 daemons, no job, /proc/PID/stat utime+stime over a window), and the time from
+SIGKILL / SIGSTOP of one follower until every other node's status marks it dead (5 nodes,
+statuses polled every ~10 ms through one persistent client and one task per node).
+
+    python scripts/bench_membership.py            # simulated: 10, 100, 1000 nodes, 3 seeds
+    python scripts/bench_membership.py --quick    # simulated: fewer seeds, shorter loss runs
+    python scripts/bench_membership.py --real --no-sim           # real processes only, ~4 min
+    python scripts/bench_membership.py --real --no-sim --quick   # real processes only, < 2 min
 """
 
 from __future__ import annotations
@@ -139,6 +145,156 @@ def fig_false_positives(n: int, seed: int, loss: float, duration: float) -> tupl
     return run.deaths, run.deaths / (n * duration / 3600.0)
 
 
+# -- figures (real processes) -----------------------------------------------------------------
+# Daemons on loopback through dpeer.peer.cluster.LocalCluster; the process hygiene, status
+# polling and formation checks are shared with scripts/bench_agreement.py.
+REAL_TRIAL_TIMEOUT = 15.0
+REAL_POLL = 0.01
+
+
+def _agreement():  # noqa: ANN202 - the sibling script, imported only for the real section
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_agreement
+
+    return bench_agreement
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds, from /proc/PID/stat."""
+    import os
+
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def real_idle_cpu(n: int, window: float, settle: float) -> dict:
+    """Per-daemon CPU (% of one core) of a formed, idle cluster of n daemons; nothing polls them
+    during the window. Returns leader and followers' figures."""
+    import asyncio
+
+    ba = _agreement()
+    voters = min(n, ba.DEFAULT_MAX_VOTERS)
+    with ba.local_cluster(n) as cluster:
+        pollers = ba.Pollers(cluster)
+        t = time.monotonic()
+        try:
+            docs = await ba.wait_stable(pollers, n, voters)
+            formed = time.monotonic() - t
+            await asyncio.sleep(settle)
+            docs = await ba.wait_stable(pollers, n, voters)
+        finally:
+            await pollers.close()
+        leader = next(d for d in docs.values() if d is not None)["leader"]
+        pids = {node.node_id: node.proc.pid for node in cluster.nodes}
+        before = {i: proc_cpu_seconds(p) for i, p in pids.items()}
+        t0 = time.monotonic()
+        await asyncio.sleep(window)
+        after = {i: proc_cpu_seconds(p) for i, p in pids.items()}
+        elapsed = time.monotonic() - t0
+        loadavg = Path("/proc/loadavg").read_text().split()[:3]
+    pct = {i: 100.0 * (after[i] - before[i]) / elapsed for i in pids}
+    followers = sorted(v for i, v in pct.items() if i != leader)
+    return {"nodes": n, "leader": leader, "leader_pct": pct[leader], "followers": followers,
+            "window": elapsed, "formed_s": formed, "loadavg": loadavg}
+
+
+async def real_detection(n: int, trials: int, settle: float) -> dict:
+    """SIGKILL and SIGSTOP one follower per trial; seconds until the first and until every other
+    node's status lists it dead. The victim is restarted (KILL) or SIGCONTed (STOP) and the
+    cluster re-forms before the next trial; victims rotate over the followers."""
+    import asyncio
+    import math
+    import signal
+
+    ba = _agreement()
+    voters = min(n, ba.DEFAULT_MAX_VOTERS)
+    out: dict = {"kill": [], "stop": [], "idle": None}
+    with ba.local_cluster(n) as cluster:
+        pollers = ba.Pollers(cluster)
+        try:
+            docs = await ba.wait_stable(pollers, n, voters)
+            for kind, sig in (("kill", signal.SIGKILL), ("stop", signal.SIGSTOP)):
+                for trial in range(trials):
+                    docs = await ba.wait_stable(pollers, n, voters)
+                    await asyncio.sleep(settle)
+                    docs = await ba.wait_stable(pollers, n, voters)
+                    leader = next(d for d in docs.values() if d is not None)["leader"]
+                    followers = [x.node_id for x in cluster.nodes if x.node_id != leader]
+                    victim = followers[trial % len(followers)]
+                    observers = [x.node_id for x in cluster.nodes if x.node_id != victim]
+                    seen: dict[str, float] = {}
+                    done = asyncio.Event()
+
+                    async def watch(obs: str, t0: float) -> None:
+                        while not done.is_set():
+                            doc = await pollers.status(obs, timeout=0.5)
+                            if doc is not None and ba.member_states(doc).get(victim) == "dead":
+                                seen.setdefault(obs, time.perf_counter() - t0)
+                                if len(seen) == len(observers):
+                                    done.set()
+                            await asyncio.sleep(REAL_POLL)
+
+                    t0 = time.perf_counter()
+                    cluster.kill(cluster.node(victim), sig)
+                    tasks = [asyncio.create_task(watch(o, t0)) for o in observers]
+                    try:
+                        await asyncio.wait_for(done.wait(), REAL_TRIAL_TIMEOUT)
+                    except asyncio.TimeoutError:
+                        pass
+                    done.set()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    if kind == "kill":
+                        cluster.start(cluster.node(victim))
+                    else:
+                        cluster.kill(cluster.node(victim), signal.SIGCONT)
+                    times = [seen.get(o, math.inf) for o in observers]
+                    out[kind].append({"victim": victim, "first": min(times), "all": max(times)})
+                    print(f"  real {kind} trial {trial + 1}: victim {victim}, first dead {min(times):.3f} s, "
+                          f"all dead {max(times):.3f} s", file=sys.stderr, flush=True)
+        finally:
+            await pollers.close()
+    return out
+
+
+def real_section(args: argparse.Namespace) -> None:
+    """Run the real-process figures and print them as markdown."""
+    import asyncio
+    import os
+
+    ba = _agreement()
+    ba.install_cleanup()
+    window = args.idle_window or (15.0 if args.quick else 30.0)
+    trials = args.trials or (4 if args.quick else 9)
+    t0 = time.time()
+    try:
+        det = asyncio.run(real_detection(5, trials, 1.0))
+        idle = asyncio.run(real_idle_cpu(args.idle_nodes, window, 3.0 if args.quick else 5.0))
+    finally:
+        ba._stop_everything()
+    print(f"\n### Real processes (daemons on loopback, lan preset; {os.cpu_count()} cores)\n")
+    print(f"Idle CPU, {idle['nodes']} daemons ({idle['nodes'] - 1} peers each), no job, nothing polling, "
+          f"{idle['window']:.0f} s window (formed in {idle['formed_s']:.1f} s; load average {' '.join(idle['loadavg'])}):\n")
+    print("| daemon | CPU, % of one core | vs 1 % target |")
+    print("|---|---|---|")
+    f = idle["followers"]
+    print(f"| leader ({idle['leader']}) | {idle['leader_pct']:.2f} % | {idle['leader_pct']:.2f}x |")
+    print(f"| followers, median of {len(f)} | {median(f):.2f} % | {median(f):.2f}x |")
+    print(f"| followers, max | {max(f):.2f} % | {max(f):.2f}x |")
+    print(f"| all {idle['nodes']} together | {idle['leader_pct'] + sum(f):.1f} % | |")
+    print(f"\nFailure detection, 5 daemons, {trials} trials each (a follower is the victim; "
+          f"status polled every {REAL_POLL * 1e3:.0f} ms per node; medians, max in brackets):\n")
+    print("| signal | first node marks it dead | every other node marks it dead | target | median vs target |")
+    print("|---|---|---|---|---|")
+    for kind, target in (("kill", 1.0), ("stop", 3.0)):
+        rows = det[kind]
+        first = [r["first"] for r in rows]
+        every = [r["all"] for r in rows]
+        print(f"| SIG{kind.upper()} | {median(first):.3f} s ({max(first):.3f}) | {median(every):.3f} s "
+              f"({max(every):.3f}) | {target:.0f} s | {median(every) / target:.2f}x |")
+    print(f"\n<!-- real section: {time.time() - t0:.0f} s wall; raw: {det} {idle} -->")
+
+
 # -- report -----------------------------------------------------------------------------------
 def median(values: list[float]) -> float:
     """The median, with inf kept (a run that never converged)."""
@@ -183,11 +339,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed, shorter loss runs")
     parser.add_argument("--sizes", default="10,100,1000", help="cluster sizes for the detection table")
+    parser.add_argument("--real", action="store_true", help="also run the real-process section (daemons on loopback)")
+    parser.add_argument("--no-sim", action="store_true", help="skip the simulated section")
+    parser.add_argument("--idle-nodes", type=int, default=17, help="daemons for the idle CPU figure (16 peers each)")
+    parser.add_argument("--idle-window", type=float, help="seconds of idle CPU measurement (default 30, quick 15)")
+    parser.add_argument("--trials", type=int, help="SIGKILL and SIGSTOP trials each, 5 nodes (default 9, quick 4)")
     args = parser.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
-    seeds = [1] if args.quick else [1, 2, 3]
-    fp_sizes = [10] if args.quick else [10, 100]
-    simulated_section(sizes, seeds, fp_sizes, 120.0 if args.quick else 600.0)
+    if not args.no_sim:
+        sizes = [int(x) for x in args.sizes.split(",")]
+        seeds = [1] if args.quick else [1, 2, 3]
+        fp_sizes = [10] if args.quick else [10, 100]
+        simulated_section(sizes, seeds, fp_sizes, 120.0 if args.quick else 600.0)
+    if args.real:
+        real_section(args)
 
 
 if __name__ == "__main__":

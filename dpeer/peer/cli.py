@@ -21,6 +21,8 @@ from dpeer.peer.transport.options import Security
 EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 EXAMPLES = {
+    "dpeer": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir d1\n"
+    "  dpeer status --addr 127.0.0.1:7101 --json",
     "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
     "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo",
     "status": "dpeer status --addr 127.0.0.1:7101 --json",
@@ -29,6 +31,10 @@ EXAMPLES = {
     "leave": "dpeer leave --addr 127.0.0.1:7102",
     "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
     "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
+    "kv put": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101",
+    "kv get": "dpeer kv get lr --addr 127.0.0.1:7101 --json",
+    "config show": "dpeer config show --config dpeer.yaml --preset edge",
+    "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
 }
 
 
@@ -43,9 +49,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
-def _sub(subs: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
+def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with an example (EXAMPLES[path or name])."""
     return subs.add_parser(
-        name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[name]}",
+        name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[path or name]}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
@@ -58,7 +65,11 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The full command tree."""
-    parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.")
+    parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.",
+                     epilog=f"example:\n  {EXAMPLES['dpeer']}\n\n"
+                     "exit codes: 0 success, 1 a negative answer (absent key, not committed, refused),\n"
+                     "  2 bad usage or config, 3 node unreachable",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     start = _sub(subs, "start", "run a node in the foreground")
     start.add_argument("--node-id", help="unique, stable name of this box")
@@ -76,12 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true", help="print JSON")
     kv = _sub(subs, "kv", "read and write cluster settings")
     kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
-    put = kvs.add_parser("put", help="commit KEY=VALUE; exit 0 only once committed")
-    put.add_argument("key")
-    put.add_argument("value")
+    put = _sub(kvs, "put", "commit KEY=VALUE; exit 0 only once committed", "kv put")
+    put.add_argument("key", help="1-256 characters")
+    put.add_argument("value", help="at most 64 KiB")
     _client_flags(put)
-    get = kvs.add_parser("get", help="linearizable read; exit 1 when absent")
-    get.add_argument("key")
+    get = _sub(kvs, "get", "linearizable read; exit 1 when absent", "kv get")
+    get.add_argument("key", help="the key to read")
     get.add_argument("--json", action="store_true", help="print JSON")
     _client_flags(get)
     leave = _sub(subs, "leave", "make a node leave gracefully; its daemon exits")
@@ -91,16 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
     demo.add_argument("--chaos", action="store_true", help="kill and restart nodes on a schedule")
     demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
-    demo.add_argument("--base-port", type=int, default=7300, help="first gRPC port (default 7300)")
+    demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
     demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
     conf = _sub(subs, "config", "show the effective config or check a file")
     confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
-    show = confs.add_parser("show", help="print the effective config as YAML")
+    show = _sub(confs, "show", "print the effective config as YAML (defaults < file < DPEER_* env < flags)",
+                "config show")
     show.add_argument("--config", type=Path, help="YAML config file")
     show.add_argument("--preset", choices=["lan", "wan", "edge"])
     show.add_argument("--node-id")
-    check = confs.add_parser("check", help="validate a config file; exit 2 when it is wrong")
-    check.add_argument("file", type=Path)
+    check = _sub(confs, "check", "validate a config file; exit 2 when it is wrong", "config check")
+    check.add_argument("file", type=Path, help="the YAML config file")
     return parser
 
 
@@ -232,6 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.Unreachable as exc:
         print(f"dpeer: {exc}; is its daemon running?", file=sys.stderr)
         return EXIT_UNREACHABLE
+    except errors.Denied as exc:
+        print(f"dpeer: refused: {exc}", file=sys.stderr)
+        return EXIT_NO
     except errors.PeerError as exc:
         print(f"dpeer: {exc}", file=sys.stderr)
         return EXIT_NO

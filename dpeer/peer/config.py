@@ -46,11 +46,11 @@ class Strict(BaseModel):
 class TrainingConfig(Strict):
     """The demo job's run: how long, how big a global batch, which seed."""
 
-    steps: int = Field(3000, gt=0, description="steps to train; the default runs for minutes")
+    steps: int = Field(20000, gt=0, description="steps to train; the default runs for minutes")
     global_batch: int = Field(64, gt=0, description="samples per step, fixed whatever the world size")
-    micro_batch: int = Field(64, gt=0, description="largest per-rank forward pass; bigger shares accumulate")
-    seed: int = Field(0, ge=0, description="seeds the model, the data and the sample order")
-    lr: float = Field(0.01, gt=0, description="optimizer learning rate")
+    micro_batch: int = Field(16, gt=0, description="largest per-rank forward pass; bigger shares accumulate")
+    seed: int = Field(1234, ge=0, description="seeds the model, the data and the sample order")
+    lr: float = Field(0.05, gt=0, description="optimizer learning rate")
     checkpoint_every: int = Field(200, ge=0, description="steps between full-state checkpoints; 0 disables")
 
 
@@ -125,10 +125,22 @@ class NodeConfig(Strict):
 
 
 def _format(err: ValidationError, source: str) -> str:
+    """One sentence naming where the bad value came from and its dotted key path.
+
+    A file names the key (training.steps), the environment names the variable
+    (DPEER_TRAINING__STEPS) and the command line names the flag (--listen).
+    """
     first = err.errors()[0]
     key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
-    return f"{source}: config key {key}: {first['msg']}{more}"
+    if source == "environment":
+        var = "DPEER_" + "__".join(str(p) for p in first["loc"]).upper()
+        return f"environment variable {var} (config key {key}): {msg}{more}"
+    if source == "flags":
+        flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "(flags)"
+        return f"flag {flag} (config key {key}): {msg}{more}"
+    return f"{source}: config key {key}: {msg}{more}"
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,7 +171,10 @@ def read_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

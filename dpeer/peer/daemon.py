@@ -25,9 +25,11 @@ from dpeer.peer.resyncer import Resyncer
 from dpeer.peer.service import Service
 from dpeer.peer.status import document
 from dpeer.peer.storage_adapter import StoreStorage
+from dpeer.peer.supervisor import WorkerSupervisor
 from dpeer.peer.transport.client import Channels, NodeClient, PeerSender
 from dpeer.peer.transport.options import Security
 from dpeer.peer.transport.server import serve
+from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
 from dpeer.statemachine.store import Store
 
@@ -53,23 +55,63 @@ class Daemon:
         self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
                          max_voters=config.max_voters)
         self.resyncer = Resyncer(self.node, self.channels)
-        self.leader = LeaderChores(self.node, config.preset, config.effective_store_port)
+        self.worker = (WorkerSupervisor(self.node_id, config.job, config.data_dir, config.training,
+                                        self._group_failed) if config.job else None)
+        self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready)
         self.node.chores.append(self.leader)
-        self.service = Service(self.node, self.channels, self.status, self._leave_done, config.effective_store_port)
+        self.node.apply_listeners.append(self._on_apply)
+        self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed)
         self.metrics = Metrics(self.node_id)
         self.notifier = Notifier()
         self.started = time.monotonic()
         self.joined = False
         self.exit_code = 0
-        self._last_metrics = self._last_introduce = 0.0
+        self._last_metrics = self._last_introduce = self._next_join = 0.0
+        self._join_task: asyncio.Task | None = None
+        self._leader_seen = self.node.clock()
+        self.fence_after = 3 * self.node.raft_config.election_timeout_max
+        self.leaving = False
         self._tasks: list[asyncio.Task] = []
 
     def _refused(self, addr: str) -> None:
         self.node.refused(addr)
 
+    def _ready(self) -> bool:
+        """Whether this node can train now: no job, or a worker that built it and waits."""
+        return self.worker is None or self.worker.ready
+
+    def _on_apply(self, entry: Any, result: Any) -> None:
+        if self.worker is not None and entry.kind is EntryKind.VIEW and result.accepted:
+            view = self.store.state.view
+            if view is not None and view.generation == entry.payload["generation"]:
+                self.worker.publish(view)
+
+    def _group_failed(self, generation: int, reason: str) -> None:
+        """The worker's group failed: tell the leader (directly when it is us)."""
+        log.info("worker reports generation %d failed: %s", generation, reason)
+        if self.node.role == "leader":
+            self.leader.group_failed(generation, f"{self.node_id}: {reason}")
+            return
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(asyncio.get_running_loop().create_task(self._report_failure(generation, reason)))
+
+    async def _report_failure(self, generation: int, reason: str) -> None:
+        leader = self.node.addrs.get(self.node.leader_id or "")
+        if leader is None:
+            return
+        try:
+            async with NodeClient(leader, self.security, timeout=5.0) as client:
+                await client.group_failed(self.node_id, generation, reason)
+        except errors.PeerError as exc:
+            log.info("could not report the failed group to the leader: %s", exc)
+
     def status(self) -> dict[str, Any]:
         """The status document (see status.document)."""
+        train = self.worker.train if self.worker is not None else None
         extra = {
+            "train": None if train is None else {"step": train.step, "samples": train.samples,
+                                                 "loss": train.loss, "params_digest": train.params_digest},
+            "worker": self.worker.status() if self.worker is not None else None,
             "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
             "uptime_s": round(time.monotonic() - self.started, 3),
             "joined": self.joined,
@@ -89,7 +131,8 @@ class Daemon:
         self.node.chores.append(self._chores)
         if self.config.join:
             self.node.join_seeds(self.config.join)
-            self._tasks.append(loop.create_task(self._join()))
+        if self.worker is not None:
+            self.worker.start(self.node.clock())
         try:
             await self.node.run()
         finally:
@@ -97,6 +140,10 @@ class Daemon:
         return self.exit_code
 
     def _chores(self, now: float) -> None:
+        if self.worker is not None:
+            self._fence(now)
+            self.worker.poll(now)
+        self._sync_membership(now)
         member = self.store.state.members.get(self.node_id)
         if not self.joined and member is not None and member.status == "active":
             self.joined = True
@@ -132,27 +179,55 @@ class Daemon:
         if self.notifier.enabled and watchdog_interval() is not None:
             self.notifier.watchdog()
 
-    async def _join(self) -> None:
-        """Ask the seeds (following leader hints) to admit us until one accepts."""
-        port = self.config.effective_store_port
-        while not self.node.stopping:
-            for seed in self.config.join:
-                try:
-                    async with NodeClient(seed, self.security, timeout=5.0) as client:
-                        reply = await client.join(self.node_id, self.addr, port)
-                    if reply.accepted:
-                        log.info("admitted through %s (leader %s)", seed, reply.leader_id)
-                        self.node.join_seeds([m.addr for m in reply.members if m.node_id != self.node_id])
-                        return
-                except errors.PeerError as exc:
-                    log.info("join through %s failed: %s", seed, exc)
-            await asyncio.sleep(JOIN_RETRY)
+    def _fence(self, now: float) -> None:
+        """A node in the committed view that has known no leader for fence_after seconds is on
+        the minority side (or alone): its worker stops, so two groups never train at once."""
+        assert self.worker is not None
+        if self.node.leader_id is not None:
+            self._leader_seen = now
+        view = self.store.state.view
+        in_view = view is not None and self.node_id in view.members
+        silent = now - self._leader_seen
+        if in_view and silent > self.fence_after:
+            self.worker.fence(True, f"no leader for {silent:.1f}s: this node cannot reach a quorum", now)
+        elif self.node.leader_id is not None:
+            self.worker.fence(False, f"leader {self.node.leader_id} is reachable again", now)
+
+    def _sync_membership(self, now: float) -> None:
+        """While our committed member record (address, store port, readiness) is out of date and
+        we do not lead, ask the leader or the seeds to update it (a join is the first such update)."""
+        if self.node.role == "leader" or self.leaving or now < self._next_join:
+            return
+        if self._join_task is not None and not self._join_task.done():
+            return
+        member = self.store.state.members.get(self.node_id)
+        wanted = ("active", self.addr, self.config.effective_store_port, self._ready())
+        if member is not None and (member.status, member.addr, member.store_port, member.ready) == wanted:
+            return
+        self._next_join = now + JOIN_RETRY
+        self._join_task = asyncio.get_running_loop().create_task(self._join_once(wanted[3]))
+
+    async def _join_once(self, ready: bool) -> None:
+        leader = self.node.addrs.get(self.node.leader_id or "")
+        members = [m.addr for n, m in self.store.state.members.items() if n != self.node_id and m.status == "active"]
+        for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
+            try:
+                async with NodeClient(addr, self.security, timeout=5.0) as client:
+                    reply = await client.join(self.node_id, self.addr, self.config.effective_store_port, ready)
+            except errors.PeerError as exc:
+                log.info("membership update through %s failed: %s", addr, exc)
+                continue
+            if reply.accepted:
+                log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
+                self.node.join_seeds([m.addr for m in reply.members if m.node_id != self.node_id])
+                return
 
     def _on_signal(self, sig: int) -> None:
         log.info("received %s: leaving the cluster", signal.Signals(sig).name)
         asyncio.get_running_loop().create_task(self._graceful_leave())
 
     async def _graceful_leave(self) -> None:
+        self.leaving = True
         self.notifier.stopping()
         try:
             await asyncio.wait_for(self.service.leave_cluster(), LEAVE_TIMEOUT)
@@ -170,7 +245,9 @@ class Daemon:
             self.sender.send(addr, codec.encode(msg, self.node_id, self.addr))
 
     async def _shutdown(self) -> None:
-        for task in self._tasks:
+        if self.worker is not None:
+            self.worker.stop()
+        for task in self._tasks + ([self._join_task] if self._join_task else []):
             task.cancel()
         await self.server.stop(grace=0.5)
         await self.sender.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Callable
 
 from dpeer.peer.errors import PeerError
 from dpeer.peer.node import Node
@@ -21,6 +22,9 @@ log = logging.getLogger("dpeer.leader")
 # failures into one generation), and how long a voter may stay dead before a learner replaces it.
 QUIET_WINDOW = {"lan": 0.1, "wan": 0.5, "edge": 2.0}
 DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
+# How long a failed group waits for gossip to explain the failure (a dead or hung member) before
+# it is re-formed with the same members under a new generation.
+FAILURE_GRACE = {"lan": 0.5, "wan": 2.0, "edge": 5.0}
 PROPOSAL_TIMEOUT = 5.0
 RETRY_AFTER_FAILURE = 0.1
 
@@ -28,11 +32,15 @@ RETRY_AFTER_FAILURE = 0.1
 class LeaderChores:
     """Callable chore; see the module docstring."""
 
-    def __init__(self, node: Node, preset: str, self_store_port: int) -> None:
+    def __init__(self, node: Node, preset: str, self_store_port: int, self_ready: Callable[[], bool]) -> None:
         self.node = node
         self.quiet = QUIET_WINDOW[preset]
         self.grace = DEAD_VOTER_GRACE[preset]
         self.self_store_port = self_store_port
+        self.self_ready = self_ready
+        self.failure_grace = FAILURE_GRACE[preset]
+        self.failed_generation = 0
+        self._failed_at = 0.0
         self.last_decision: Decision | None = None
         self._task: asyncio.Task | None = None
         self._wanted: list[str] | None = None
@@ -55,9 +63,10 @@ class LeaderChores:
         """The next entry this leader should propose, or None."""
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
-        if me is None or me.status != "active" or me.addr != node.addr or me.store_port != self.self_store_port:
-            payload = {"node_id": node.id, "addr": node.addr, "store_port": self.self_store_port}
-            return Decision(EntryKind.MEMBER_JOINED, payload, "the leader is not an active member yet")
+        wanted = ("active", node.addr, self.self_store_port, self.self_ready())
+        if me is None or (me.status, me.addr, me.store_port, me.ready) != wanted:
+            payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3]}
+            return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
         observed = node.observed()
         for decision in (
             reconcile_members(state, observed),
@@ -69,8 +78,17 @@ class LeaderChores:
         if members != self._wanted:
             self._wanted, self._changed_at = members, now
         ports = {n: state.members[n].store_port for n in members}
-        decision = decide_view(state, members, self._changed_at, now, self.quiet, ports)
+        failed = self.failed_generation if now - self._failed_at >= self.failure_grace else 0
+        decision = decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)
         return decision if decision.propose else None
+
+    def group_failed(self, generation: int, reason: str) -> None:
+        """A worker reports the group of `generation` failed; the next view re-forms it."""
+        view = self.node.store.state.view
+        if view is not None and generation == view.generation and generation != self.failed_generation:
+            log.info("group of generation %d failed (%s); re-forming", generation, reason)
+            self.failed_generation = generation
+            self._failed_at = self.node.clock()
 
     async def _carry_out(self, decision: Decision) -> None:
         assert decision.kind is not None and decision.payload is not None

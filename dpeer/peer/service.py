@@ -35,13 +35,13 @@ class Service:
 
     def __init__(
         self, node: Node, channels: Channels, status: Callable[[], dict[str, Any]],
-        on_leave: Callable[[], Awaitable[None]], self_store_port: int,
+        on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, str], None],
     ) -> None:
         self.node = node
         self.channels = channels
         self._status = status
         self._on_leave = on_leave
-        self._store_port = self_store_port
+        self.on_group_failed = on_group_failed
 
     # -- peers ----------------------------------------------------------------------------
     async def deliver(self, envelope: pb.Envelope) -> None:
@@ -106,11 +106,12 @@ class Service:
         if request.store_port > 65535:
             raise BadRequest(f"store_port {request.store_port} is not a port")
         if not self._leading():
-            return await self._leader_client().join(request.node_id, request.addr, request.store_port)
+            return await self._leader_client().join(request.node_id, request.addr, request.store_port, request.ready)
         member = self.node.store.state.members.get(request.node_id)
-        if (member is None or member.status != "active" or member.addr != request.addr
-                or member.store_port != request.store_port):
-            payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port}
+        wanted = ("active", request.addr, request.store_port, request.ready)
+        if member is None or (member.status, member.addr, member.store_port, member.ready) != wanted:
+            payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port,
+                       "ready": request.ready}
             await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
@@ -139,6 +140,14 @@ class Service:
             else:
                 await self._leader_client().leave(self.node.id, forwarded=True)
         await self._on_leave()
+
+    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+        """Record that a group failed so the leader re-forms it under a new generation."""
+        _check_id(request.node_id, "node_id")
+        if not self._leading():
+            return await self._leader_client().group_failed(request.node_id, request.generation, request.reason)
+        self.on_group_failed(request.generation, f"{request.node_id}: {request.reason[:200]}")
+        return pb.GroupFailedReply()
 
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""

@@ -97,30 +97,33 @@ def _dead_for(observed: Mapping[str, Observed], node_id: str, now: float) -> flo
 
 
 def training_members(state: ClusterState, observed: Mapping[str, Observed]) -> list[str]:
-    """Who should train: active members that gossip sees alive.
+    """Who should train: active members that gossip sees alive and whose worker is ready.
 
-    A node becomes an active member only once its worker has built the job (it asks to join
-    after that), so the survivors never wait on a newcomer's start-up.
+    A worker is ready once it has built the job and waits for a view, so the survivors never
+    wait on a newcomer's (or a restarted worker's) start-up.
 
     Survivors keep their relative rank order; newcomers follow, sorted, so ranks move as
     little as possible from one generation to the next.
     """
-    want = {n for n, m in state.members.items() if m.status == "active" and _alive(observed, n)}
+    want = {n for n, m in state.members.items() if m.status == "active" and m.ready and _alive(observed, n)}
     current = list(state.view.members) if state.view is not None else []
     return [m for m in current if m in want] + sorted(want - set(current))
 
 
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
-    store_port_of: Mapping[str, int],
+    store_port_of: Mapping[str, int], failed_generation: int = 0,
 ) -> Decision:
     """Propose the next generation once the wanted members have held still for `quiet` seconds.
 
     Waiting for a short quiet window folds several failures into one view change. The store
-    host is the new rank 0, which hosts the rendezvous store for the new group.
+    host is the new rank 0, which hosts the rendezvous store for the new group. A group that
+    reported itself failed (failed_generation == current) gets a new generation even with the
+    same members, so its workers can re-form.
     """
     current = state.view
-    if current is not None and list(current.members) == members:
+    failed = current is not None and failed_generation == current.generation
+    if current is not None and list(current.members) == members and not failed:
         return _none(f"generation {current.generation} already has these members")
     if not members:
         return _none("no member is ready to train")

@@ -180,7 +180,8 @@ def _config_ok(p: Mapping[str, Any]) -> bool:
 _SCHEMAS: dict[EntryKind, Any] = {
     EntryKind.MEMBER_JOINED: lambda p: _is_str(p.get("node_id"), nonempty=True)
     and _is_str(p.get("addr"))
-    and (type(p.get("store_port", 0)) is int and 0 <= p.get("store_port", 0) < 65536),
+    and (type(p.get("store_port", 0)) is int and 0 <= p.get("store_port", 0) < 65536)
+    and type(p.get("ready", True)) is bool,
     EntryKind.MEMBER_LEFT: lambda p: _is_str(p.get("node_id"), nonempty=True),
     EntryKind.MEMBER_DEAD: lambda p: _is_str(p.get("node_id"), nonempty=True),
     EntryKind.VIEW: lambda p: _is_int(p.get("generation"), 1)

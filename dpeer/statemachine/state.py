@@ -25,13 +25,15 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """A node known to the cluster: where to reach it, its status, the entry that admitted it, and
-    the port its worker's rendezvous store listens on when it is rank 0 (0: not announced)."""
+    """A node known to the cluster: where to reach it, its status, the entry that admitted it,
+    the port its worker's rendezvous store listens on when it is rank 0 (0: not announced), and
+    whether its worker has built the job and waits for a view (only ready members train)."""
 
     addr: str
     status: str
     joined_index: int
     store_port: int = 0
+    ready: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +130,7 @@ def _apply_one(w: _Work, e: Entry) -> str:
 def _joined(w: _Work, p: dict[str, Any], index: int) -> str:
     old = w.members.get(p["node_id"])
     joined = old.joined_index if old is not None and old.status == "active" else index
-    w.members[p["node_id"]] = Member(p["addr"], "active", joined, p.get("store_port", 0))
+    w.members[p["node_id"]] = Member(p["addr"], "active", joined, p.get("store_port", 0), p.get("ready", True))
     return ""
 
 
@@ -139,7 +141,7 @@ def _status(status: str) -> Callable[[_Work, dict[str, Any], int], str]:
             return f"unknown member {p['node_id']}"
         if old.status != "active":
             return f"member {p['node_id']} is already {old.status}"
-        w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port)
+        w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port, old.ready)
         return ""
 
     return rule
@@ -202,7 +204,7 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "v": STATE_VERSION,
         "applied_index": s.applied_index,
         "applied_term": s.applied_term,
-        "members": {k: [m.addr, m.status, m.joined_index, m.store_port] for k, m in s.members.items()},
+        "members": {k: [m.addr, m.status, m.joined_index, m.store_port, m.ready] for k, m in s.members.items()},
         "voters": list(s.voters),
         "learners": list(s.learners),
         "view": None if s.view is None else [s.view.generation, list(s.view.members), s.view.store_host],
@@ -239,11 +241,11 @@ def _from_dict(d: Any) -> ClusterState:
     idx, term = d["applied_index"], d["applied_term"]
     _need(type(idx) is int and idx >= 0 and type(term) is int and term >= 0, "applied index/term")
     members = {}
-    for nid, (addr, status, joined, store_port) in d["members"].items():
+    for nid, (addr, status, joined, store_port, ready) in d["members"].items():
         _need(type(nid) is str and type(addr) is str and status in MEMBER_STATUSES, "member")
         _need(type(joined) is int and 0 < joined <= idx, "member joined_index")
-        _need(type(store_port) is int and 0 <= store_port < 65536, "member store_port")
-        members[nid] = Member(addr, status, joined, store_port)
+        _need(type(store_port) is int and 0 <= store_port < 65536 and type(ready) is bool, "member store_port/ready")
+        members[nid] = Member(addr, status, joined, store_port, ready)
     view = None
     if d["view"] is not None:
         gen, vmembers, host = d["view"]

@@ -106,3 +106,19 @@ def test_first_view_uses_rank0_host() -> None:
     s = state({"a": "active", "b": "active"})
     d = decide_view(s, ["b", "a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
     assert d.payload["generation"] == 1 and d.payload["store_host"] == "10.0.0.2:8"
+
+
+def test_members_whose_worker_is_not_ready_do_not_train() -> None:
+    s = state({"a": "active", "b": "active"})
+    s = ClusterState(members=MappingProxyType({**s.members, "b": Member("h:2", "active", 2, 0, False)}))
+    assert training_members(s, seen(a="alive", b="alive")) == ["a"]
+
+
+def test_a_failed_group_gets_a_new_generation_with_the_same_members() -> None:
+    s = state({"a": "active"}, view=View(5, ("a",), "10.0.0.1:8"))
+    same = decide_view(s, ["a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 8})
+    assert not same.propose
+    refresh = decide_view(s, ["a"], 0.0, 1.0, 0.1, {"a": 8}, failed_generation=5)
+    assert refresh.payload["generation"] == 6
+    stale = decide_view(s, ["a"], 0.0, 1.0, 0.1, {"a": 8}, failed_generation=4)
+    assert not stale.propose

@@ -149,11 +149,13 @@ def test_sealed_state_and_snapshot_detect_damage() -> None:
         decode_snapshot(snap.index, snap.term, snap.data[:-1])
 
 
-def test_store_port_is_kept_through_status_changes_and_snapshots() -> None:
-    s, res = run((K.MEMBER_JOINED, {"node_id": "a", "addr": "a:1", "store_port": 7001}),
+def test_store_port_and_readiness_are_kept_through_status_changes_and_snapshots() -> None:
+    s, res = run((K.MEMBER_JOINED, {"node_id": "a", "addr": "a:1", "store_port": 7001, "ready": False}),
                  (K.MEMBER_DEAD, {"node_id": "a"}),
-                 (K.MEMBER_JOINED, {"node_id": "b", "addr": "b:1", "store_port": 70000}))
-    assert [r.accepted for r in res] == [True, True, False]
+                 (K.MEMBER_JOINED, {"node_id": "b", "addr": "b:1", "store_port": 70000}),
+                 (K.MEMBER_JOINED, {"node_id": "c", "addr": "c:1", "ready": "yes"}))
+    assert [r.accepted for r in res] == [True, True, False, False]
     assert s.members["a"].store_port == 7001 and s.members["a"].status == "dead"
+    assert s.members["a"].ready is False
     assert decode_state(encode_state(s)) == s
     assert decode_snapshot(s.applied_index, s.applied_term, encode_snapshot(s).data) == s

@@ -32,6 +32,15 @@ def is_refused(exc: grpc.aio.AioRpcError) -> bool:
     )
 
 
+def _tls_reason(details: str) -> str:
+    """The short reason inside gRPC's handshake failure text, e.g. 'certificate_verify_failed'."""
+    for reason in ("certificate_verify_failed", "wrong_version_number", "certificate_required",
+                   "tlsv1_alert_unknown_ca", "sslv3_alert_bad_certificate", "tlsv1_alert_certificate_required"):
+        if reason in details:
+            return reason.replace("_", " ")
+    return "certificate not accepted"
+
+
 def translate(exc: grpc.aio.AioRpcError, addr: str) -> errors.PeerError:
     """A gRPC failure as the PeerError a caller can act on."""
     cls = _ERRORS.get(exc.code())
@@ -42,6 +51,12 @@ def translate(exc: grpc.aio.AioRpcError, addr: str) -> errors.PeerError:
     if exc.code() == grpc.StatusCode.UNAVAILABLE:
         if is_refused(exc):
             return errors.Unreachable(f"node {addr} refused the connection", refused=True)
+        details = (exc.details() or "").lower()
+        if "handshake failed" in details:
+            return errors.Denied(f"the TLS handshake with node {addr} failed ({_tls_reason(details)}); "
+                                 "check security.tls_cert, tls_key and tls_ca in --config")
+        if "socket closed" in details:
+            return errors.Unreachable(f"node {addr} closed the connection (does it require TLS? pass --config)")
         return errors.Unreachable(f"node {addr} is unreachable")
     return errors.PeerError(f"node {addr} failed the call: {exc.code().name}: {exc.details()}")
 
@@ -93,8 +108,9 @@ class PeerSender:
         self.dropped = 0
 
     def send(self, addr: str, envelope: pb.Envelope) -> None:
-        """Queue one envelope to addr; dropped (like a lost datagram) when addr has too many waiting."""
-        if self._in_flight.get(addr, 0) >= self._max:
+        """Queue one envelope to addr; dropped (like a lost datagram) when addr has too many waiting
+        or is not a usable HOST:PORT (a peer that sent an empty or forged from_addr)."""
+        if not addr or ":" not in addr or self._in_flight.get(addr, 0) >= self._max:
             self.dropped += 1
             return
         self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
@@ -159,9 +175,15 @@ class NodeClient:
         """A linearizable read of key through the node."""
         return await self._call("KvGet", pb.KvGetRequest(key=key))
 
-    async def join(self, node_id: str, addr: str, store_port: int = 0) -> pb.JoinReply:
-        """Ask the node to admit node_id at addr (its worker's store on store_port)."""
-        return await self._call("Join", pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port))
+    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True) -> pb.JoinReply:
+        """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not)."""
+        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready)
+        return await self._call("Join", request)
+
+    async def group_failed(self, node_id: str, generation: int, reason: str) -> pb.GroupFailedReply:
+        """Tell the node (forwarded to the leader) that the group of `generation` failed."""
+        request = pb.GroupFailedRequest(node_id=node_id, generation=generation, reason=reason[:500])
+        return await self._call("GroupFailed", request)
 
     async def leave(self, node_id: str = "", forwarded: bool = False) -> pb.LeaveReply:
         """Ask the node to leave (node_id empty); forwarded: commit node_id's leave on the leader."""

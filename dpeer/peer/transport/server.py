@@ -42,6 +42,9 @@ class PeerHandler(Protocol):
     async def leave(self, request: pb.LeaveRequest) -> pb.LeaveReply:
         """Remove a node (this one when node_id is empty) gracefully."""
 
+    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+        """A worker's group failed: re-form it under a new generation."""
+
     async def status(self) -> pb.StatusReply:
         """This node's status document."""
 
@@ -92,36 +95,117 @@ async def _stream(context: grpc.aio.ServicerContext, items: AsyncIterator[object
         await context.abort(_CODES.get(type(exc), grpc.StatusCode.UNKNOWN), str(exc))
 
 
+class Malformed:
+    """Stands in for a request whose bytes are not a valid protobuf of the method's type."""
+
+    def __init__(self, method: str, size: int, reason: str) -> None:
+        self.method, self.size, self.reason = method, size, reason
+
+
+def _safe(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    """A request deserializer that never raises: undecodable bytes become a Malformed."""
+
+    def deserialize(data: bytes) -> object:
+        try:
+            return parse(data)
+        except Exception as exc:  # noqa: BLE001 - DecodeError and friends, whatever protobuf raises
+            return Malformed(method, len(data), str(exc)[:200])
+
+    return deserialize
+
+
 class _Servicer(pbg.PeerServicer):
-    """Adapts gRPC calls to the handler, turning PeerErrors into status codes."""
+    """Adapts gRPC calls to the handler, turning PeerErrors into status codes.
+
+    Undecodable request bytes are answered INVALID_ARGUMENT (not gRPC's UNKNOWN with a
+    Python exception text), logged, and counted through the handler's `note_malformed`.
+    """
 
     def __init__(self, handler: PeerHandler) -> None:
         self._h = handler
 
+    def _malformed(self, request: Malformed) -> str:
+        log.warning("refused an undecodable %s request (%d bytes): %s", request.method, request.size, request.reason)
+        note = getattr(self._h, "note_malformed", None)
+        if note is not None:
+            note(request.method)
+        elif request.method == "Deliver" and hasattr(getattr(self._h, "node", None), "invalid_messages"):
+            # Until the handler grows note_malformed: count refused peer messages where status shows them.
+            self._h.node.invalid_messages += 1  # type: ignore[attr-defined]
+        return f"the {request.method} request is not a valid protobuf message"
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, request: Malformed) -> None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._malformed(request))
+
     async def Deliver(self, request: pb.Envelope, context: grpc.aio.ServicerContext) -> pb.Delivered:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
         await _unary(context, self._h.deliver(request))
         return pb.Delivered()
 
-    def FetchEntries(self, request: pb.FetchEntriesRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
-        return _stream(context, self._h.fetch_entries(request))
+    async def FetchEntries(self, request: pb.FetchEntriesRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        # An async generator function: grpc.aio only streams what such a function yields.
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        async for item in _stream(context, self._h.fetch_entries(request)):
+            yield item
 
-    def FetchSnapshot(self, request: pb.FetchSnapshotRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
-        return _stream(context, self._h.fetch_snapshot(request))
+    async def FetchSnapshot(self, request: pb.FetchSnapshotRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        async for item in _stream(context, self._h.fetch_snapshot(request)):
+            yield item
 
     async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
         return await _unary(context, self._h.join(request))
 
     async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
         return await _unary(context, self._h.leave(request))
 
+    async def GroupFailed(self, request: pb.GroupFailedRequest, context: grpc.aio.ServicerContext) -> pb.GroupFailedReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        return await _unary(context, self._h.group_failed(request))
+
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
         return await _unary(context, self._h.status())
 
     async def KvPut(self, request: pb.KvPutRequest, context: grpc.aio.ServicerContext) -> pb.KvPutReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
         return await _unary(context, self._h.kv_put(request))
 
     async def KvGet(self, request: pb.KvGetRequest, context: grpc.aio.ServicerContext) -> pb.KvGetReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
         return await _unary(context, self._h.kv_get(request))
+
+
+_TYPES = {
+    "Deliver": (pb.Envelope, pb.Delivered, False), "FetchEntries": (pb.FetchEntriesRequest, pb.EntryChunk, True),
+    "FetchSnapshot": (pb.FetchSnapshotRequest, pb.SnapshotChunk, True), "Join": (pb.JoinRequest, pb.JoinReply, False),
+    "Leave": (pb.LeaveRequest, pb.LeaveReply, False), "Status": (pb.StatusRequest, pb.StatusReply, False),
+    "KvPut": (pb.KvPutRequest, pb.KvPutReply, False), "KvGet": (pb.KvGetRequest, pb.KvGetReply, False),
+    "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, False),
+}
+
+
+def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
+    """pbg.add_PeerServicer_to_server, with request deserializers that never raise."""
+    handlers = {}
+    for method, (request, reply, streaming) in _TYPES.items():
+        make = grpc.unary_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method] = make(getattr(servicer, method), request_deserializer=_safe(method, request.FromString),
+                                response_serializer=reply.SerializeToString)
+    assert set(handlers) == {m for m in dir(pbg.PeerServicer) if not m.startswith("_")}, "a Peer method is unserved"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("dpeer.v1.Peer", handlers),))
+    server.add_registered_method_handlers("dpeer.v1.Peer", handlers)
 
 
 async def serve(listen: str, handler: PeerHandler, security: Security) -> grpc.aio.Server:
@@ -135,7 +219,7 @@ async def serve(listen: str, handler: PeerHandler, security: Security) -> grpc.a
             ("grpc.so_reuseport", 0),
         ],
     )
-    pbg.add_PeerServicer_to_server(_Servicer(handler), server)
+    _add_servicer(_Servicer(handler), server)
     try:
         if security.tls:
             creds = grpc.ssl_server_credentials(

@@ -327,14 +327,16 @@ class SnapshotChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., done: _Optional[bool] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "addr", "store_port")
+    __slots__ = ("node_id", "addr", "store_port", "ready")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
     store_port: int
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ...) -> None: ...
+    ready: bool
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "leader_id", "leader_addr", "members", "reason")
@@ -365,6 +367,20 @@ class LeaveReply(_message.Message):
     accepted: bool
     reason: str
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GroupFailedRequest(_message.Message):
+    __slots__ = ("node_id", "generation", "reason")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    generation: int
+    reason: str
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class GroupFailedReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

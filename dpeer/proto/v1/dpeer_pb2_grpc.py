@@ -59,6 +59,11 @@ class PeerStub:
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.GroupFailed = channel.unary_unary(
+                '/dpeer.v1.Peer/GroupFailed',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.GroupFailedRequest.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.GroupFailedReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/dpeer.v1.Peer/Status',
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.StatusRequest.SerializeToString,
@@ -109,6 +114,12 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GroupFailed(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -154,6 +165,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.LeaveRequest.FromString,
                     response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.LeaveReply.SerializeToString,
+            ),
+            'GroupFailed': grpc.unary_unary_rpc_method_handler(
+                    servicer.GroupFailed,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.GroupFailedRequest.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.GroupFailedReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -306,6 +322,33 @@ class Peer:
             '/dpeer.v1.Peer/Leave',
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.LeaveRequest.SerializeToString,
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GroupFailed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpeer.v1.Peer/GroupFailed',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.GroupFailedRequest.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.GroupFailedReply.FromString,
             options,
             channel_credentials,
             insecure,

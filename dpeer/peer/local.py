@@ -1,0 +1,152 @@
+"""The local channel between a daemon and its worker: a directory on the node's own disk.
+
+The daemon (the view authority) writes each committed view atomically as
+``views/view-<generation>.json``; the worker appends its reports (waiting, progress, failure)
+to ``reports/<node>.jsonl``. Files survive either side restarting, need no port, and a torn
+last line is simply skipped. This module is peer's local API; the trainer imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+POLL_INTERVAL_S = 0.005
+
+
+@dataclass(frozen=True)
+class View:
+    """A committed group view: generation, members in rank order, rendezvous store address."""
+
+    generation: int
+    members: list[str]
+    store_host: str
+    store_port: int
+
+    def rank_of(self, node_id: str) -> int | None:
+        """This node's rank in the view, or None when it is not a member."""
+        return self.members.index(node_id) if node_id in self.members else None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "View":
+        d = json.loads(text)
+        return cls(int(d["generation"]), [str(m) for m in d["members"]], str(d["store_host"]), int(d["store_port"]))
+
+
+def _atomic_write(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def publish_view(directory: str, view: View) -> None:
+    """Atomically publish a view into a ``DirViewSource`` directory (the test's view authority)."""
+    views = os.path.join(directory, "views")
+    os.makedirs(views, exist_ok=True)
+    _atomic_write(os.path.join(views, f"view-{view.generation:012d}.json"), view.to_json())
+
+
+def read_reports(directory: str, node_id: str) -> list[dict]:
+    """All reports a node appended so far (a torn last line is skipped)."""
+    path = os.path.join(directory, "reports", f"{node_id}.jsonl")
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+class DirViewSource:
+    """``ViewSource`` over a directory: ``views/view-<gen>.json`` in, ``reports/<node>.jsonl`` out."""
+
+    def __init__(self, directory: str, node_id: str) -> None:
+        self.directory = directory
+        self.node_id = node_id
+        self._views = os.path.join(directory, "views")
+        reports = os.path.join(directory, "reports")
+        os.makedirs(reports, exist_ok=True)
+        os.makedirs(self._views, exist_ok=True)
+        self._report_path = os.path.join(reports, f"{node_id}.jsonl")
+
+    def _newest_generation(self) -> int:
+        newest = -1
+        with os.scandir(self._views) as it:
+            for entry in it:
+                name = entry.name
+                if name.startswith("view-") and name.endswith(".json"):
+                    newest = max(newest, int(name[5:-5]))
+        return newest
+
+    def wait_view(self, after_generation: int, timeout: float) -> View | None:
+        if timeout > 0:
+            self._append({"kind": "waiting", "after": after_generation})
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            newest = self._newest_generation()
+            if newest > after_generation:
+                with open(os.path.join(self._views, f"view-{newest:012d}.json")) as f:
+                    return View.from_json(f.read())
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_INTERVAL_S)
+
+    def _append(self, record: dict) -> None:
+        record["t"] = time.time()
+        with open(self._report_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def report_failure(self, reason: str, generation: int) -> None:
+        self._append({"kind": "failure", "reason": reason, "gen": generation})
+
+    def report_progress(self, step: int, samples: int, loss: float, params_digest: str) -> None:
+        self._append({"kind": "progress", "step": step, "samples": samples, "loss": loss, "digest": params_digest})
+
+    def report_event(self, kind: str, **fields: object) -> None:
+        """Extra diagnostics (joined, healed, switched) for tests; not part of the protocol."""
+        self._append({"kind": kind, **fields})
+
+
+
+
+class ReportTail:
+    """The daemon's incremental reader of one worker's report file (complete lines only)."""
+
+    def __init__(self, directory: str, node_id: str) -> None:
+        self.path = os.path.join(directory, "reports", f"{node_id}.jsonl")
+        self._offset = 0
+
+    def skip_existing(self) -> None:
+        """Start after what is already there (reports of an earlier daemon run)."""
+        self._offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+
+    def read_new(self) -> list[dict]:
+        """Reports appended since the last call."""
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+        return out

@@ -1,0 +1,151 @@
+"""Runs the user's job in a worker process: starts and restarts it, feeds it committed views
+through the local channel, and reads what it reports (ready, progress, failures, checkpoints).
+
+The worker is a child of the daemon in the daemon's process group, so killing the box (or the
+daemon's group) kills both, and the worker never outlives its daemon for long: it gives up when
+no view arrives within its idle limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dpeer.peer.config import TrainingConfig
+from dpeer.peer.local import ReportTail, View, publish_view
+from dpeer.statemachine.state import View as CommittedView
+
+log = logging.getLogger("dpeer.worker")
+RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class TrainStatus:
+    """The last committed step a worker reported (the status document's `train`)."""
+
+    step: int
+    samples: int
+    loss: float
+    params_digest: str
+
+
+class WorkerSupervisor:
+    """Keeps one worker process running the job; see the module docstring."""
+
+    def __init__(
+        self, node_id: str, job: str, data_dir: Path, training: TrainingConfig,
+        on_failure: Callable[[int, str], None],
+    ) -> None:
+        self.node_id, self.job, self.training = node_id, job, training
+        self.dir = data_dir / "worker"
+        self.ckpt_dir = data_dir / "checkpoints"
+        self.on_failure = on_failure
+        self.proc: subprocess.Popen | None = None
+        self.ready = False
+        self.done = False
+        self.restarts = 0
+        self.train: TrainStatus | None = None
+        self.failures = 0
+        self._tail = ReportTail(str(self.dir), node_id)
+        self._restart_at: float | None = None
+        self.fenced = False
+
+    def status(self) -> dict[str, Any]:
+        """The worker's process state for the status document."""
+        return {"pid": self.proc.pid if self.proc else None, "ready": self.ready, "done": self.done,
+                "restarts": self.restarts, "failures_reported": self.failures}
+
+    def command(self) -> list[str]:
+        """The worker's command line."""
+        t = self.training
+        opts = {"steps": t.steps, "global_batch": t.global_batch, "micro_batch": t.micro_batch,
+                "seed": t.seed, "lr": t.lr}
+        cmd = [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", self.node_id, "--job", self.job,
+               "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),
+               "--final-out", str(self.dir / "final.pt"),
+               "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every)]
+        for key, value in opts.items():
+            cmd += ["--job-opt", f"{key}={value}"]
+        return cmd
+
+    def start(self, now: float) -> None:
+        """Start the worker; stale view files of an earlier run are cleared first (channel state)."""
+        views = self.dir / "views"
+        views.mkdir(parents=True, exist_ok=True)
+        for stale in views.glob("view-*.json"):
+            stale.unlink()
+        self._tail.skip_existing()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.command(), env=env)
+        self.ready = False
+        self._restart_at = None
+        log.info("started worker pid %d for job %s", self.proc.pid, self.job)
+
+    def publish(self, view: CommittedView) -> None:
+        """Hand a committed view to the worker."""
+        host, _, port = view.store_host.rpartition(":")
+        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port)))
+
+    def poll(self, now: float) -> None:
+        """Read new reports; restart a worker that died, with backoff; note a finished job."""
+        for record in self._tail.read_new():
+            self._on_report(record)
+        if self.proc is not None and self.proc.poll() is not None:
+            self._on_exit(now, self.proc.returncode)
+        if self.proc is None and self._restart_at is not None and now >= self._restart_at and not self.fenced:
+            self.restarts += 1
+            self.start(now)
+
+    def fence(self, fenced: bool, why: str, now: float) -> None:
+        """Stop training while this node cannot reach a quorum (the minority side of a partition
+        must not train on), and start a worker again once it can; it then heals from its peers."""
+        if fenced == self.fenced:
+            return
+        self.fenced = fenced
+        if fenced:
+            log.warning("stopping the worker: %s", why)
+            self.stop()
+            self.proc, self.ready = None, False
+            self._restart_at = None
+        elif not self.done:
+            log.info("starting the worker again: %s", why)
+            self._restart_at = now
+
+    def _on_report(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "waiting" and not self.ready:
+            self.ready = True
+            log.info("worker is ready (job built, waiting for a view)")
+        elif kind == "progress":
+            self.train = TrainStatus(int(record["step"]), int(record["samples"]), float(record["loss"]),
+                                     str(record["digest"]))
+        elif kind == "failure":
+            self.failures += 1
+            self.on_failure(int(record.get("gen", 0)), str(record.get("reason", ""))[:300])
+        elif kind == "checkpoint":
+            log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))
+
+    def _on_exit(self, now: float, code: int) -> None:
+        self.proc, self.ready = None, False
+        if code == 0:
+            self.done = True
+            log.info("worker finished the job")
+            return
+        delay = RESTART_BACKOFF[min(self.restarts, len(RESTART_BACKOFF) - 1)]
+        log.warning("worker exited with code %d; restarting in %.1fs", code, delay)
+        self._restart_at = now + delay
+
+    def stop(self) -> None:
+        """Terminate the worker (daemon shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)

@@ -1,0 +1,101 @@
+"""Pure decisions of the training side, in the TorchFT manner: each takes plain values and returns
+its answer together with a human-readable reason, so they are table-tested and logged as is."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class HealPlan:
+    """Who copies state from whom after a re-form; ``assignment`` maps each receiver rank to
+    ``(donor_rank, first_chunk, end_chunk)`` ranges that together cover ``range(n_chunks)``."""
+
+    max_step: int
+    donors: list[int]
+    receivers: list[int]
+    assignment: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def needed(self) -> bool:
+        """True when at least one rank must receive state."""
+        return bool(self.receivers)
+
+
+def plan_heal(steps_by_rank: dict[int, int], n_chunks: int = 1, max_donors: int | None = None) -> HealPlan:
+    """Ranks behind the highest step receive full state, its chunks spread over the ranks at it.
+
+    Each receiver's chunks are split into contiguous ranges over the donors, the donor order being
+    rotated per receiver so several receivers do not all start on the same donor.
+    """
+    if not steps_by_rank:
+        raise ValueError("plan_heal needs at least one rank")
+    if n_chunks <= 0:
+        raise ValueError(f"n_chunks must be positive, got {n_chunks}")
+    max_step = max(steps_by_rank.values())
+    donors = sorted(r for r, s in steps_by_rank.items() if s == max_step)
+    receivers = sorted(r for r, s in steps_by_rank.items() if s < max_step)
+    if not receivers:
+        return HealPlan(max_step, donors, [], {}, f"all {len(donors)} ranks at step {max_step}; no heal")
+    usable = donors[: max_donors] if max_donors else donors
+    assignment: dict[int, list[tuple[int, int, int]]] = {}
+    for i, recv in enumerate(receivers):
+        k = min(len(usable), n_chunks)
+        order = [usable[(i + j) % len(usable)] for j in range(k)]
+        base, extra = divmod(n_chunks, k)
+        ranges, start = [], 0
+        for j, donor in enumerate(order):
+            end = start + base + (1 if j < extra else 0)
+            ranges.append((donor, start, end))
+            start = end
+        assignment[recv] = ranges
+    behind = ", ".join(f"{r}@{steps_by_rank[r]}" for r in receivers)
+    reason = (
+        f"ranks {behind} behind max step {max_step}; {n_chunks} chunks each from "
+        f"{min(len(usable), n_chunks)} of donors {donors}"
+    )
+    return HealPlan(max_step, donors, receivers, assignment, reason)
+
+
+@dataclass(frozen=True)
+class SwitchDecision:
+    """Whether the group leaves its generation after the current step, and for which one."""
+
+    switch: bool
+    target: int
+    reason: str
+
+
+def should_switch(current_generation: int, newest_seen_by_rank: list[int]) -> SwitchDecision:
+    """Every rank shares the newest committed generation it has seen (piggybacked on the step's
+    allreduce); all ranks compute the same answer, so they leave the old group at the same step."""
+    if not newest_seen_by_rank:
+        return SwitchDecision(False, current_generation, "no ranks reported")
+    newest = max(newest_seen_by_rank)
+    if newest > current_generation:
+        seers = [r for r, g in enumerate(newest_seen_by_rank) if g == newest]
+        return SwitchDecision(True, newest, f"ranks {seers} saw generation {newest} > {current_generation}")
+    return SwitchDecision(False, current_generation, f"generation {current_generation} is the newest seen")
+
+
+def collective_timeout(
+    step_times: list[float],
+    floor: float = 2.0,
+    mult: float = 5.0,
+    initial: float = 30.0,
+    ceiling: float = 600.0,
+    min_samples: int = 5,
+    window: int = 200,
+) -> tuple[float, str]:
+    """Adaptive collective timeout: ``mult`` times the p99 of recent step times, within
+    ``[floor, ceiling]``; ``initial`` until ``min_samples`` steps were measured."""
+    recent = sorted(step_times[-window:])
+    if len(recent) < min_samples:
+        return initial, f"only {len(recent)} step times (< {min_samples}); initial {initial:.1f}s"
+    p99 = recent[min(len(recent) - 1, math.ceil(0.99 * len(recent)) - 1)]
+    raw = mult * p99
+    seconds = min(ceiling, max(floor, raw))
+    bound = "floor" if raw < floor else ("ceiling" if raw > ceiling else "scaled")
+    return seconds, f"{mult:g} x p99 {p99 * 1e3:.1f}ms over {len(recent)} steps = {raw:.3f}s ({bound}) -> {seconds:.3f}s"

@@ -1,0 +1,220 @@
+"""Process-group (re)formation in place, one generation at a time.
+
+A TCPStore outlives the groups: the worker of the view's first member hosts it on
+``store_host:store_port`` (bound to exactly that address), the others keep one client connection
+per store address. Each generation rendezvous under its own ``PrefixStore(f"gen{g}")`` (a reused
+prefix hangs, pytorch#55967). Re-forming drops every reference to the old group, destroys it and
+runs ``gc.collect()`` before the new ``init_process_group``: a live traceback keeps the old group
+alive and leaves other survivors blocked (pytorch#107298, DESIGN "Training").
+
+NCCL (when CUDA is present) cannot be destroyed safely after a failure: the watchdog's teardown is
+turned off (TORCH_NCCL_ASYNC_ERROR_HANDLING=0, blocking wait so timeouts raise in the caller),
+``abort`` runs under a watchdog thread and the process exits with ``EXIT_RESTART`` if it does not
+return in time, so the daemon restarts the worker. Only the single-GPU path is checked, by
+``python -m dpeer.trainer.gpu_check``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from dpeer.trainer.viewsource import View
+
+EXIT_RESTART = 75
+RENDEZVOUS_POLL_S = 0.002
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+class GroupError(RuntimeError):
+    """The group could not be formed or a collective in it failed; the text is the reason."""
+
+
+class Superseded(GroupError):
+    """A newer view was committed while this generation was forming; not a failure."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This process's place in the formed group."""
+
+    generation: int
+    rank: int
+    world: int
+    members: tuple[str, ...]
+
+
+def _listen_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    return sock
+
+
+class GroupManager:
+    """Forms the torch.distributed group of each committed view, reusing one store per address."""
+
+    def __init__(
+        self,
+        node_id: str,
+        backend: str | None = None,
+        init_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        abort_timeout: float = 10.0,
+    ) -> None:
+        self.node_id = node_id
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.init_timeout = init_timeout
+        self.connect_timeout = connect_timeout
+        self.abort_timeout = abort_timeout
+        self.membership: Membership | None = None
+        self._hosted: dict[tuple[str, int], tuple[socket.socket, dist.TCPStore]] = {}
+        self._clients: dict[tuple[str, int], dist.TCPStore] = {}
+        self._collective_timeout = init_timeout
+
+    @property
+    def device(self) -> torch.device:
+        """The device collectives run on (cuda for NCCL, cpu for Gloo)."""
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _host_store(self, host: str, port: int) -> dist.TCPStore:
+        key = (host, port)
+        if key not in self._hosted:
+            try:
+                sock = _listen_socket(host, port)
+            except OSError as exc:
+                raise GroupError(f"cannot host the store on {host}:{port}: {exc.strerror or exc}") from None
+            store = dist.TCPStore(
+                host, port, is_master=True, wait_for_workers=False,
+                timeout=dt.timedelta(seconds=self.init_timeout), master_listen_fd=sock.fileno(),
+            )
+            self._hosted[key] = (sock, store)
+        return self._hosted[key][1]
+
+    def _client_store(self, host: str, port: int, deadline: float, superseded: Callable[[], bool]) -> dist.TCPStore:
+        key = (host, port)
+        cached = self._clients.get(key)
+        if cached is not None:
+            try:
+                cached.check(["__dpeer_ping__"])
+                return cached
+            except RuntimeError:
+                del self._clients[key]
+        last = ""
+        while time.monotonic() < deadline:
+            if superseded():
+                raise Superseded(f"a newer view arrived while connecting to store {host}:{port}")
+            try:
+                left = max(0.5, min(self.connect_timeout, deadline - time.monotonic()))
+                store = dist.TCPStore(host, port, is_master=False, timeout=dt.timedelta(seconds=left))
+                self._clients[key] = store
+                return store
+            except (RuntimeError, ValueError) as exc:
+                last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            time.sleep(0.02)
+        raise GroupError(f"could not reach store {host}:{port}: {last}")
+
+    def _rendezvous(self, prefix: dist.PrefixStore, view: View, superseded: Callable[[], bool], deadline: float) -> None:
+        """Wait until every member arrived, giving up as soon as a newer view exists."""
+        world = len(view.members)
+        arrived = prefix.add("arrived", 1)
+        while arrived < world:
+            if superseded():
+                raise Superseded(f"generation {view.generation} superseded during rendezvous")
+            if time.monotonic() > deadline:
+                raise GroupError(f"generation {view.generation}: {arrived}/{world} members arrived in time")
+            time.sleep(RENDEZVOUS_POLL_S)
+            arrived = prefix.add("arrived", 0)
+
+    def form(self, view: View, superseded: Callable[[], bool] = lambda: False) -> Membership:
+        """Destroy any current group and form the one of ``view`` (this node must be a member).
+
+        ``superseded`` is polled while waiting for the other members; returning True abandons
+        this generation (a newer view was committed) instead of waiting out the init timeout.
+        """
+        self.destroy()
+        rank = view.rank_of(self.node_id)
+        if rank is None:
+            raise GroupError(f"{self.node_id} is not a member of generation {view.generation}")
+        if self.backend == "gloo" and view.store_host in _LOOPBACK:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if self.backend == "nccl":
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
+            os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+        deadline = time.monotonic() + self.init_timeout
+        if rank == 0:
+            store = self._host_store(view.store_host, view.store_port)
+        else:
+            store = self._client_store(view.store_host, view.store_port, deadline, superseded)
+        prefix = dist.PrefixStore(f"gen{view.generation}", store)
+        failure: GroupError | None = None
+        try:
+            self._rendezvous(prefix, view, superseded, deadline)
+            dist.init_process_group(
+                self.backend, store=prefix, rank=rank, world_size=len(view.members),
+                timeout=dt.timedelta(seconds=self.init_timeout),
+                device_id=self.device if self.backend == "nccl" else None,
+            )
+        except GroupError as exc:
+            failure = type(exc)(str(exc))
+        except (RuntimeError, ValueError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            failure = GroupError(f"init of generation {view.generation} failed: {first}")
+        if failure is not None:
+            self.destroy()
+            raise failure
+        self.membership = Membership(view.generation, rank, len(view.members), tuple(view.members))
+        self.set_timeout(self._collective_timeout)
+        return self.membership
+
+    def set_timeout(self, seconds: float) -> None:
+        """Set the timeout of collectives in the current group."""
+        self._collective_timeout = seconds
+        if dist.is_initialized():
+            dist.distributed_c10d._set_pg_timeout(dt.timedelta(seconds=seconds))
+
+    def _abort_nccl_or_exit(self) -> None:
+        done = threading.Event()
+
+        def _abort() -> None:
+            dist.distributed_c10d._abort_process_group()
+            done.set()
+
+        threading.Thread(target=_abort, daemon=True).start()
+        if not done.wait(self.abort_timeout):
+            os._exit(EXIT_RESTART)
+
+    def destroy(self) -> None:
+        """Release the current group (abort under a watchdog for NCCL) and collect garbage.
+
+        Call ``gc.freeze()`` once the job is built, so this collection only scans young objects.
+        """
+        self.membership = None
+        if not dist.is_initialized():
+            return
+        if self.backend == "nccl":
+            self._abort_nccl_or_exit()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+
+    def close(self) -> None:
+        """Destroy the group and close every store this process hosts or uses."""
+        self.destroy()
+        self._clients.clear()
+        for sock, _store in self._hosted.values():
+            sock.close()
+        self._hosted.clear()

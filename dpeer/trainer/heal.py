@@ -1,0 +1,125 @@
+"""Healing after a re-form: ranks behind the group's highest step copy full state from ranks at it.
+
+Every rank allgathers its step; all compute the same ``plan_heal``. The first donor broadcasts the
+state header (step, RNG states, optimizer hyper-parameters, tensor specs, payload digest); each
+receiver then gets the payload in contiguous chunks from several donors over send/recv in the new
+group. The receiver checks the payload digest (every donor's bytes must equal the first donor's),
+restores, and finally all ranks allgather their parameter digests, which must all be equal.
+A failure anywhere raises and the caller re-forms; nothing is resumed half-way (the state is small
+next to the link speed here, so a retry from scratch is the simple, correct choice).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from dpeer.trainer.decisions import HealPlan, plan_heal
+from dpeer.trainer.sampler import shard_bounds
+from dpeer.trainer.state import StateBlob, StateError
+
+
+class HealError(RuntimeError):
+    """The group's replicas disagree after healing."""
+
+
+@dataclass(frozen=True)
+class HealResult:
+    """What healing did on this rank."""
+
+    plan: HealPlan
+    received: bool
+    sent_bytes: int
+    received_bytes: int
+    seconds: float
+
+
+def _allgather_int(value: int, world: int, device: torch.device) -> list[int]:
+    mine = torch.tensor([value], dtype=torch.int64, device=device)
+    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(out, mine)
+    return [int(t.item()) for t in out]
+
+
+def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: torch.device) -> bytes:
+    size = torch.tensor([len(data) if rank == src else 0], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if rank == src:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if buf.numel():
+        dist.broadcast(buf, src)
+    return bytes(buf.cpu().numpy().tobytes())
+
+
+def _byte_range(total: int, n_chunks: int, first: int, end: int) -> tuple[int, int]:
+    return shard_bounds(total, first, n_chunks)[0], shard_bounds(total, end - 1, n_chunks)[1]
+
+
+def verify_digests(digest: str, world: int, device: torch.device = torch.device("cpu")) -> list[str]:
+    """Allgather every rank's hex params digest; raise HealError unless all are equal."""
+    mine = torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8).to(device)
+    out = [torch.zeros(32, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(out, mine)
+    digests = [bytes(t.cpu().numpy().tobytes()).hex() for t in out]
+    if len(set(digests)) != 1:
+        raise HealError(f"replicas disagree after heal: {sorted(set(d[:12] for d in digests))}")
+    return digests
+
+
+def heal(
+    rank: int,
+    world: int,
+    my_step: int,
+    capture: Callable[[], StateBlob],
+    apply: Callable[[StateBlob], None],
+    digest: Callable[[], str],
+    n_chunks: int | None = None,
+    device: torch.device = torch.device("cpu"),
+) -> HealResult:
+    """Bring every rank of the new group to the highest step among them (collective: all ranks call).
+
+    ``device`` is where collective buffers live (cuda for NCCL); the state itself is staged on CPU.
+    """
+    t0 = time.monotonic()
+    chunks = n_chunks or max(1, world - 1)
+    steps = _allgather_int(my_step, world, device)
+    plan = plan_heal(dict(enumerate(steps)), chunks)
+    sent = received = 0
+    if plan.needed:
+        is_donor = rank in plan.donors
+        blob = capture() if is_donor else None
+        primary = plan.donors[0]
+        header = _broadcast_bytes(blob.header_bytes() if rank == primary else None, primary, rank, device)
+        total = int(json.loads(header.decode())["payload_len"])
+        buf = torch.empty(total, dtype=torch.uint8, device=device) if rank in plan.receivers else None
+        payload = blob.payload.to(device) if blob is not None else None
+        works = []
+        for recv in plan.receivers:
+            for donor, first, end in plan.assignment[recv]:
+                a, b = _byte_range(total, chunks, first, end)
+                if a == b:
+                    continue
+                if rank == donor:
+                    works.append(dist.isend(payload[a:b].contiguous(), dst=recv))
+                    sent += b - a
+                elif rank == recv:
+                    works.append(dist.irecv(buf[a:b], src=donor))
+                    received += b - a
+        for w in works:
+            w.wait()
+        works.clear()
+        if buf is not None:
+            try:
+                apply(StateBlob.from_parts(header, buf.cpu()))
+            except StateError as exc:
+                raise HealError(f"received state rejected: {exc}") from None
+    verify_digests(digest(), world, device)
+    return HealResult(plan, rank in plan.receivers, sent, received, time.monotonic() - t0)
+

@@ -1,0 +1,269 @@
+"""The step loop and the user API.
+
+A user job is a plain function ``job(ctx: JobContext) -> TrainSpec``; the runtime does the rest:
+it waits for a committed view, forms the group, heals, and runs steps. A step is committed by its
+gradient allreduce. When a collective fails (a dead or hung peer) the loop drops the exception,
+destroys the group, reports the failure, waits for the next view, re-forms, heals and redoes the
+in-flight step with the same indices. A newer view that arrives while the group is healthy is
+agreed through the step's allreduce, so every rank leaves the old group after the same step.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from dpeer.trainer import state as st
+from dpeer.trainer.allreduce import allreduce_step
+from dpeer.trainer.decisions import collective_timeout, should_switch
+from dpeer.trainer.group import GroupError, GroupManager, Superseded
+from dpeer.trainer.heal import HealError, heal
+from dpeer.trainer.sampler import GlobalBatchSampler, micro_batches, shard
+from dpeer.trainer.viewsource import View, ViewSource
+
+
+STEP_TIME_WINDOW = 200
+
+
+class Dataset(Protocol):
+    """Anything indexable with a length; items are ``(input, target)`` tensors."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
+
+
+@dataclass
+class JobContext:
+    """What the runtime tells a job when building it."""
+
+    node_id: str
+    device: torch.device
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TrainSpec:
+    """Everything a job provides. ``loss_fn(output, target)`` must return the SUM over the batch
+    (the runtime divides by the global batch). With a ``scaler`` (torch.amp.GradScaler) the loss
+    is scaled before backward and ``scaler.step``/``update`` replace ``optimizer.step``; autocast,
+    if wanted, belongs in the model's forward."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    dataset: Dataset
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    global_batch: int
+    micro_batch: int
+    steps: int
+    seed: int
+    scheduler: Any = None
+    scaler: Any = None
+    collate: Callable[[Sequence[Any]], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+def default_collate(items: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(input, target)`` pairs into two batch tensors."""
+    xs, ys = zip(*items)
+    return torch.stack(list(xs)), torch.stack(list(ys))
+
+
+@dataclass
+class LoopConfig:
+    """Runtime knobs of the loop (timeouts in seconds)."""
+
+    init_timeout: float = 30.0
+    timeout_floor: float = 2.0
+    timeout_mult: float = 5.0
+    view_wait: float = 1.0
+    idle_limit: float = 600.0
+    ledger_path: str | None = None
+    ckpt_dir: str | None = None
+    ckpt_every: int = 0
+    ckpt_keep: int = 2
+    digest_every: int = 1
+
+
+class Trainer:
+    """Runs a ``TrainSpec`` on this node across however many group generations it takes."""
+
+    def __init__(self, spec: TrainSpec, source: ViewSource, node_id: str, config: LoopConfig | None = None) -> None:
+        self.spec = spec
+        self.source = source
+        self.node_id = node_id
+        self.cfg = config or LoopConfig()
+        self.group = GroupManager(node_id, init_timeout=self.cfg.init_timeout)
+        self.sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
+        self.params = [p for p in spec.model.parameters() if p.requires_grad]
+        self.step = 0
+        self.generation = -1
+        self.step_times: list[float] = []
+        self.last_loss = float("nan")
+        self._newest: View | None = None
+        self._timeout = self.cfg.init_timeout
+        self._collate = spec.collate or default_collate
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        report = getattr(self.source, "report_event", None)
+        if report is not None:
+            report(kind, **fields)
+
+    def capture(self) -> st.StateBlob:
+        """The full training state at the current step."""
+        s = self.spec
+        return st.capture(s.model, s.optimizer, s.scheduler, s.scaler, self.step, self.sampler.cursor_after(self.step))
+
+    def apply(self, blob: st.StateBlob) -> None:
+        """Replace the training state with ``blob``."""
+        s = self.spec
+        self.step, _cursor = st.restore(blob, s.model, s.optimizer, s.scheduler, s.scaler)
+
+    def digest(self) -> str:
+        """Digest of the model parameters."""
+        return st.params_digest(self.spec.model)
+
+    def _load_checkpoint(self) -> None:
+        if not self.cfg.ckpt_dir:
+            return
+        found = st.load_latest_checkpoint(self.cfg.ckpt_dir)
+        if found is not None:
+            self.apply(st.StateBlob.from_bytes(found[1]))
+            self._event("checkpoint_loaded", step=self.step)
+
+    def _peek_newest(self) -> int:
+        seen = max(self.generation, self._newest.generation if self._newest else -1)
+        newer = self.source.wait_view(seen, 0.0)
+        if newer is not None:
+            self._newest = newer
+            seen = newer.generation
+        return seen
+
+    def _local_grads(self, indices: list[int]) -> float:
+        spec = self.spec
+        for p in self.params:
+            p.grad = None
+        loss_sum = 0.0
+        device = self.group.device
+        for mb in micro_batches(indices, spec.micro_batch):
+            x, y = self._collate([spec.dataset[i] for i in mb])
+            loss = spec.loss_fn(spec.model(x.to(device)), y.to(device))
+            (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
+            loss_sum += float(loss.detach())
+        return loss_sum
+
+    def _adapt_timeout(self) -> None:
+        seconds, _reason = collective_timeout(
+            self.step_times, floor=self.cfg.timeout_floor, mult=self.cfg.timeout_mult,
+            initial=self.cfg.init_timeout, window=STEP_TIME_WINDOW,
+        )
+        if abs(seconds - self._timeout) > 0.1 * self._timeout:
+            self._timeout = seconds
+            self.group.set_timeout(seconds)
+
+    def _record(self, indices: list[int], membership: Any, digest: str) -> None:
+        if not self.cfg.ledger_path:
+            return
+        entry = {
+            "step": self.step - 1, "gen": membership.generation, "world": membership.world,
+            "rank": membership.rank, "indices": indices, "digest": digest, "loss": self.last_loss,
+        }
+        with open(self.cfg.ledger_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def _checkpoint(self) -> None:
+        if self.cfg.ckpt_dir and self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0:
+            _, digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, self.capture().to_bytes())
+            st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep)
+            self._event("checkpoint", step=self.step, digest=digest, rank=self.group.membership.rank)
+
+    def train_step(self) -> bool:
+        """Run and commit one step in the current group; True when the group agreed to switch."""
+        m = self.group.membership
+        spec = self.spec
+        t0 = time.monotonic()
+        indices = self.sampler.indices_for_step(self.step)
+        loss_sum = self._local_grads(shard(indices, m.rank, m.world))
+        newest = self._peek_newest()
+        red = allreduce_step(self.params, loss_sum, newest, m.rank, m.world, spec.global_batch, self.group.device)
+        if spec.scaler is not None:
+            spec.scaler.step(spec.optimizer)
+            spec.scaler.update()
+        else:
+            spec.optimizer.step()
+        if spec.scheduler is not None:
+            spec.scheduler.step()
+        self.step += 1
+        self.last_loss = red.loss_mean
+        self.step_times.append(time.monotonic() - t0)
+        if len(self.step_times) > 2 * STEP_TIME_WINDOW:
+            del self.step_times[:-STEP_TIME_WINDOW]
+        self._adapt_timeout()
+        every = self.cfg.digest_every
+        digest = self.digest() if every and (self.step % every == 0 or self.step == spec.steps) else ""
+        self._record(indices, m, digest)
+        self.source.report_progress(self.step, self.sampler.cursor_after(self.step), red.loss_mean, digest)
+        self._checkpoint()
+        return should_switch(m.generation, red.newest_seen_by_rank).switch
+
+    def _run_generation(self, view: View) -> str | None:
+        """Form, heal and train in ``view``; returns a failure reason or None (done or switching)."""
+        failure = None
+        try:
+            t0 = time.monotonic()
+            m = self.group.form(view, lambda: self._peek_newest() > view.generation)
+            t_formed = time.monotonic()
+            self.group.set_timeout(self.cfg.init_timeout)
+            result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest, device=self.group.device)
+            self._timeout = self.cfg.init_timeout
+            self._adapt_timeout()
+            self._event(
+                "formed", gen=view.generation, rank=m.rank, world=m.world, step=self.step,
+                healed=result.received, heal_bytes=result.received_bytes, seconds=time.monotonic() - t0,
+                form_s=t_formed - t0, heal_s=result.seconds,
+            )
+            while self.step < self.spec.steps:
+                if self.train_step():
+                    self._event("switch", gen=view.generation, step=self.step)
+                    return None
+            torch.distributed.barrier()
+        except Superseded:
+            failure = None
+        except (RuntimeError, GroupError, HealError, st.StateError) as exc:
+            t_caught = time.time()
+            failure = f"generation {view.generation} at step {self.step}: {type(exc).__name__}: {str(exc)[:300]}"
+            self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught)
+        return failure
+
+    def run(self) -> int:
+        """Train until ``spec.steps`` steps are committed; returns the final step."""
+        self._load_checkpoint()
+        gc.collect()
+        gc.freeze()
+        idle_since = time.monotonic()
+        try:
+            while self.step < self.spec.steps:
+                view = self.source.wait_view(self.generation, self.cfg.view_wait)
+                self._newest = None
+                if view is None:
+                    if time.monotonic() - idle_since > self.cfg.idle_limit:
+                        raise TimeoutError(f"no usable view for {self.cfg.idle_limit:.0f}s")
+                    continue
+                self.generation = view.generation
+                if view.rank_of(self.node_id) is None:
+                    continue
+                failure = self._run_generation(view)
+                t_destroy = time.monotonic()
+                self.group.destroy()
+                if failure is not None:
+                    self._event("destroyed", seconds=time.monotonic() - t_destroy)
+                idle_since = time.monotonic()
+                if failure is not None:
+                    self.source.report_failure(failure, view.generation)
+        finally:
+            self.group.close()
+        return self.step

@@ -1,0 +1,123 @@
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from dpeer.trainer import state as st
+
+
+def _make(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.8, 0.9))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=128.0)
+    return model, opt, sched, scaler
+
+
+def _train(model, opt, sched, n):
+    for _ in range(n):
+        x = torch.randn(16, 4)
+        loss = model(x).pow(2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+
+
+def test_round_trip_restores_everything_and_continues_identically():
+    model, opt, sched, scaler = _make(0)
+    _train(model, opt, sched, 3)
+    random.seed(5)
+    np.random.seed(6)
+    blob = st.capture(model, opt, sched, scaler, step=3, cursor=48)
+    data = blob.to_bytes()
+    digest = st.params_digest(model)
+    _train(model, opt, sched, 2)
+    expected = st.params_digest(model)
+    after = (random.random(), float(np.random.rand()))
+
+    model2, opt2, sched2, scaler2 = _make(1)
+    assert st.params_digest(model2) != digest
+    torch.manual_seed(99)
+    step, cursor = st.restore(st.StateBlob.from_bytes(data), model2, opt2, sched2, scaler2)
+    assert (step, cursor) == (3, 48)
+    assert st.params_digest(model2) == digest
+    assert sched2.last_epoch == 3
+    assert opt2.param_groups[0]["betas"] == (0.8, 0.9)
+    assert scaler2.get_scale() == 128.0
+    _train(model2, opt2, sched2, 2)
+    assert st.params_digest(model2) == expected
+    assert (random.random(), float(np.random.rand())) == after
+
+
+def test_restore_into_fresh_optimizer_without_state():
+    model, opt, sched, _ = _make(0)
+    _train(model, opt, sched, 1)
+    blob = st.capture(model, opt, step=1)
+    model2, opt2, _, _ = _make(3)
+    st.restore(st.StateBlob.from_parts(blob.header_bytes(), blob.payload.clone()), model2, opt2)
+    assert st.params_digest(model2) == st.params_digest(model)
+    assert len(opt2.state) == len(opt.state)
+
+
+def test_corrupt_payload_detected():
+    model, opt, _, _ = _make(0)
+    data = bytearray(st.capture(model, opt).to_bytes())
+    data[-1] ^= 0xFF
+    with pytest.raises(st.StateError):
+        st.StateBlob.from_bytes(bytes(data))
+    with pytest.raises(st.StateError):
+        st.StateBlob.from_bytes(b"XXXX" + bytes(data[4:]))
+
+
+def test_params_digest_is_sensitive_to_values():
+    model, _, _, _ = _make(0)
+    d = st.params_digest(model)
+    assert d == st.params_digest(model) and len(d) == 64
+    with torch.no_grad():
+        next(model.parameters())[0, 0] += 1e-6
+    assert st.params_digest(model) != d
+
+
+def test_checkpoint_atomic_write_and_verify(tmp_path):
+    d = str(tmp_path)
+    path, digest = st.write_checkpoint(d, 5, b"hello state")
+    assert st.read_checkpoint(path, digest) == b"hello state"
+    st.write_checkpoint(d, 9, b"newer")
+    with open(os.path.join(d, ".ckpt-000000000012.bin.123.tmp"), "wb") as f:
+        f.write(b"DPCK torn")
+    assert st.load_latest_checkpoint(d) == (9, b"newer")
+    assert [s for s, _ in st.list_checkpoints(d)] == [9, 5]
+    with pytest.raises(st.StateError):
+        st.read_checkpoint(path, "0" * 64)
+
+
+def test_corrupt_newest_checkpoint_falls_back(tmp_path):
+    d = str(tmp_path)
+    st.write_checkpoint(d, 1, b"one")
+    path, _ = st.write_checkpoint(d, 2, b"two")
+    with open(path, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"X")
+    with pytest.raises(st.StateError):
+        st.read_checkpoint(path)
+    assert st.load_latest_checkpoint(d) == (1, b"one")
+    st.prune_checkpoints(d, keep=1)
+    assert [s for s, _ in st.list_checkpoints(d)] == [2]
+    assert st.load_latest_checkpoint(str(tmp_path / "missing")) is None
+
+
+def test_amp_scaler_state_round_trips():
+    model, opt, sched, scaler = _make(0)
+    scaler.scale(model(torch.randn(8, 4)).pow(2).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    blob = st.capture(model, opt, sched, scaler, step=1)
+    _, opt2, sched2, _ = _make(1)
+    scaler2 = torch.amp.GradScaler("cpu")
+    st.restore(st.StateBlob.from_bytes(blob.to_bytes()), model, opt2, sched2, scaler2)
+    assert scaler2.get_scale() == 128.0
+    assert scaler2.state_dict() == scaler.state_dict()

@@ -1,0 +1,40 @@
+import time
+
+import pytest
+
+from dpeer.trainer.viewsource import DirViewSource, View, make_view_source, publish_view, read_reports
+
+
+def test_wait_view_returns_newest_after_generation(tmp_path):
+    d = str(tmp_path)
+    src = DirViewSource(d, "a")
+    assert src.wait_view(-1, 0.0) is None
+    publish_view(d, View(1, ["a", "b"], "127.0.0.1", 1234))
+    publish_view(d, View(3, ["b", "a"], "127.0.0.1", 1235))
+    v = src.wait_view(-1, 0.0)
+    assert v == View(3, ["b", "a"], "127.0.0.1", 1235)
+    assert v.rank_of("a") == 1 and v.rank_of("z") is None
+    assert src.wait_view(3, 0.0) is None
+    t0 = time.monotonic()
+    assert src.wait_view(3, 0.1) is None
+    assert time.monotonic() - t0 >= 0.1
+
+
+def test_reports_are_appended(tmp_path):
+    d = str(tmp_path)
+    src = DirViewSource(d, "a")
+    src.report_progress(3, 48, 0.5, "ab")
+    src.report_failure("peer died", 2)
+    src.wait_view(5, 0.01)
+    kinds = [r["kind"] for r in read_reports(d, "a")]
+    assert kinds == ["progress", "failure", "waiting"]
+    assert read_reports(d, "a")[1]["gen"] == 2
+    assert read_reports(d, "nobody") == []
+
+
+def test_make_view_source_specs(tmp_path):
+    assert isinstance(make_view_source(f"dir:{tmp_path}", "a"), DirViewSource)
+    src = make_view_source(f"py:dpeer.trainer.viewsource:DirViewSource:{tmp_path}", "b")
+    assert isinstance(src, DirViewSource) and src.node_id == "b"
+    with pytest.raises(ValueError):
+        make_view_source("grpc:/tmp/x", "a")

@@ -1,0 +1,50 @@
+"""The worker entry: usage errors, and resuming from its own atomic checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from dpeer.trainer.state import list_checkpoints
+
+from dpeer.trainer.audit import read_ledger
+
+from .harness import REPO, Cluster
+
+OPTS = {"global_batch": 8, "micro_batch": 4, "dataset_len": 4096, "seed": 3}
+
+
+def test_bad_usage_exits_2():
+    env = {**os.environ, "PYTHONPATH": REPO}
+    env.pop("DPEER_NODE_ID", None)
+    env.pop("DPEER_VIEWS", None)
+    r = subprocess.run([sys.executable, "-m", "dpeer.trainer.worker"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "--node-id" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", "a", "--views", "dir:/tmp/x", "--job", "nocolon"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
+
+
+def _run_single(root: str, steps: int, extra: list[str]) -> Cluster:
+    cluster = Cluster(root, ["a"], {**OPTS, "steps": steps}, extra)
+    try:
+        cluster.start("a")
+        cluster.run_authority()
+        cluster.wait_exit(["a"], 60)
+    finally:
+        cluster.close()
+    return cluster
+
+
+def test_restart_resumes_from_checkpoint_bitwise(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    first = _run_single(str(tmp_path / "one"), 30, ["--ckpt-dir", ckpt, "--ckpt-every", "10"])
+    assert [s for s, _ in list_checkpoints(ckpt)] == [30, 20]
+    resumed = _run_single(str(tmp_path / "two"), 40, ["--ckpt-dir", ckpt, "--ckpt-every", "10"])
+    straight = _run_single(str(tmp_path / "three"), 40, [])
+    steps = [e["step"] for e in read_ledger(first.ledger("a"))] + [e["step"] for e in read_ledger(resumed.ledger("a"))]
+    assert steps == list(range(40))
+    assert read_ledger(resumed.ledger("a"))[-1]["digest"] == read_ledger(straight.ledger("a"))[-1]["digest"]
