@@ -9,7 +9,10 @@ fi
 node_id=$1 listen=$2 join=${3:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
 id -u dpeer >/dev/null 2>&1 || useradd --system --home-dir /var/lib/dpeer --shell /usr/sbin/nologin dpeer
-python3 -m pip install --quiet "$here"
+# A venv of its own: Debian 12 and Ubuntu 23.04+ refuse pip installs into the system Python (PEP 668).
+python3 -m venv /opt/dpeer/venv
+/opt/dpeer/venv/bin/python -m pip install --quiet "$here"
+ln -sf /opt/dpeer/venv/bin/dpeer /usr/local/bin/dpeer
 install -d -m 0700 -o dpeer -g dpeer /var/lib/dpeer
 install -d -m 0755 /etc/dpeer
 if [ ! -e /etc/dpeer/dpeer.yaml ]; then
@@ -24,8 +27,8 @@ if [ ! -e /etc/dpeer/dpeer.yaml ]; then
 else
   echo "kept the existing /etc/dpeer/dpeer.yaml"
 fi
-dpeer config check /etc/dpeer/dpeer.yaml
-bin=$(command -v dpeer)
+bin=/opt/dpeer/venv/bin/dpeer
+"$bin" config check /etc/dpeer/dpeer.yaml
 sed "s#/usr/local/bin/dpeer#${bin}#" "$here/scripts/dpeer.service" > /etc/systemd/system/dpeer.service
 systemctl daemon-reload
 systemctl enable --now dpeer.service

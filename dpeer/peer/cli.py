@@ -29,7 +29,9 @@ EXAMPLES = {
     "members": "dpeer members --addr 127.0.0.1:7101",
     "kv": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101\n  dpeer kv get lr --addr 127.0.0.1:7101 --json",
     "leave": "dpeer leave --addr 127.0.0.1:7102",
+    "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
     "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
+    "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
     "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
     "kv put": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101",
     "kv get": "dpeer kv get lr --addr 127.0.0.1:7101 --json",
@@ -97,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(get)
     leave = _sub(subs, "leave", "make a node leave gracefully; its daemon exits")
     _client_flags(leave)
+    force = _sub(subs, "force", "UNSAFE: after losing a majority of voters for good, make the survivors the voters")
+    _client_flags(force)
+    force.add_argument("--voters", required=True, help="comma-separated surviving voters, the addressed node among them")
+    force.add_argument("--yes", action="store_true", help="confirm: entries only the lost majority held may be lost")
     demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
     demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
     demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
@@ -104,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
     demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
     demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
+    chaos = _sub(subs, "chaos", "a seeded chaos run of a local cluster training the demo job, then checks")
+    from dpeer.peer.chaos import add_arguments as chaos_arguments
+
+    chaos_arguments(chaos)
     conf = _sub(subs, "config", "show the effective config or check a file")
     confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
     show = _sub(confs, "show", "print the effective config as YAML (defaults < file < DPEER_* env < flags)",
@@ -182,6 +192,16 @@ def cmd_kv(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_force(args: argparse.Namespace) -> int:
+    """Forced reconfiguration; refuses without --yes."""
+    if not args.yes:
+        raise UsageError("force can lose entries that only the lost voters held; add --yes to confirm")
+    voters = [v.strip() for v in args.voters.split(",") if v.strip()]
+    reply = _run(args, lambda c: c.force(voters))
+    print(f"forced: voters are now {', '.join(voters)} (term {reply.term}); {reply.reason}")
+    return EXIT_OK
+
+
 def cmd_leave(args: argparse.Namespace) -> int:
     """Ask the node to leave; exit 1 if it refuses."""
     reply = _run(args, lambda c: c.leave())
@@ -207,8 +227,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def cmd_start(args: argparse.Namespace) -> int:
     """Run the daemon in the foreground until SIGTERM, SIGINT or `dpeer leave`."""
-    from dpeer.peer.daemon import run_daemon
-
     flags = {
         "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
         "advertise": args.advertise, "preset": args.preset, "job": args.job,
@@ -217,7 +235,22 @@ def cmd_start(args: argparse.Namespace) -> int:
     config = cfg.load(args.config, flags)
     if config.node_id is None:
         raise UsageError("--node-id (or node_id in the config, or DPEER_NODE_ID) is required")
-    return run_daemon(config)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    worker = start_worker_early(config)
+    from dpeer.peer.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
+
+    return run_daemon(config, worker)
+
+
+def start_worker_early(config: cfg.NodeConfig) -> Any:
+    """Spawn the job's worker before the daemon's heavy imports (see daemon.start_worker)."""
+    if not config.job:
+        return None
+    from dpeer.peer.supervisor import WorkerSupervisor
+
+    worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training, lambda g, r: None)
+    worker.start(0.0)
+    return worker
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -227,10 +260,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args)
 
 
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Run a seeded chaos run and its checks; exit 1 on any violation."""
+    from dpeer.peer.chaos import options_from, run_chaos
+
+    return run_chaos(options_from(args))
+
+
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
-    "leave": cmd_leave, "config": cmd_config, "demo": cmd_demo,
+    "leave": cmd_leave, "force": cmd_force, "config": cmd_config, "demo": cmd_demo,
 }
+COMMANDS["chaos"] = cmd_chaos  # dpeer/peer/chaos.py (issue 7)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,12 +19,13 @@ from dpeer.peer.transport.client import NodeClient
 from dpeer.peer.transport.options import Security
 
 
-def free_port_block(count: int, start: int = 20000, stop: int = 60000) -> int:
+def free_port_block(count: int, start: int | None = None, stop: int = 60000) -> int:
     """The first port p >= start such that p..p+2*count-1 are all free on 127.0.0.1.
 
-    Node i listens on p + 2i and its worker's rendezvous store on p + 2i + 1.
+    Node i listens on p + 2i and its worker's rendezvous store on p + 2i + 1. The default start
+    depends on the process id, so concurrent test runs rarely race for the same ports.
     """
-    port = start
+    port = start if start is not None else 20000 + (os.getpid() * 7919) % 30000
     while port + 2 * count < stop:
         if all(_free(p) for p in range(port, port + 2 * count)):
             return port

@@ -52,6 +52,7 @@ class TrainingConfig(Strict):
     seed: int = Field(1234, ge=0, description="seeds the model, the data and the sample order")
     lr: float = Field(0.05, gt=0, description="optimizer learning rate")
     checkpoint_every: int = Field(200, ge=0, description="steps between full-state checkpoints; 0 disables")
+    options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
 
 
 class SecurityConfig(Strict):

@@ -27,6 +27,7 @@ from dpeer.peer.status import document
 from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.supervisor import WorkerSupervisor
 from dpeer.peer.transport.client import Channels, NodeClient, PeerSender
+from dpeer.peer.transport.faults import FaultHook
 from dpeer.peer.transport.options import Security
 from dpeer.peer.transport.server import serve
 from dpeer.statemachine.entry import EntryKind
@@ -42,22 +43,28 @@ INTRODUCE_EVERY = 1.0
 class Daemon:
     """Everything one `dpeer start` runs; built by run_daemon."""
 
-    def __init__(self, config: NodeConfig, store: Store, security: Security) -> None:
+    def __init__(
+        self, config: NodeConfig, store: Store, security: Security, worker: WorkerSupervisor | None = None,
+    ) -> None:
         assert config.node_id is not None
         self.config, self.store, self.security = config, store, security
         self.node_id = config.node_id
         self.addr = config.advertise_addr
         self.channels = Channels(security)
-        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0)
+        # faults: the test-only fault injection hook (transport/faults.py); inert without <data_dir>/faults.json
+        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0,
+                                 faults=FaultHook.for_data_dir(config.data_dir))
         if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
             bootstrap(StoreStorage(store), [self.node_id])
             log.info("founded a new cluster")
         self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
                          max_voters=config.max_voters)
         self.resyncer = Resyncer(self.node, self.channels)
-        self.worker = (WorkerSupervisor(self.node_id, config.job, config.data_dir, config.training,
-                                        self._group_failed) if config.job else None)
-        self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready)
+        self.worker = worker
+        if worker is not None:
+            worker.on_failure = self._group_failed
+        self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready,
+                                   lambda: self.leaving)
         self.node.chores.append(self.leader)
         self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed)
@@ -131,8 +138,6 @@ class Daemon:
         self.node.chores.append(self._chores)
         if self.config.join:
             self.node.join_seeds(self.config.join)
-        if self.worker is not None:
-            self.worker.start(self.node.clock())
         try:
             await self.node.run()
         finally:
@@ -219,6 +224,7 @@ class Daemon:
                 continue
             if reply.accepted:
                 log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
+                self.node.admitted_by = reply.leader_id
                 self.node.join_seeds([m.addr for m in reply.members if m.node_id != self.node_id])
                 return
 
@@ -256,8 +262,17 @@ class Daemon:
         log.info("stopped; store closed")
 
 
-def run_daemon(config: NodeConfig) -> int:
-    """Open the store and run the daemon in the foreground; returns the exit code."""
+def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None) -> int:
+    """Open the store and run the daemon in the foreground, with the worker the CLI started
+    before loading the daemon (so `import torch` overlaps our start-up); returns the exit code."""
+    try:
+        return _run_daemon(config, worker)
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
     assert config.node_id is not None
     logs.setup(lambda: {"node": config.node_id})
     try:
@@ -275,7 +290,7 @@ def run_daemon(config: NodeConfig) -> int:
     except StoreError as exc:
         print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
         return 1
-    daemon = Daemon(config, store, security)
+    daemon = Daemon(config, store, security, worker)
 
     def context() -> dict[str, Any]:
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpeer.peer.cluster import LocalCluster, LocalNode
+from dpeer.peer.cluster import LocalCluster
 from dpeer.peer.config import TrainingConfig
 
 REFRESH = 0.5

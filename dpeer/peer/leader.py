@@ -32,12 +32,16 @@ RETRY_AFTER_FAILURE = 0.1
 class LeaderChores:
     """Callable chore; see the module docstring."""
 
-    def __init__(self, node: Node, preset: str, self_store_port: int, self_ready: Callable[[], bool]) -> None:
+    def __init__(
+        self, node: Node, preset: str, self_store_port: int, self_ready: Callable[[], bool],
+        self_leaving: Callable[[], bool],
+    ) -> None:
         self.node = node
         self.quiet = QUIET_WINDOW[preset]
         self.grace = DEAD_VOTER_GRACE[preset]
         self.self_store_port = self_store_port
         self.self_ready = self_ready
+        self.self_leaving = self_leaving
         self.failure_grace = FAILURE_GRACE[preset]
         self.failed_generation = 0
         self._failed_at = 0.0
@@ -64,7 +68,7 @@ class LeaderChores:
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
         wanted = ("active", node.addr, self.self_store_port, self.self_ready())
-        if me is None or (me.status, me.addr, me.store_port, me.ready) != wanted:
+        if (me is None or (me.status, me.addr, me.store_port, me.ready) != wanted) and not self.self_leaving():
             payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3]}
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
         observed = node.observed()

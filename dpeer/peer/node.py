@@ -20,6 +20,7 @@ from typing import Any, Callable
 from dpeer.peer import codec
 from dpeer.peer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused
 from dpeer.peer.consensus.config import PRESETS as RAFT_PRESETS
+from dpeer.peer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
 from dpeer.peer.errors import BadRequest, Unavailable
 from dpeer.peer.membership import (
     Ack,
@@ -38,11 +39,17 @@ from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.views import Observed
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.errors import CorruptState
+from dpeer.statemachine.snapshot import decode_snapshot
 from dpeer.statemachine.state import ApplyResult
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.node")
 Sender = Callable[[str, pb.Envelope], None]
+# How often chores run: the leader's decide views and membership (latency matters); the others'
+# only watch their worker and their own membership record.
+LEADER_CHORES, FOLLOWER_CHORES = 0.02, 0.1
+_LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
 ApplyListener = Callable[[Entry, ApplyResult], None]
 
 
@@ -72,9 +79,9 @@ class Node:
         self.apply_listeners: list[ApplyListener] = []
         self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
         self.chores: list[Callable[[float], None]] = []
-        self.chore_interval = 0.02
         self.stopping = False
         self.invalid_messages = 0
+        self.admitted_by: str | None = None
         self.entries_written = 0
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         self._reads: dict[int, asyncio.Future] = {}
@@ -94,10 +101,25 @@ class Node:
             self._send_swim(self.swim.receive(now, msg))
             self._swim_effects(now)
         else:
+            self._admit_raft(envelope.from_id, msg)
             self.addrs.setdefault(envelope.from_id, envelope.from_addr)
             self.raft.step(now, envelope.from_id, msg)
             self.drain()
         self._wake.set()
+
+    def _admit_raft(self, src: str, msg: Any) -> None:
+        """Raft messages come only from members of the configuration in force here, or, while
+        this node has not yet learned a configuration that includes it, from the leader that
+        admitted it; and a snapshot must decode before the core sees it."""
+        members = self.raft.membership.members
+        joining = self.id not in members and isinstance(msg, _LEADER_MSGS) and src == self.admitted_by
+        if src not in members and not joining:
+            raise BadRequest(f"Raft message from {src!r}, which is not a member of this cluster")
+        if isinstance(msg, SnapshotRequest):
+            try:
+                decode_snapshot(msg.index, msg.term_of_index, msg.data)
+            except CorruptState as exc:
+                raise BadRequest(f"snapshot from {src!r} does not decode: {exc}") from None
 
     def refused(self, addr: str) -> None:
         """A connection to addr was refused: strong evidence its process is gone."""
@@ -136,7 +158,7 @@ class Node:
         self._swim_effects(now)
         self.drain()
         if now >= self._next_chores:
-            self._next_chores = now + self.chore_interval
+            self._next_chores = now + (LEADER_CHORES if self.role == "leader" else FOLLOWER_CHORES)
             for chore in self.chores:
                 chore(now)
 
@@ -147,24 +169,26 @@ class Node:
 
     # -- Raft Ready -------------------------------------------------------------------------
     def drain(self) -> None:
-        """Persist, apply and send every pending Ready, in the core's contract order."""
+        """Persist, send, then apply every pending Ready.
+
+        Hard state, new entries and the commit index go to disk in one synced transaction; the
+        messages (votes, acknowledgements) leave only after that, and applying committed entries
+        comes after sending, so a follower's acknowledgement never waits on its own apply.
+        """
         while self.raft.has_ready():
             rd = self.raft.ready()
-            hs = rd.hard_state
-            if hs is not None and (hs.term, hs.voted_for) != (self.store.current_term, self.store.voted_for):
-                self.store.set_hard_state(hs.term, hs.voted_for)
             if rd.snapshot is not None:
                 self.storage.install_snapshot(rd.snapshot)
                 log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
-            if rd.entries:
-                self.store.append(rd.entries)
+            hs = rd.hard_state
+            if hs is not None or rd.entries:
+                term, vote = (hs.term, hs.voted_for) if hs else (self.store.current_term, self.store.voted_for)
+                self.store.save(term, vote, rd.entries, hs.commit if hs else self.store.commit_index)
                 self.entries_written += len(rd.entries)
-            if hs is not None and hs.commit > self.store.commit_index:
-                self.store.set_commit(hs.commit)
-            if rd.committed_entries:
-                self._applied(self.store.apply_to(rd.committed_entries[-1].index))
             for dst, msg in rd.messages:
                 self._send_raft(dst, msg)
+            if rd.committed_entries:
+                self._applied(self.store.apply_to(rd.committed_entries[-1].index))
             for rs in rd.read_states:
                 fut = self._reads.pop(rs.request_id, None)
                 if fut is not None and not fut.done():
@@ -264,6 +288,12 @@ class Node:
             log.info("resync batch refused: %s", result.reason)
         self.drain()
         return result.accepted
+
+    def force(self, voters: list[str]) -> None:
+        """UNSAFE operator recovery: make `voters` the whole voting configuration and campaign."""
+        log.warning("FORCED reconfiguration requested by an operator: voters %s", voters)
+        self.raft.force_new_configuration(voters)
+        self.drain()
 
     # -- views of the cores ---------------------------------------------------------------
     @property

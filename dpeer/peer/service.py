@@ -44,6 +44,11 @@ class Service:
         self.on_group_failed = on_group_failed
 
     # -- peers ----------------------------------------------------------------------------
+    def note_malformed(self, method: str) -> None:
+        """The transport refused undecodable request bytes; count peer messages among them."""
+        if method == "Deliver":
+            self.node.invalid_messages += 1
+
     async def deliver(self, envelope: pb.Envelope) -> None:
         """One protocol message; refused (and counted, and logged) when malformed."""
         try:
@@ -148,6 +153,23 @@ class Service:
             return await self._leader_client().group_failed(request.node_id, request.generation, request.reason)
         self.on_group_failed(request.generation, f"{request.node_id}: {request.reason[:200]}")
         return pb.GroupFailedReply()
+
+    async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
+        """Shrink the voters to the survivors named by an operator who lost a majority for good."""
+        if not request.confirm:
+            raise BadRequest("a forced reconfiguration needs confirm=true")
+        voters = list(dict.fromkeys(request.voters))
+        for voter in voters:
+            _check_id(voter, "voter")
+        if self.node.id not in voters:
+            raise BadRequest("run force on one of the surviving voters and name it among --voters")
+        if self.node.role == "leader":
+            raise BadRequest("this node leads a working quorum; a forced reconfiguration is not needed")
+        try:
+            self.node.force(voters)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        return pb.ForceReply(term=self.node.store.current_term, reason="forced; campaigning under the new voters")
 
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""

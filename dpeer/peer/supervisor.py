@@ -63,7 +63,7 @@ class WorkerSupervisor:
     def command(self) -> list[str]:
         """The worker's command line."""
         t = self.training
-        opts = {"steps": t.steps, "global_batch": t.global_batch, "micro_batch": t.micro_batch,
+        opts = {**t.options, "steps": t.steps, "global_batch": t.global_batch, "micro_batch": t.micro_batch,
                 "seed": t.seed, "lr": t.lr}
         cmd = [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", self.node_id, "--job", self.job,
                "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),

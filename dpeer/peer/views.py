@@ -66,7 +66,7 @@ def plan_voters(
     `grace` when a healthy learner can take its place (so a quorum of live voters remains)."""
     voters, learners = list(state.voters), list(state.learners)
     status = {n: m.status for n, m in state.members.items()}
-    gone = [n for n in voters + learners if status.get(n) == "left"]
+    gone = [n for n in voters + learners if status.get(n) == "left" and voters != [n]]
     if gone:
         return _change("remove", gone[0], f"{gone[0]} left the cluster")
     newcomers = sorted(n for n, s in status.items() if s == "active" and n not in voters + learners)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import resource
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import lmdb
 
@@ -45,7 +47,6 @@ from dpeer.statemachine.meta import (
     Meta,
     check_version,
     decode_raw,
-    encode_value,
     parse_meta,
     salvage,
 )
@@ -55,17 +56,20 @@ from dpeer.statemachine.state import (
     ApplyResult,
     ClusterState,
     apply_many,
-    decode_state,
     encode_state,
+)
+from dpeer.statemachine.txn import (
+    SNAP_KEY,
+    STATE_KEY,
+    check_contents,
+    delete_range,
+    put_meta,
 )
 
 log = logging.getLogger("dpeer.statemachine")
 
 DEFAULT_MAP_SIZE = 64 << 20
-TAIL_CHECK = 4096  # newest entries, and next entries to apply, whose CRC is checked at open
 APPLY_BATCH = 10_000  # entries applied per transaction by apply_to
-_STATE_KEY = b"applied"
-_SNAP_KEY = b"current"
 _T = TypeVar("_T")
 
 
@@ -87,6 +91,7 @@ class Store(StoreProperties):
         self._state, self._map_size = state, map_size
         self._pid = os.getpid()
         self._closed = False
+        self._txn: lmdb.Transaction | None = None
         self.recovered_from: Path | None = None
 
     @classmethod
@@ -153,7 +158,7 @@ class Store(StoreProperties):
         dbs = _open_dbs(env)
         try:
             with env.begin() as txn:
-                bounds, state = _check_contents(txn, dbs, meta)
+                bounds, state = check_contents(txn, dbs, meta)
         except (CorruptEntry, CorruptState, BadMeta) as exc:
             raise _Unusable(str(exc), fields) from exc
         return cls(env, dbs, path, meta, bounds, state, env.info()["map_size"])
@@ -169,8 +174,8 @@ class Store(StoreProperties):
         state = ClusterState()
         dbs = _open_dbs(env)
         with env.begin(write=True) as txn:
-            _put_meta(txn, dbs, meta.fields())
-            txn.put(_STATE_KEY, encode_state(state), db=dbs["state"])
+            put_meta(txn, dbs, meta.fields())
+            txn.put(STATE_KEY, encode_state(state), db=dbs["state"])
         log.info("created state store %s for node %s", path, node_id)
         return cls(env, dbs, path, meta, (0, 0), state, env.info()["map_size"])
 
@@ -181,9 +186,36 @@ class Store(StoreProperties):
             raise HardStateError(f"term {term} is below current term {m.current_term}")
         if term == m.current_term and m.voted_for not in (None, voted_for):
             raise HardStateError(f"already voted for {m.voted_for!r} in term {term}")
-        self._write(lambda txn: _put_meta(txn, self._dbs,
+        self._write(lambda txn: put_meta(txn, self._dbs,
                                           {"current_term": term, "voted_for": voted_for}))
         m.current_term, m.voted_for = term, voted_for
+
+    def save(self, term: int, voted_for: str | None, entries: Sequence[Entry], commit: int) -> None:
+        """What a Raft Ready persists, in ONE synced transaction: hard state, new entries, commit.
+
+        The same checks as set_hard_state, append and set_commit apply; on any error nothing is
+        written and the cached meta is as before. One fsync instead of three per replicated batch.
+        """
+        self._live()
+        while True:
+            saved = (replace(self._meta), self._last_index, self._last_term)
+            self._txn = self._env.begin(write=True)
+            try:
+                if (term, voted_for) != (self._meta.current_term, self._meta.voted_for):
+                    self.set_hard_state(term, voted_for)
+                if entries:
+                    self.append(entries)
+                self.set_commit(commit)
+                self._txn.commit()
+                return
+            except BaseException as exc:
+                self._txn.abort()
+                self._meta, self._last_index, self._last_term = saved
+                if not isinstance(exc, lmdb.MapFullError):
+                    raise
+                self._grow()
+            finally:
+                self._txn = None
 
     def append(self, entries: Sequence[Entry]) -> None:
         """Durably append contiguous entries. Entries already held with the same term are kept;
@@ -209,7 +241,7 @@ class Store(StoreProperties):
     def _append_txn(self, txn: lmdb.Transaction, items: list[tuple[bytes, bytes]],
                     truncate_from: int | None) -> None:
         if truncate_from is not None:
-            _delete_range(txn, self._dbs["log"], truncate_from, None)
+            delete_range(txn, self._dbs["log"], truncate_from, None)
         consumed, added = txn.cursor(db=self._dbs["log"]).putmulti(items, append=True)
         if added != len(items):
             # py-lmdb reports an out-of-order append=True put only through this count.
@@ -237,7 +269,7 @@ class Store(StoreProperties):
             raise CommittedEntryError(f"cannot truncate from {from_index}: entries up to "
                                       f"{self._meta.commit_index} are committed")
         prev_term = self.term_at(from_index - 1) or 0
-        self._write(lambda txn: _delete_range(txn, self._dbs["log"], from_index, None))
+        self._write(lambda txn: delete_range(txn, self._dbs["log"], from_index, None))
         self._last_index, self._last_term = from_index - 1, prev_term
 
     def entries(self, lo: int, hi: int, max_bytes: int | None = None) -> list[Entry]:
@@ -252,7 +284,7 @@ class Store(StoreProperties):
         if lo >= hi:
             return out
         size, key = 0, b""
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             cur = txn.cursor(db=self._dbs["log"])
             if not cur.set_key(encode_key(lo)):
                 raise CorruptEntry(f"entry {lo} is missing from the log")
@@ -280,7 +312,7 @@ class Store(StoreProperties):
             return None
         if index == self._last_index:
             return self._last_term
-        with self._live()._env.begin() as txn:
+        with self._live()._reading() as txn:
             value = txn.get(encode_key(index), db=self._dbs["log"])
         if value is None:
             raise CorruptEntry(f"entry {index} is missing from the log")
@@ -293,7 +325,7 @@ class Store(StoreProperties):
             return
         if index > self._last_index:
             raise ValueError(f"commit index {index} beyond last index {self._last_index}")
-        self._write(lambda txn: _put_meta(txn, self._dbs, {"commit_index": index}))
+        self._write(lambda txn: put_meta(txn, self._dbs, {"commit_index": index}))
         self._meta.commit_index = index
 
     def apply_to(self, index: int) -> list[tuple[Entry, ApplyResult]]:
@@ -313,8 +345,8 @@ class Store(StoreProperties):
         return done
 
     def _put_state(self, txn: lmdb.Transaction, blob: bytes, meta: dict[str, Any]) -> None:
-        txn.put(_STATE_KEY, blob, db=self._dbs["state"])
-        _put_meta(txn, self._dbs, meta)
+        txn.put(STATE_KEY, blob, db=self._dbs["state"])
+        put_meta(txn, self._dbs, meta)
 
     def maybe_snapshot(self, every: int = 10_000, keep_tail: int = 1_000) -> bool:
         """Snapshot and compact once `every` entries were applied since the last snapshot."""
@@ -336,9 +368,9 @@ class Store(StoreProperties):
         meta = {"snapshot_index": snap.index, "snapshot_term": snap.term, "first_index": new_first}
 
         def txn_fn(txn: lmdb.Transaction) -> None:
-            txn.put(_SNAP_KEY, snap.data, db=self._dbs["snap"])
-            _delete_range(txn, self._dbs["log"], None, new_first)
-            _put_meta(txn, self._dbs, meta)
+            txn.put(SNAP_KEY, snap.data, db=self._dbs["snap"])
+            delete_range(txn, self._dbs["log"], None, new_first)
+            put_meta(txn, self._dbs, meta)
 
         self._write(txn_fn)
         m = self._meta
@@ -351,7 +383,7 @@ class Store(StoreProperties):
         if self._meta.snapshot_index == 0:
             return encode_snapshot(ClusterState())
         with self._env.begin() as txn:
-            data = txn.get(_SNAP_KEY, db=self._dbs["snap"])
+            data = txn.get(SNAP_KEY, db=self._dbs["snap"])
         if data is None:
             raise CorruptState("the snapshot named by meta is missing")
         return Snapshot(self._meta.snapshot_index, self._meta.snapshot_term, bytes(data))
@@ -370,10 +402,10 @@ class Store(StoreProperties):
 
         def txn_fn(txn: lmdb.Transaction) -> None:
             if keep:
-                _delete_range(txn, self._dbs["log"], None, index + 1)
+                delete_range(txn, self._dbs["log"], None, index + 1)
             else:
                 txn.drop(self._dbs["log"], delete=False)
-            txn.put(_SNAP_KEY, bytes(data), db=self._dbs["snap"])
+            txn.put(SNAP_KEY, bytes(data), db=self._dbs["snap"])
             self._put_state(txn, encode_state(state), meta)
 
         self._write(txn_fn)
@@ -406,15 +438,29 @@ class Store(StoreProperties):
         return self
 
     def _write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
-        """Run fn in one synced write transaction, doubling the map and retrying when it is full."""
+        """Run fn in one synced write transaction (or in save()'s), growing a full map and retrying."""
+        if self._txn is not None:
+            return fn(self._txn)
         while True:
             try:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                self._map_size *= 2
-                self._env.set_mapsize(self._map_size)
-                log.info("state store %s map grown to %d MiB", self._path, self._map_size >> 20)
+                self._grow()
+
+    def _grow(self) -> None:
+        self._map_size *= 2
+        self._env.set_mapsize(self._map_size)
+        log.info("state store %s map grown to %d MiB", self._path, self._map_size >> 20)
+
+    @contextmanager
+    def _reading(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction, or save()'s write transaction so reads see its own writes."""
+        if self._txn is not None:
+            yield self._txn
+            return
+        with self._env.begin() as txn:
+            yield txn
 
 
 def _open_dbs(env: lmdb.Environment) -> dict[str, Any]:
@@ -434,69 +480,3 @@ def _read_meta_fields(env: lmdb.Environment) -> dict[str, Any] | None:
         return decode_raw(raw)
     except BadMeta as exc:
         raise _Unusable(str(exc)) from exc
-
-
-def _put_meta(txn: lmdb.Transaction, dbs: dict[str, Any], fields: dict[str, Any]) -> None:
-    for name, value in fields.items():
-        txn.put(name.encode(), encode_value(value), db=dbs["meta"])
-
-
-def _delete_range(txn: lmdb.Transaction, db: Any, lo: int | None, hi: int | None) -> None:
-    """Delete log keys in [lo, hi) (None: unbounded)."""
-    cur = txn.cursor(db=db)
-    found = cur.set_range(encode_key(lo)) if lo is not None else cur.first()
-    stop = encode_key(hi) if hi is not None else None
-    while found and (stop is None or cur.key() < stop):
-        found = cur.delete() and bool(cur.key())
-
-
-def _check_contents(txn: lmdb.Transaction, dbs: dict[str, Any],
-                    meta: Meta) -> tuple[tuple[int, int], ClusterState]:
-    """Check the log bounds, tail CRCs, state and snapshot against meta; returns (last index,
-    last term) and the applied state."""
-    db = dbs["log"]
-    cur = txn.cursor(db=db)
-    if cur.first():
-        first = decode_key(cur.key())
-        cur.last()
-        last = decode_key(cur.key())
-        if first != meta.first_index or txn.stat(db)["entries"] != last - first + 1:
-            raise BadMeta(f"log holds {txn.stat(db)['entries']} entries in {first}..{last}, "
-                          f"meta first_index {meta.first_index}")
-        nxt = meta.last_applied + 1  # the next entries to apply, and the newest ones, are checked
-        spans = [(nxt, min(last, nxt + TAIL_CHECK - 1)), (max(first, last - TAIL_CHECK + 1), last)]
-        terms = {i: decode_entry(i, v).term for lo, hi in spans for i, v in _scan(txn, db, lo, hi)}
-        last_term = terms[last]
-    else:
-        if meta.first_index != meta.snapshot_index + 1:
-            raise BadMeta(f"empty log but first_index {meta.first_index} != snapshot_index + 1")
-        last, last_term, terms = meta.snapshot_index, meta.snapshot_term, {}
-    if meta.commit_index > last:
-        raise BadMeta(f"commit index {meta.commit_index} beyond last log index {last}")
-    if terms.get(meta.snapshot_index, meta.snapshot_term) != meta.snapshot_term:
-        raise BadMeta("the log's term at the snapshot index disagrees with meta")
-    state = decode_state(txn.get(_STATE_KEY, db=dbs["state"]) or b"")
-    if state.applied_index != meta.last_applied:
-        raise BadMeta(f"state is at {state.applied_index}, meta says last_applied {meta.last_applied}")
-    if meta.snapshot_index:
-        decode_snapshot(meta.snapshot_index, meta.snapshot_term,
-                        bytes(txn.get(_SNAP_KEY, db=dbs["snap"]) or b""))
-    return (last, last_term), state
-
-
-def _scan(txn: lmdb.Transaction, db: Any, lo: int, hi: int) -> list[tuple[int, bytes]]:
-    """(index, value) for keys lo..hi inclusive, checking there is no hole."""
-    cur = txn.cursor(db=db)
-    out: list[tuple[int, bytes]] = []
-    if lo > hi:
-        return out
-    if cur.set_key(encode_key(lo)):
-        for i, (k, v) in enumerate(cur.iternext(), lo):
-            if i > hi:
-                break
-            if decode_key(k) != i:
-                raise CorruptEntry(f"log has a hole at {i}")
-            out.append((i, v))
-    if len(out) != hi - lo + 1:
-        raise CorruptEntry(f"log is missing entries in {lo}..{hi}")
-    return out

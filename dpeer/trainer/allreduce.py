@@ -30,9 +30,11 @@ class StepReduction:
 
 
 def flatten_grads(params: list[torch.Tensor], extra: int, device: torch.device) -> torch.Tensor:
-    """One float32 buffer holding every gradient (zeros where a grad is missing) and ``extra`` slots."""
+    """One buffer holding every gradient (zeros where a grad is missing) and ``extra`` slots, in
+    float64 when any parameter is float64 (else float32), so no gradient is rounded on the way."""
     total = sum(p.numel() for p in params)
-    flat = torch.zeros(total + extra, dtype=torch.float32, device=device)
+    dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+    flat = torch.zeros(total + extra, dtype=dtype, device=device)
     off = 0
     for p in params:
         n = p.numel()

@@ -30,7 +30,7 @@ def audit(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: GlobalBatc
     """Every violation found, as one sentence each; an empty list means the run was exact.
 
     A step is the unit of commit: every step below `steps` appears with its seeded indices and
-    no sample appears in two steps. Replicas that committed a step in the same generation agree
+    no sample appears twice within one epoch (a pass over the dataset). Replicas that committed a step in the same generation agree
     on the parameters' digest. (A step redone after the only rank that had committed it died is
     the survivors' lineage; the dead rank's entry stays in its ledger but its update is gone.)
     """
@@ -50,7 +50,19 @@ def audit(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: GlobalBatc
     missing = sorted(set(range(steps)) - set(indices_by_step))
     if missing:
         problems.append(f"{len(missing)} committed steps missing, first {missing[:5]}")
-    consumed = [i for s in sorted(indices_by_step) if s < steps for i in indices_by_step[s]]
-    if len(set(consumed)) != len(consumed):
-        problems.append(f"{len(consumed) - len(set(consumed))} samples consumed twice")
+    twice = _consumed_twice(indices_by_step, steps, sampler)
+    if twice:
+        problems.append(f"{twice} samples consumed twice within an epoch")
     return problems
+
+
+def _consumed_twice(indices_by_step: Mapping[int, list[int]], steps: int, sampler: GlobalBatchSampler) -> int:
+    """Samples seen more than once in the same epoch, counting stream positions step * batch + j."""
+    seen: set[tuple[int, int]] = set()
+    twice = 0
+    for step in sorted(s for s in indices_by_step if s < steps):
+        for j, index in enumerate(indices_by_step[step]):
+            key = ((step * sampler.global_batch + j) // sampler.dataset_len, index)
+            twice += key in seen
+            seen.add(key)
+    return twice

@@ -3,7 +3,8 @@
 Everything is generated from the seed (no downloads): inputs are Gaussian, labels come from a
 fixed random "teacher" network, so the task is learnable and every node builds the same data.
 Options (all optional): steps, global_batch, micro_batch, dataset_len, dim, hidden, classes,
-seed, lr.
+seed, lr, dtype (float32, or float64: the equivalence tests use it so that rounding differences
+from a changing world size stay far below their 1e-4 tolerance over thousands of steps).
 """
 
 from __future__ import annotations
@@ -24,18 +25,21 @@ DEFAULTS: dict[str, Any] = {
     "classes": 10,
     "seed": 1234,
     "lr": 0.05,
+    "dtype": "float32",
 }
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 class SyntheticDataset:
     """Seeded Gaussian inputs with labels from a random teacher MLP."""
 
-    def __init__(self, n: int, dim: int, classes: int, seed: int) -> None:
+    def __init__(self, n: int, dim: int, classes: int, seed: int, dtype: torch.dtype = torch.float32) -> None:
         g = torch.Generator().manual_seed(seed)
         self.x = torch.randn(n, dim, generator=g)
         teacher_w1 = torch.randn(dim, 2 * dim, generator=g)
         teacher_w2 = torch.randn(2 * dim, classes, generator=g)
         self.y = (torch.tanh(self.x @ teacher_w1) @ teacher_w2).argmax(dim=1)
+        self.x = self.x.to(dtype)
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -54,14 +58,17 @@ def build(ctx: JobContext) -> TrainSpec:
     """The demo job: ``job(ctx) -> TrainSpec``."""
     o = {**DEFAULTS, **ctx.options}
     seed = int(o["seed"])
-    data = SyntheticDataset(int(o["dataset_len"]), int(o["dim"]), int(o["classes"]), seed)
+    if o["dtype"] not in DTYPES:
+        raise ValueError(f"demo dtype must be one of {sorted(DTYPES)}, got {o['dtype']!r}")
+    dtype = DTYPES[o["dtype"]]
+    data = SyntheticDataset(int(o["dataset_len"]), int(o["dim"]), int(o["classes"]), seed, dtype)
     torch.manual_seed(seed)
     hidden = int(o["hidden"])
     model = torch.nn.Sequential(
         torch.nn.Linear(int(o["dim"]), hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
         torch.nn.Linear(hidden, int(o["classes"])),
-    ).to(ctx.device)
+    ).to(device=ctx.device, dtype=dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=float(o["lr"]), momentum=0.9)
     return TrainSpec(
         model=model,

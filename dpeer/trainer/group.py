@@ -204,6 +204,7 @@ class GroupManager:
         """
         self.membership = None
         if not dist.is_initialized():
+            _reset_group_names()
             return
         if self.backend == "nccl":
             self._abort_nccl_or_exit()
@@ -218,3 +219,14 @@ class GroupManager:
         for sock, _store in self._hosted.values():
             sock.close()
         self._hosted.clear()
+
+
+def _reset_group_names() -> None:
+    """Start group naming afresh after a failed init.
+
+    torch names the default group from a counter it bumps before the rendezvous and resets only
+    when a fully formed group is destroyed; after one failed init this rank would use group
+    name "1" while its peers use "0", its store keys would never match theirs, and every later
+    init would time out (found by the chaos run, BENCHMARKS.md "Chaos").
+    """
+    dist.distributed_c10d._world.group_count = 0

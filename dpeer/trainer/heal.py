@@ -12,6 +12,7 @@ next to the link speed here, so a retry from scratch is the simple, correct choi
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -22,6 +23,18 @@ import torch.distributed as dist
 from dpeer.trainer.decisions import HealPlan, plan_heal
 from dpeer.trainer.sampler import shard_bounds
 from dpeer.trainer.state import StateBlob, StateError
+
+
+# TEST HOOK, inert unless set: TEST_DPEER_PLANT_BUG=skip_heal plants a deliberate bug so that
+# tests/chaos/test_planted_bug.py can show the chaos checks catch it: a rank behind the group
+# receives the state but keeps its own (stale) parameters, takes only the donor's step, and the
+# digest check is skipped, so replicas silently diverge. (Not a DPEER_* name: those are config
+# keys, and the daemon refuses unknown ones.)
+PLANT_ENV = "TEST_DPEER_PLANT_BUG"
+
+
+def _planted(bug: str) -> bool:
+    return os.environ.get(PLANT_ENV, "") == bug
 
 
 class HealError(RuntimeError):
@@ -117,9 +130,14 @@ def heal(
         works.clear()
         if buf is not None:
             try:
-                apply(StateBlob.from_parts(header, buf.cpu()))
+                received_blob = StateBlob.from_parts(header, buf.cpu())
+                if _planted("skip_heal"):  # TEST HOOK (see PLANT_ENV): keep stale params, take the step
+                    received_blob = capture()
+                    received_blob.header["step"] = int(json.loads(header.decode())["step"])
+                apply(received_blob)
             except StateError as exc:
                 raise HealError(f"received state rejected: {exc}") from None
-    verify_digests(digest(), world, device)
+    if not _planted("skip_heal"):  # TEST HOOK: the planted bug also skips the replicas' digest check
+        verify_digests(digest(), world, device)
     return HealResult(plan, rank in plan.receivers, sent, received, time.monotonic() - t0)
 

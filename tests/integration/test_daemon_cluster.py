@@ -164,3 +164,30 @@ def test_two_of_five_lost_keeps_working_three_halts_without_damage(make_cluster)
             assert got.returncode == 0 and json.loads(got.stdout)["value"] == "yes", got
 
     run(scenario())
+
+
+def test_forced_reconfiguration_recovers_a_lost_majority(make_cluster) -> None:
+    cluster = make_cluster(3)
+    cluster.start_all()
+
+    async def scenario() -> None:
+        docs = await formed(cluster, 3)
+        survivor = cluster.node(next(iter(docs.values()))["leader"])
+        assert cli("kv", "put", "before", "1", "--addr", survivor.addr).returncode == 0
+        lost = [n for n in cluster.nodes if n is not survivor]
+        for node in lost:
+            cluster.kill(node, signal.SIGKILL)
+        assert cli("kv", "put", "halted", "1", "--addr", survivor.addr, "--timeout", "3").returncode != 0
+        refused = cli("force", "--addr", survivor.addr, "--voters", survivor.node_id)
+        assert refused.returncode == 2 and "--yes" in refused.stderr
+        forced = cli("force", "--addr", survivor.addr, "--voters", survivor.node_id, "--yes")
+        assert forced.returncode == 0, forced.stderr
+        assert cli("kv", "put", "after", "1", "--addr", survivor.addr, "--timeout", "20").returncode == 0
+        for node in lost:
+            cluster.start(node)
+        await formed(cluster, 3)
+        for node in cluster.nodes:
+            for key in ("before", "after"):
+                assert cli("kv", "get", key, "--addr", node.addr).returncode == 0, (node.node_id, key)
+
+    run(scenario())

@@ -19,7 +19,9 @@ from dpeer.trainer.sampler import GlobalBatchSampler
 from tests.integration.conftest import run
 
 STEPS, BATCH = 700, 16
-CONFIG = {"training": {"steps": STEPS, "global_batch": BATCH, "micro_batch": 8, "checkpoint_every": 0}}
+# float64 keeps rounding differences between world sizes far below the 1e-4 equivalence tolerance.
+CONFIG = {"training": {"steps": STEPS, "global_batch": BATCH, "micro_batch": 8, "checkpoint_every": 0,
+                       "options": {"dtype": "float64"}}}
 TIMEOUT = 120.0
 
 

@@ -122,3 +122,8 @@ def test_a_failed_group_gets_a_new_generation_with_the_same_members() -> None:
     assert refresh.payload["generation"] == 6
     stale = decide_view(s, ["a"], 0.0, 1.0, 0.1, {"a": 8}, failed_generation=4)
     assert not stale.propose
+
+
+def test_the_last_voter_is_never_removed_even_when_it_left() -> None:
+    d = plan_voters(state({"a": "left"}, ["a"]), seen(a="alive"), now=0.0, grace=30.0, max_voters=5)
+    assert not d.propose

@@ -11,7 +11,8 @@ from sm_helpers import kv_entries
 
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CorruptEntry, StoreFormatError
-from dpeer.statemachine.store import TAIL_CHECK, Store
+from dpeer.statemachine.store import Store
+from dpeer.statemachine.txn import TAIL_CHECK
 
 MARK = "MARKER-7f3a9c"
 

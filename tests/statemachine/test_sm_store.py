@@ -254,3 +254,26 @@ def test_use_after_fork_is_refused(tmp_path: Path) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert s.entries(1, 3) == kv_entries(1, 3)
+
+
+def test_save_persists_hard_state_entries_and_commit_together(tmp_path) -> None:
+    from dpeer.statemachine.entry import Entry, EntryKind
+    from dpeer.statemachine.errors import HardStateError
+    from dpeer.statemachine.store import Store
+
+    kv = lambda i, t: Entry(i, t, EntryKind.KV_PUT, {"key": f"k{i}", "value": "v"})  # noqa: E731
+    with Store.open(tmp_path / "s", node_id="a") as st:
+        st.save(2, "a", [kv(1, 1), kv(2, 2)], 1)
+        assert (st.current_term, st.voted_for, st.last_index, st.commit_index) == (2, "a", 2, 1)
+        assert st.term_at(2) == 2
+        try:
+            st.save(2, "b", [kv(3, 2)], 3)
+        except HardStateError:
+            pass
+        else:
+            raise AssertionError("a second vote in term 2 was accepted")
+        assert (st.voted_for, st.last_index, st.commit_index) == ("a", 2, 1), "a refused save wrote something"
+        st.save(2, "a", [kv(2, 2), kv(3, 2)], 3)
+    with Store.open(tmp_path / "s", node_id="a") as st:
+        assert (st.current_term, st.voted_for, st.last_index, st.commit_index) == (2, "a", 3, 3)
+        assert [e.index for e in st.entries(1, 4)] == [1, 2, 3]

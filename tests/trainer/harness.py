@@ -3,7 +3,6 @@ the daemons' part over a ``DirViewSource`` directory."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -34,10 +34,12 @@ class RaftConfig:
 
 
 # LAN: one switch, RTT well under 1 ms, a durable LMDB commit 0.4-0.6 ms. A heartbeat every
-# 50 ms keeps followers' leases fresh with 6+ beats per timeout, so a few lost beats never start
-# an election; a 300-600 ms randomised timeout finds a new leader in about 0.5 s after a crash
-# (timeout + one pre-vote and one vote round trip + the vote fsync), inside the 1 s target.
-LAN = RaftConfig(heartbeat_interval=0.05, election_timeout_min=0.3, election_timeout_max=0.6)
+# 100 ms (etcd's default) keeps followers' leases fresh with 3-6 beats per timeout, so a lost
+# beat or two never starts an election; a 300-600 ms randomised timeout finds a new leader in
+# about 0.5 s after a crash (timeout + one pre-vote and one vote round trip + the vote fsync),
+# inside the 1 s target. 50 ms beats cost the leader twice the idle CPU (one Python gRPC call
+# per follower per beat, measured in BENCHMARKS.md "Agreement") for no faster failover.
+LAN = RaftConfig(heartbeat_interval=0.1, election_timeout_min=0.3, election_timeout_max=0.6)
 
 # WAN / hybrid cloud: RTT 20-150 ms with jitter. Timeouts scale ~5x so a slow round trip or a
 # GC pause never looks like a dead leader; failover takes 1.5-3 s.

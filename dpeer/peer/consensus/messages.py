@@ -14,7 +14,7 @@ from dpeer.peer.consensus.membership import Membership
 from dpeer.statemachine.entry import Entry
 
 MAX_ID_LEN = 256
-_MAX_U64 = (1 << 64) - 1
+_MAX_U64 = (1 << 63) - 1  # terms and indexes stay below 2**63 so term + 1 always fits in a u64
 
 
 class InvalidMessage(ValueError):
@@ -23,7 +23,7 @@ class InvalidMessage(ValueError):
 
 def _u64(name: str, value: int) -> None:
     if type(value) is not int or not 0 <= value <= _MAX_U64:
-        raise InvalidMessage(f"{name} must be an int in 0..2**64-1, got {value!r}")
+        raise InvalidMessage(f"{name} must be an int in 0..2**63-1, got {value!r}")
 
 
 def _node(name: str, value: str) -> None:

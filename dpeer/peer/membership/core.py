@@ -8,7 +8,6 @@ seed replays the same run, which is what the simulation tests rely on.
 from __future__ import annotations
 
 import heapq
-import math
 import random
 from dataclasses import dataclass
 from typing import Iterable
@@ -16,6 +15,7 @@ from typing import Iterable
 from dpeer.peer.membership.awareness import Awareness
 from dpeer.peer.membership.broadcast import BroadcastQueue, retransmit_limit
 from dpeer.peer.membership.config import MembershipConfig
+from dpeer.peer.membership.dissemination import NEVER, Dissemination, is_live, push_pull_scale
 from dpeer.peer.membership.effects import (
     Effect,
     HeartbeatObserved,
@@ -42,7 +42,6 @@ from dpeer.peer.membership.suspicion import Suspicion, suspicion_timeout
 
 Outgoing = tuple[str, Message]
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
-NEVER = math.inf
 
 
 @dataclass(slots=True)
@@ -60,14 +59,7 @@ class _Relay:
     origin_seq: int
 
 
-def push_pull_scale(interval: float, n: int) -> float:
-    """memberlist's pushPullScale: beyond 32 nodes, exchange full state less often."""
-    if n <= 32:
-        return interval
-    return interval * (math.ceil(math.log2(n) - math.log2(32)) + 1)
-
-
-class Membership:
+class Membership(Dissemination):
     """One node's view of the cluster: probes, suspicion, refutation, gossip and anti-entropy."""
 
     def __init__(
@@ -123,7 +115,7 @@ class Membership:
         self._probe = None
         update = Update(LEFT, self.node_id, self.addr, self.incarnation, self.node_id)
         self._queue.push(update)
-        peers = self._table.sample(self._rng, self.config.gossip_nodes, _is_live)
+        peers = self._table.sample(self._rng, self.config.gossip_nodes, is_live)
         return [(m.addr, Gossip(self._hb(now), (update,))) for m in peers]
 
     def receive(self, now: float, msg: Message) -> list[Outgoing]:
@@ -442,57 +434,6 @@ class Membership:
             )
         )
 
-    # -- dissemination --------------------------------------------------------------------
-    def _gossip_round(self, now: float, out: list[Outgoing]) -> None:
-        hb = self._hb(now)
-        for member in self._table.sample(self._rng, self.config.gossip_nodes, _is_live):
-            updates = self._piggyback()
-            if not updates:
-                return
-            out.append((member.addr, Gossip(hb, updates)))
-
-    def _push_pull_round(self, now: float, out: list[Outgoing]) -> None:
-        if self._leaving:
-            self._next_push_pull = NEVER
-            return
-        if self._table.live == 0 and self._seeds:
-            self._next_push_pull = now + 2 * self.config.probe_interval
-            state = self._push_pull(now, join=True, reply=False)
-            out.extend((seed, state) for seed in self._seeds)
-            return
-        n = self.num_live
-        self._next_push_pull = now + push_pull_scale(self.config.push_pull_interval, n)
-        for member in self._table.sample(self._rng, 1, lambda m: m.state is ALIVE):
-            out.append((member.addr, self._push_pull(now, join=False, reply=False)))
-
-    def _reconnect_round(self, now: float, out: list[Outgoing]) -> None:
-        if self._leaving:
-            self._next_reconnect = NEVER
-            return
-        for member in self._table.sample(self._rng, 1, lambda m: m.state is DEAD):
-            out.append((member.addr, self._push_pull(now, join=False, reply=False)))
-
-    def _on_push_pull(self, now: float, msg: PushPull, out: list[Outgoing]) -> None:
-        for record in msg.members:
-            self._merge(now, record, msg.hb.node_id, msg.hb.addr, out)
-        if not msg.reply:
-            out.append((msg.hb.addr, self._push_pull(now, join=False, reply=True)))
-
-    def _merge(self, now: float, record: MemberRecord, origin: str, sender: str, out: list[Outgoing]) -> None:
-        if record.state is ALIVE:
-            self._alive(now, record.node_id, record.addr, record.incarnation)
-        elif record.state is LEFT:
-            self._dead(now, record.node_id, record.incarnation, record.node_id, True, sender, out)
-        else:
-            self._suspect(now, record.node_id, record.incarnation, origin, False, sender, out)
-        member = self._table.get(record.node_id)
-        if member is not None and member.incarnation == record.incarnation and record.last_applied > member.last_applied:
-            member.term, member.last_applied, member.commit_index = record.term, record.last_applied, record.commit_index
-
-    def _push_pull(self, now: float, join: bool, reply: bool) -> PushPull:
-        records = (self._self_record(), *(m.record() for m in self._table))
-        return PushPull(self._hb(now), records, join, reply)
-
     # -- small helpers --------------------------------------------------------------------
     def _piggyback(self) -> tuple[Update, ...]:
         if not len(self._queue):
@@ -522,7 +463,3 @@ class Membership:
     def _timer(self, when: float, kind: str, key: object) -> None:
         self._seq += 1
         heapq.heappush(self._timers, (when, self._seq, kind, key))
-
-
-def _is_live(member: Member) -> bool:
-    return member.state in LIVE

@@ -9,6 +9,7 @@ from typing import AsyncIterator, Callable
 import grpc
 
 from dpeer.peer import errors
+from dpeer.peer.transport.faults import FaultHook
 from dpeer.peer.transport.options import Security, call_metadata, open_channel
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
@@ -97,9 +98,10 @@ class PeerSender:
 
     def __init__(
         self, channels: Channels, on_refused: Callable[[str], None], timeout: float = 1.0,
-        max_in_flight: int = 64,
+        max_in_flight: int = 64, faults: FaultHook | None = None,
     ) -> None:
         self._channels = channels
+        self._faults = faults  # test-only fault injection (transport/faults.py); None in production
         self._on_refused = on_refused
         self._timeout = timeout
         self._max = max_in_flight
@@ -113,13 +115,19 @@ class PeerSender:
         if not addr or ":" not in addr or self._in_flight.get(addr, 0) >= self._max:
             self.dropped += 1
             return
+        delay = self._faults.verdict(addr) if self._faults is not None else 0.0
+        if delay is None:
+            self.dropped += 1
+            return
         self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._deliver(addr, envelope))
+        task = asyncio.get_running_loop().create_task(self._deliver(addr, envelope, delay))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _deliver(self, addr: str, envelope: pb.Envelope) -> None:
+    async def _deliver(self, addr: str, envelope: pb.Envelope, delay: float = 0.0) -> None:
         try:
+            if delay:
+                await asyncio.sleep(delay)
             await self._channels.stub(addr).Deliver(
                 envelope, timeout=self._timeout, metadata=self._channels.metadata
             )
@@ -179,6 +187,10 @@ class NodeClient:
         """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not)."""
         request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready)
         return await self._call("Join", request)
+
+    async def force(self, voters: list[str]) -> pb.ForceReply:
+        """Force the node to make `voters` the whole voting configuration (unsafe; see README)."""
+        return await self._call("Force", pb.ForceRequest(voters=voters, confirm=True))
 
     async def group_failed(self, node_id: str, generation: int, reason: str) -> pb.GroupFailedReply:
         """Tell the node (forwarded to the leader) that the group of `generation` failed."""

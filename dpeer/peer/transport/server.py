@@ -27,6 +27,9 @@ _CODES = {
 class PeerHandler(Protocol):
     """What the daemon implements; raise errors.PeerError subclasses to refuse a call."""
 
+    def note_malformed(self, method: str) -> None:
+        """Count a request whose bytes did not decode (the transport already refused it)."""
+
     async def deliver(self, envelope: pb.Envelope) -> None:
         """Take one protocol message (probe, ack, Raft) from a peer."""
 
@@ -44,6 +47,9 @@ class PeerHandler(Protocol):
 
     async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
         """A worker's group failed: re-form it under a new generation."""
+
+    async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
+        """Operator's forced reconfiguration to the given voters (unsafe, logged)."""
 
     async def status(self) -> pb.StatusReply:
         """This node's status document."""
@@ -126,12 +132,7 @@ class _Servicer(pbg.PeerServicer):
 
     def _malformed(self, request: Malformed) -> str:
         log.warning("refused an undecodable %s request (%d bytes): %s", request.method, request.size, request.reason)
-        note = getattr(self._h, "note_malformed", None)
-        if note is not None:
-            note(request.method)
-        elif request.method == "Deliver" and hasattr(getattr(self._h, "node", None), "invalid_messages"):
-            # Until the handler grows note_malformed: count refused peer messages where status shows them.
-            self._h.node.invalid_messages += 1  # type: ignore[attr-defined]
+        self._h.note_malformed(request.method)
         return f"the {request.method} request is not a valid protobuf message"
 
     async def _refuse(self, context: grpc.aio.ServicerContext, request: Malformed) -> None:
@@ -171,6 +172,11 @@ class _Servicer(pbg.PeerServicer):
             await self._refuse(context, request)
         return await _unary(context, self._h.group_failed(request))
 
+    async def Force(self, request: pb.ForceRequest, context: grpc.aio.ServicerContext) -> pb.ForceReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        return await _unary(context, self._h.force(request))
+
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         if isinstance(request, Malformed):
             await self._refuse(context, request)
@@ -193,6 +199,7 @@ _TYPES = {
     "Leave": (pb.LeaveRequest, pb.LeaveReply, False), "Status": (pb.StatusRequest, pb.StatusReply, False),
     "KvPut": (pb.KvPutRequest, pb.KvPutReply, False), "KvGet": (pb.KvGetRequest, pb.KvGetReply, False),
     "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, False),
+    "Force": (pb.ForceRequest, pb.ForceReply, False),
 }
 
 

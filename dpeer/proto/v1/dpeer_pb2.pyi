@@ -382,6 +382,22 @@ class GroupFailedReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ForceRequest(_message.Message):
+    __slots__ = ("voters", "confirm")
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_FIELD_NUMBER: _ClassVar[int]
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    confirm: bool
+    def __init__(self, voters: _Optional[_Iterable[str]] = ..., confirm: _Optional[bool] = ...) -> None: ...
+
+class ForceReply(_message.Message):
+    __slots__ = ("term", "reason")
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    term: int
+    reason: str
+    def __init__(self, term: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -1,0 +1,23 @@
+"""The chaos checks catch a broken build: with the test hook TEST_DPEER_PLANT_BUG=skip_heal
+(dpeer/trainer/heal.py) a restarted worker takes its peers' step but keeps its own stale
+parameters, so the replicas diverge. The same chaos run must then exit non-zero and name it.
+The first heal may be the one of a node whose worker joins the group late at start-up, or the
+one after the seeded kill + restart; either diverges. Later heals from two donors that disagree
+fail their payload digest check, so the group re-forms in a loop and training never finishes:
+--warmup-timeout and --finish-timeout bound the waits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.chaos.conftest import run_chaos
+
+
+def test_chaos_fails_on_a_build_that_skips_healing(tmp_path: Path, reference_cache: Path) -> None:
+    code, output, timeline = run_chaos(tmp_path, [
+        "--nodes", "3", "--duration", "12", "--fault-every", "4", "--seed", "5", "--kinds", "kill",
+        "--kv-every", "4", "--finish-timeout", "45", "--warmup-timeout", "60", "--reference-cache", str(reference_cache),
+    ], env={"TEST_DPEER_PLANT_BUG": "skip_heal"})
+    assert code == 1, output[-6000:]
+    assert "VIOLATION [ledger audit" in output and "replicas disagree" in output, output[-6000:]
+    assert timeline["checks"]["ledger audit (steps, samples once, replicas agree)"]

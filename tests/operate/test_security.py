@@ -1,0 +1,156 @@
+"""Security as an operator configures it: mutual TLS, the cluster token, and binding only the listen address."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpeer.peer.transport.options import TLS_SERVER_NAME, Security
+from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, status_of, wait_until
+
+needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_ca(d: Path, name: str) -> None:
+    """A self-signed CA: name.key, name.pem."""
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
+
+
+def make_cert(d: Path, ca: str, name: str) -> None:
+    """A node certificate for DNS:dpeer signed by ca: name.key, name.pem."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+    (d / f"{name}.ext").write_text(f"subjectAltName=DNS:{TLS_SERVER_NAME}\n"
+                                   "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+
+
+def config(d: Path, name: str, cert: str | None, ca: str | None, token: str | None) -> Path:
+    """A YAML config with the given TLS identity (cert name) and CA, and a token file holding token."""
+    security: dict[str, str] = {}
+    if cert is not None:
+        security.update(tls_cert=str(d / f"{cert}.pem"), tls_key=str(d / f"{cert}.key"), tls_ca=str(d / f"{ca}.pem"))
+    if token is not None:
+        (d / f"{name}.token").write_text(token + "\n")
+        security["cluster_token_file"] = str(d / f"{name}.token")
+    path = d / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"security": security}))
+    return path
+
+
+def security_of(path: Path) -> Security:
+    from dpeer.peer import config as cfg
+
+    s = cfg.load(path, environ={}).security
+    return Security.from_files(s.tls_cert, s.tls_key, s.tls_ca, s.cluster_token_file)
+
+
+@needs_openssl
+def test_mutual_tls_and_cluster_token(daemons, tmp_path: Path) -> None:
+    d = tmp_path / "pki"
+    d.mkdir()
+    make_ca(d, "ca")
+    make_ca(d, "otherca")
+    for name in ("n1", "n2", "op"):
+        make_cert(d, "ca", name)
+    make_cert(d, "otherca", "rogue")
+    token = "s3cret-cluster-token"
+    c1, c2 = config(d, "n1", "n1", "ca", token), config(d, "n2", "n2", "ca", token)
+    operator = config(d, "op", "op", "ca", token)
+    n1 = daemons.start("n1", config=c1)
+    n2 = daemons.start("n2", join=[n1.addr], config=c2)
+    good = security_of(operator)
+    formed(n1.addr, {"n1", "n2"}, security=good)
+    formed(n2.addr, {"n1", "n2"}, security=good)
+
+    ok, put = cli_many([["status", "--addr", n2.addr, "--json", "--config", str(operator)],
+                        ["kv", "put", "secure", "yes", "--addr", n2.addr, "--config", str(operator)]])
+    assert ok.returncode == 0 and '"node_id": "n2"' in ok.stdout, ok.stderr
+    assert put.returncode == 0, put.stderr
+
+    # Refused: plaintext; a certificate from another CA; the right certificate without the token
+    # or with a wrong one.
+    no_token = config(d, "notoken", "op", "ca", None)
+    wrong_token = config(d, "wrongtoken", "op", "ca", "not-the-token")
+    rogue = config(d, "rogue", "rogue", "otherca", token)
+    refusals = cli_many([
+        ["status", "--addr", n1.addr, "--timeout", "3"],
+        ["status", "--addr", n1.addr, "--timeout", "3", "--config", str(rogue)],
+        ["kv", "put", "x", "y", "--addr", n1.addr, "--timeout", "3", "--config", str(rogue)],
+        ["status", "--addr", n1.addr, "--timeout", "3", "--config", str(no_token)],
+        ["kv", "get", "secure", "--addr", n1.addr, "--timeout", "3", "--config", str(wrong_token)],
+    ])
+    plaintext = refusals[0]  # the node closes a plaintext connection: indistinguishable from a hang-up
+    assert plaintext.returncode == 3, (plaintext.returncode, plaintext.stderr)
+    assert "TLS" in one_sentence(plaintext.stderr)
+    for result in refusals[1:3]:  # a certificate from another CA: the handshake fails, a refusal
+        assert result.returncode == 1, (result.args, result.returncode, result.stderr)
+        line = one_sentence(result.stderr)
+        assert "refused" in line and "TLS handshake" in line, line
+        assert result.stdout == ""
+    for result in refusals[3:]:  # TLS is fine, the token is not: a refusal, not unreachability
+        assert result.returncode == 1, (result.args, result.returncode, result.stderr)
+        line = one_sentence(result.stderr)
+        assert "refused" in line and "token" in line, line
+    assert asyncio.run(status_of(n1.addr, security_of(rogue))) is None
+
+    # The server logs the token refusals as JSON lines.
+    def refusal_logged() -> list:
+        return [r for r in n1.log_lines() if r.get("level") == "warning" and "cluster token" in r.get("msg", "")]
+    logged = wait_until(refusal_logged, 10, "n1 to log the token refusals")
+    assert all(r.get("node") == "n1" and "term" in r for r in logged), logged
+    # Failed TLS handshakes must not add gRPC's own non-JSON lines to the log.
+    not_json = [line for line in n1.log_path.read_text().splitlines() if line.strip() and not line.startswith("{")]
+    assert not not_json, not_json[:5]
+
+    # A peer with a good certificate but no token cannot join.
+    seen = len(refusal_logged())
+    n3 = daemons.start("n3", join=[n1.addr], config=config(d, "n3", "n2", "ca", None))
+    wait_until(lambda: len(refusal_logged()) > seen and any("cluster token" in r.get("msg", "") for r in n3.log_lines()),
+               WAIT, "n3 to try joining and n1 to refuse it")
+    doc = asyncio.run(status_of(n1.addr, good))
+    assert doc is not None and "n3" not in {m["node_id"] for m in doc["members"] if m.get("committed")}, doc
+    assert cli("kv", "get", "secure", "--addr", n1.addr, "--config", str(operator)).returncode == 0
+
+
+def test_token_only_cluster_refuses_tokenless_clients(daemons, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("only-the-cluster-knows\n")
+    conf = tmp_path / "dpeer.yaml"
+    conf.write_text(yaml.safe_dump({"security": {"cluster_token_file": str(token)}}))
+    n1 = daemons.start("n1", config=conf)
+    formed(n1.addr, {"n1"}, security=Security(token="only-the-cluster-knows"))
+    with_token, without = cli_many([["kv", "get", "k", "--addr", n1.addr, "--config", str(conf)],
+                                    ["status", "--addr", n1.addr]])
+    assert with_token.returncode == 1 and "not set" in with_token.stderr  # answered: the key is absent
+    assert without.returncode == 1, without
+    assert "refused" in one_sentence(without.stderr)
+    wait_until(lambda: [r for r in n1.log_lines() if "cluster token" in r.get("msg", "")], 10, "a logged refusal")
+
+
+def test_binds_only_the_configured_address(daemons) -> None:
+    n1 = daemons.start("n1")
+    formed(n1.addr, {"n1"})
+    port = int(n1.addr.rsplit(":", 1)[1])
+    with socket.socket() as probe:
+        probe.settimeout(2)
+        assert probe.connect_ex(("127.0.0.1", port)) == 0
+    for other in ("127.0.0.2", "127.1.2.3"):
+        with socket.socket() as probe:
+            probe.settimeout(2)
+            assert probe.connect_ex((other, port)) != 0, f"the node answers on {other}:{port}"
+    result = cli("status", "--addr", f"127.0.0.2:{port}", "--timeout", "2")
+    assert result.returncode == 3

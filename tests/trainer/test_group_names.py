@@ -1,0 +1,29 @@
+"""After a failed init a rank must name its next group as its peers do (chaos run regression)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import torch.distributed as dist
+
+from dpeer.peer.cluster import free_port_block
+from dpeer.peer.local import View
+from dpeer.trainer.group import GroupError, GroupManager
+
+
+def test_a_failed_init_does_not_shift_the_next_groups_name() -> None:
+    port = free_port_block(2)
+    manager = GroupManager("a", backend="gloo", init_timeout=2.0)
+    try:
+        # A peer that arrives at the rendezvous but never joins init: init times out after it.
+        view = View(1, ["a", "ghost"], "127.0.0.1", port)
+        store = manager._host_store(view.store_host, view.store_port)
+        dist.PrefixStore("gen1", store).add("arrived", 1)
+        with pytest.raises(GroupError):
+            manager.form(view)
+        assert dist.distributed_c10d._world.group_count == 0
+        manager.form(View(2, ["a"], "127.0.0.1", port))
+        assert dist.distributed_c10d._get_default_group().group_name == "0"
+    finally:
+        manager.close()
