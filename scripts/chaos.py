@@ -3,7 +3,7 @@
 
 Example (the long run of BENCHMARKS.md "Chaos"):
     python scripts/chaos.py --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out
-The logic lives in dpeer/peer/chaos.py; `python scripts/chaos.py --help` lists the flags.
+The logic lives in dpeer/peer/chaos/; `python scripts/chaos.py --help` lists the flags.
 """
 
 import sys

@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence
 
 from dpeer.peer import config as cfg
 from dpeer.peer import errors
+from dpeer.peer.chaos.options import add_arguments as chaos_arguments
+from dpeer.peer.chaos.options import options_from as chaos_options
 from dpeer.peer.transport.client import NodeClient
 from dpeer.peer.transport.options import Security
 
@@ -111,8 +113,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
     demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
     chaos = _sub(subs, "chaos", "a seeded chaos run of a local cluster training the demo job, then checks")
-    from dpeer.peer.chaos import add_arguments as chaos_arguments
-
     chaos_arguments(chaos)
     conf = _sub(subs, "config", "show the effective config or check a file")
     confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
@@ -262,16 +262,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_chaos(args: argparse.Namespace) -> int:
     """Run a seeded chaos run and its checks; exit 1 on any violation."""
-    from dpeer.peer.chaos import options_from, run_chaos
+    from dpeer.peer.chaos.command import run_chaos
 
-    return run_chaos(options_from(args))
+    return run_chaos(chaos_options(args))
 
 
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
-    "leave": cmd_leave, "force": cmd_force, "config": cmd_config, "demo": cmd_demo,
+    "leave": cmd_leave, "force": cmd_force, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
 }
-COMMANDS["chaos"] = cmd_chaos  # dpeer/peer/chaos.py (issue 7)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,7 +52,8 @@ class Daemon:
         self.addr = config.advertise_addr
         self.channels = Channels(security)
         # faults: the test-only fault injection hook (transport/faults.py); inert without <data_dir>/faults.json
-        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0,
+        self.metrics = Metrics(self.node_id)
+        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0, on_rtt=self.metrics.rtt.observe,
                                  faults=FaultHook.for_data_dir(config.data_dir))
         if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
             bootstrap(StoreStorage(store), [self.node_id])
@@ -68,13 +69,13 @@ class Daemon:
         self.node.chores.append(self.leader)
         self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed)
-        self.metrics = Metrics(self.node_id)
         self.notifier = Notifier()
         self.started = time.monotonic()
         self.joined = False
         self.exit_code = 0
         self._last_metrics = self._last_introduce = self._next_join = 0.0
         self._join_task: asyncio.Task | None = None
+        self._reforms_counted = 0
         self._leader_seen = self.node.clock()
         self.fence_after = 3 * self.node.raft_config.election_timeout_max
         self.leaving = False
@@ -180,6 +181,14 @@ class Daemon:
         m.commit_index.set(store.commit_index)
         m.last_applied.set(store.last_applied)
         m.invalid.set(self.node.invalid_messages)
+        if self.worker is not None:
+            if self.worker.train is not None:
+                m.step.set(self.worker.train.step)
+                m.samples.set(self.worker.train.samples)
+            m.reforms.inc(self.worker.reforms - self._reforms_counted)
+            self._reforms_counted = self.worker.reforms
+            for seconds in self.worker.take_recoveries():
+                m.recovery.observe(seconds)
         m.generation.set(store.state.view.generation if store.state.view else 0)
         if self.notifier.enabled and watchdog_interval() is not None:
             self.notifier.watchdog()

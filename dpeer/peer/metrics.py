@@ -27,7 +27,7 @@ class Metrics:
         self.step = Gauge("dpeer_train_step", "Last committed training step", ["node"], registry=r).labels(**labels)
         self.samples = Gauge("dpeer_train_samples", "Samples consumed", ["node"], registry=r).labels(**labels)
         self.rtt = Histogram(
-            "dpeer_heartbeat_rtt_seconds", "Probe round-trip time", ["node"], registry=r,
+            "dpeer_peer_rtt_seconds", "Round trip of a protocol message's delivery call to a peer", ["node"], registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         ).labels(**labels)
         self.invalid = Gauge("dpeer_invalid_messages", "Peer messages refused as malformed", ["node"], registry=r).labels(**labels)

@@ -51,6 +51,9 @@ class WorkerSupervisor:
         self.restarts = 0
         self.train: TrainStatus | None = None
         self.failures = 0
+        self.reforms = 0
+        self.recoveries: list[float] = []
+        self._failed_at: float | None = None
         self._tail = ReportTail(str(self.dir), node_id)
         self._restart_at: float | None = None
         self.fenced = False
@@ -58,7 +61,12 @@ class WorkerSupervisor:
     def status(self) -> dict[str, Any]:
         """The worker's process state for the status document."""
         return {"pid": self.proc.pid if self.proc else None, "ready": self.ready, "done": self.done,
-                "restarts": self.restarts, "failures_reported": self.failures}
+                "restarts": self.restarts, "failures_reported": self.failures, "groups_formed": self.reforms}
+
+    def take_recoveries(self) -> list[float]:
+        """Seconds from each reported group failure to the next committed step, since the last call."""
+        out, self.recoveries = self.recoveries, []
+        return out
 
     def command(self) -> list[str]:
         """The worker's command line."""
@@ -124,8 +132,15 @@ class WorkerSupervisor:
         elif kind == "progress":
             self.train = TrainStatus(int(record["step"]), int(record["samples"]), float(record["loss"]),
                                      str(record["digest"]))
+            if self._failed_at is not None:
+                self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
+                self._failed_at = None
+        elif kind == "formed":
+            self.reforms += 1
         elif kind == "failure":
             self.failures += 1
+            if self._failed_at is None:
+                self._failed_at = float(record["t"])
             self.on_failure(int(record.get("gen", 0)), str(record.get("reason", ""))[:300])
         elif kind == "checkpoint":
             log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))

@@ -1,4 +1,4 @@
-"""Training-side checks of a `dpeer chaos` run (dpeer/peer/chaos.py), run as a child process:
+"""Training-side checks of a `dpeer chaos` run (dpeer/peer/chaos/), run as a child process:
 ``python -m dpeer.trainer.chaos_check`` reads a JSON spec on stdin and prints a JSON result.
 
 It lives in the trainer layer because it reads ledgers and torch state dicts; the chaos driver in

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator, Callable
 
 import grpc
@@ -99,10 +100,12 @@ class PeerSender:
     def __init__(
         self, channels: Channels, on_refused: Callable[[str], None], timeout: float = 1.0,
         max_in_flight: int = 64, faults: FaultHook | None = None,
+        on_rtt: Callable[[float], None] | None = None,
     ) -> None:
         self._channels = channels
         self._faults = faults  # test-only fault injection (transport/faults.py); None in production
         self._on_refused = on_refused
+        self._on_rtt = on_rtt
         self._timeout = timeout
         self._max = max_in_flight
         self._in_flight: dict[str, int] = {}
@@ -128,9 +131,12 @@ class PeerSender:
         try:
             if delay:
                 await asyncio.sleep(delay)
+            started = time.monotonic()
             await self._channels.stub(addr).Deliver(
                 envelope, timeout=self._timeout, metadata=self._channels.metadata
             )
+            if self._on_rtt is not None:
+                self._on_rtt(time.monotonic() - started)
         except grpc.aio.AioRpcError as exc:
             if is_refused(exc):
                 self._on_refused(addr)

@@ -3,7 +3,7 @@
 The daemon builds one ``FaultHook`` for ``<data_dir>/faults.json`` and hands it to its
 ``PeerSender``. While that file does not exist (the normal case) every message goes out
 untouched; the only cost is one ``stat`` per ``RECHECK`` seconds. The chaos tool
-(``dpeer chaos``, dpeer/peer/chaos.py) writes the file to cut, thin or slow a node's traffic:
+(``dpeer chaos``, dpeer/peer/chaos/) writes the file to cut, thin or slow a node's traffic:
 
     {"drop": ["127.0.0.1:7103"],   # peer addresses whose outgoing messages are dropped (partition)
      "loss": 0.2,                  # probability of dropping any other outgoing message (packet loss)

@@ -1,0 +1,117 @@
+"""The checks of a finished run, each a list of violations: liveness, protocol, kv, training."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpeer.peer.chaos.options import DISRUPTIVE
+from dpeer.peer.chaos.reference import reference_paths
+from dpeer.peer.chaos.schedule import Fault
+
+if TYPE_CHECKING:
+    from dpeer.peer.chaos.run import Run
+
+MAX_REL_DIFF = 1e-4
+
+
+def check_liveness(faults: list[Fault], max_recovery: float) -> dict[str, list[str]]:
+    """Every faulted node back in a group; the survivors commit a step within `max_recovery` of each fault."""
+    unfinished = [f"fault {f.id} ({f.kind} {','.join(f.nodes)}): the node was not back in a group"
+                  for f in faults if f.kind in DISRUPTIVE and f.back_s is None]
+    slow = [_slow_recovery(f, max_recovery) for f in faults
+            if f.recovered_s is None or f.recovered_s > max_recovery]
+    return {"every faulted node back in a group": unfinished,
+            "training resumes after every fault (liveness)": slow}
+
+
+def _slow_recovery(f: Fault, max_recovery: float) -> str:
+    head = f"fault {f.id} ({f.kind} {','.join(f.nodes)} at {f.at:.0f}s): "
+    if f.recovered_s is None:
+        return head + "the survivors never committed another step"
+    return head + f"the survivors' next committed step came {f.recovered_s:.0f}s later (limit {max_recovery:.0f}s)"
+
+
+def check_protocol(samples: list[dict]) -> dict[str, list[str]]:
+    """Raft and group invariants over every status sample of every node."""
+    return {"one leader per term": _one_leader_per_term(samples),
+            "commit index never decreases": _commit_never_decreases(samples),
+            "one view per generation": _one_view_per_generation(samples)}
+
+
+def _one_leader_per_term(samples: list[dict]) -> list[str]:
+    leaders: dict[int, set[str]] = {}
+    for s in samples:
+        if s["role"] == "leader":
+            leaders.setdefault(s["term"], set()).add(s["node"])
+        if s["leader"]:
+            leaders.setdefault(s["term"], set()).add(s["leader"])
+    return [f"term {t} had leaders {sorted(ls)}" for t, ls in sorted(leaders.items()) if len(ls) > 1]
+
+
+def _commit_never_decreases(samples: list[dict]) -> list[str]:
+    """Per node lifetime: a wiped node starts a new one."""
+    problems: list[str] = []
+    last: dict[tuple[str, int], tuple[float, int]] = {}
+    for s in samples:
+        key = (s["node"], s["life"])
+        if key in last and s["commit"] < last[key][1]:
+            problems.append(f"{s['node']} commit_index went from {last[key][1]} (t={last[key][0]}s) "
+                            f"to {s['commit']} (t={s['t']}s)")
+        last[key] = (s["t"], s["commit"])
+    return problems
+
+
+def _one_view_per_generation(samples: list[dict]) -> list[str]:
+    views: dict[int, set[tuple]] = {}
+    for s in samples:
+        if s["gen"] is not None:
+            views.setdefault(s["gen"], set()).add(tuple(s["members"]))
+    return [f"generation {g} has views {sorted(map(list, vs))}" for g, vs in sorted(views.items()) if len(vs) > 1]
+
+
+def check_training(run: Run) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Ledger audit and final models, in a child process of the trainer layer
+    (dpeer/trainer/chaos_check.py): this package stays free of torch and trainer imports."""
+    spec = _training_spec(run)
+    proc = subprocess.run([sys.executable, "-m", "dpeer.trainer.chaos_check"], input=json.dumps(spec),
+                          capture_output=True, text=True, timeout=1800, check=False)
+    if proc.returncode != 0:
+        return [f"the training check failed: {proc.stderr.strip()[-500:]}"], [], {}
+    result = json.loads(proc.stdout)
+    figures = result["figures"]
+    onset = figures.get("trajectory_onset_step")
+    if onset is not None:
+        figures["faults_before_onset"] = faults_before_step(run, onset)
+        run.say(f"loss trajectory matches the fault-free run to 1e-4 up to step {onset} "
+                f"({figures['faults_before_onset']} faults before it); there it departs by "
+                f"{figures['trajectory_onset_gap']:.1e}, {figures['trajectory_onset_after_reform']} steps "
+                f"after the last re-form")
+    return result["audit"], result["final"], figures
+
+
+def _training_spec(run: Run) -> dict[str, Any]:
+    """The chaos_check input: every ledger (wiped data dirs too), the final models, the reference."""
+    ledgers = {}
+    for node in run.cluster.nodes:
+        ledgers[node.node_id] = str(node.data_dir / "worker" / "ledger.jsonl")
+        for aside in run.asides[node.node_id]:
+            ledgers[f"{node.node_id}@{aside.name}"] = str(aside / "worker" / "ledger.jsonl")
+    spec: dict[str, Any] = {
+        "ledgers": ledgers, "steps": run.opts.steps, "global_batch": run.opts.global_batch,
+        "finals": {n.node_id: str(n.data_dir / "worker" / "final.pt") for n in run.cluster.nodes},
+        "exact_horizon": run.opts.exact_horizon, "max_rel_diff": MAX_REL_DIFF,
+        "reference_final": None, "reference_ledger": None,
+    }
+    if run.opts.reference and all(Path(p).exists() for p in spec["finals"].values()):
+        spec["reference_final"], spec["reference_ledger"] = map(str, reference_paths(run))
+    return spec
+
+
+def faults_before_step(run: Run, step: int) -> int:
+    """How many faults hit before the survivors reached `step` (from the status samples)."""
+    reached = next((s["t"] for s in run.samples if (s["step"] or 0) >= step), None)
+    return sum(1 for f in run.faults if reached is None or f.at < reached)

@@ -1,0 +1,49 @@
+"""The worker supervisor's reading of its worker's reports (no process started)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dpeer.peer.config import TrainingConfig
+from dpeer.peer.supervisor import WorkerSupervisor
+
+
+def write(data_dir: Path, *records: dict) -> None:
+    path = data_dir / "worker" / "reports" / "n1.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+
+
+def test_reports_drive_readiness_progress_failures_reforms_and_recovery_times(tmp_path: Path) -> None:
+    failed: list[tuple[int, str]] = []
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: failed.append((g, r)))
+    write(tmp_path, {"kind": "waiting", "t": 1.0}, {"kind": "formed", "t": 1.1, "gen": 1})
+    sup.poll(0.0)
+    assert sup.ready and sup.reforms == 1 and sup.train is None
+    write(tmp_path, {"kind": "progress", "t": 2.0, "step": 5, "samples": 320, "loss": 0.5, "digest": "ab"},
+          {"kind": "failure", "t": 3.0, "gen": 1, "reason": "Connection reset by peer"},
+          {"kind": "failure", "t": 3.1, "gen": 1, "reason": "again"},
+          {"kind": "formed", "t": 3.2, "gen": 2},
+          {"kind": "progress", "t": 3.25, "step": 6, "samples": 384, "loss": 0.4, "digest": "cd"})
+    sup.poll(0.0)
+    assert failed == [(1, "Connection reset by peer"), (1, "again")]
+    assert sup.train is not None and (sup.train.step, sup.train.params_digest) == (6, "cd")
+    assert sup.reforms == 2
+    assert [round(s, 3) for s in sup.take_recoveries()] == [0.25]
+    assert sup.take_recoveries() == []
+
+
+def test_a_torn_last_line_waits_for_its_end(tmp_path: Path) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: None)
+    path = tmp_path / "worker" / "reports" / "n1.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"kind": "waiting", "t": 1.0}\n{"kind": "prog')
+    sup.poll(0.0)
+    assert sup.ready and sup.train is None
+    with path.open("a") as f:
+        f.write('ress", "t": 2, "step": 1, "samples": 64, "loss": 1.0, "digest": "x"}\n')
+    sup.poll(0.0)
+    assert sup.train is not None and sup.train.step == 1
