@@ -39,7 +39,7 @@ from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.views import Observed
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.errors import CorruptState
+from dpeer.statemachine.errors import CommittedEntryError, CorruptState
 from dpeer.statemachine.snapshot import decode_snapshot
 from dpeer.statemachine.state import ApplyResult
 from dpeer.statemachine.store import Store
@@ -104,7 +104,13 @@ class Node:
             self._admit_raft(envelope.from_id, msg)
             self.addrs.setdefault(envelope.from_id, envelope.from_addr)
             self.raft.step(now, envelope.from_id, msg)
-            self.drain()
+            try:
+                self.drain()
+            except CommittedEntryError as exc:
+                log.error("the leader %s would overwrite committed entries here (%s): this node's log "
+                          "diverged, as after a forced reconfiguration; move its data dir aside and "
+                          "rejoin", envelope.from_id, exc)
+                raise BadRequest(f"log diverges from {envelope.from_id!r} on committed entries") from None
         self._wake.set()
 
     def _admit_raft(self, src: str, msg: Any) -> None:

@@ -184,6 +184,10 @@ def test_forced_reconfiguration_recovers_a_lost_majority(make_cluster) -> None:
         assert forced.returncode == 0, forced.stderr
         assert cli("kv", "put", "after", "1", "--addr", survivor.addr, "--timeout", "20").returncode == 0
         for node in lost:
+            # As after etcd's --force-new-cluster: the lost voters come back on fresh data dirs
+            # (the old ones moved aside); on their old logs they could elect each other under
+            # the old configuration and commit entries the forced cluster never sees.
+            node.data_dir.rename(node.data_dir.with_name(node.data_dir.name + ".before-force"))
             cluster.start(node)
         await formed(cluster, 3)
         for node in cluster.nodes:
