@@ -54,9 +54,8 @@ def publish_view(directory: str, view: View) -> None:
     _atomic_write(os.path.join(views, f"view-{view.generation:012d}.json"), view.to_json())
 
 
-def read_reports(directory: str, node_id: str) -> list[dict]:
-    """All reports a node appended so far (a torn last line is skipped)."""
-    path = os.path.join(directory, "reports", f"{node_id}.jsonl")
+def read_jsonl(path: str) -> list[dict]:
+    """Every complete JSON record of a JSON-lines file (a torn line, from a kill mid-write, is skipped)."""
     if not os.path.exists(path):
         return []
     out = []
@@ -67,6 +66,11 @@ def read_reports(directory: str, node_id: str) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return out
+
+
+def read_reports(directory: str, node_id: str) -> list[dict]:
+    """All reports a node appended so far."""
+    return read_jsonl(os.path.join(directory, "reports", f"{node_id}.jsonl"))
 
 
 class DirViewSource:

@@ -5,25 +5,15 @@ used by the tests, the chaos tool and anyone checking a production run after the
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Mapping, Sequence
 
+from dpeer.peer.local import read_jsonl
 from dpeer.trainer.sampler import GlobalBatchSampler
 
 
 def read_ledger(path: str) -> list[dict]:
     """One node's ledger records (a torn last line, from a kill mid-write, is skipped)."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    return read_jsonl(path)
 
 
 def audit(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: GlobalBatchSampler) -> list[str]:
