@@ -72,7 +72,6 @@ class Daemon:
         self.notifier = Notifier()
         self.started = time.monotonic()
         self.joined = False
-        self.exit_code = 0
         self._last_metrics = self._last_introduce = self._next_join = 0.0
         self._join_task: asyncio.Task | None = None
         self._reforms_counted = 0
@@ -128,7 +127,7 @@ class Daemon:
 
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:
-        """Serve until told to stop; returns the process exit code."""
+        """Serve until told to stop (a signal or `dpeer leave`); returns exit code 0."""
         self.server = await serve(self.config.listen, self.service, self.security)
         log.info("listening on %s (advertised %s)", self.config.listen, self.addr)
         if self.config.metrics_listen:
@@ -143,7 +142,7 @@ class Daemon:
             await self.node.run()
         finally:
             await self._shutdown()
-        return self.exit_code
+        return 0
 
     def _chores(self, now: float) -> None:
         if self.worker is not None:
