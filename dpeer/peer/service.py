@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from dpeer.peer import codec
@@ -78,8 +79,6 @@ class Service:
 
     async def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
         """The newest snapshot from request.offset on, in chunks; the last carries the CRC."""
-        import zlib
-
         snap = self.node.store.snapshot()
         data = snap.data
         if request.offset > len(data):
