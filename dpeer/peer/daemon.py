@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from dpeer.peer import codec, errors, logs
+from dpeer.peer.checkpoints import Held
 from dpeer.peer.config import NodeConfig
 from dpeer.peer.consensus import bootstrap
 from dpeer.peer.leader import LeaderChores
@@ -38,6 +39,7 @@ log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
+CHECKPOINT_REPORT_EVERY = 1.0
 
 
 class Daemon:
@@ -64,11 +66,13 @@ class Daemon:
         self.worker = worker
         if worker is not None:
             worker.on_failure = self._group_failed
+            worker.on_checkpoint = self._checkpoint_written
         self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready,
                                    lambda: self.leaving)
         self.node.chores.append(self.leader)
         self.node.apply_listeners.append(self._on_apply)
-        self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed)
+        self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
+                               self.leader.checkpoint_reported)
         self.notifier = Notifier()
         self.started = time.monotonic()
         self.joined = False
@@ -79,6 +83,9 @@ class Daemon:
         self.fence_after = 3 * self.node.raft_config.election_timeout_max
         self.leaving = False
         self._tasks: list[asyncio.Task] = []
+        self._held: Held | None = None
+        self._next_report = 0.0
+        self._report_task: asyncio.Task | None = None
 
     def _refused(self, addr: str) -> None:
         self.node.refused(addr)
@@ -91,7 +98,7 @@ class Daemon:
         if self.worker is not None and entry.kind is EntryKind.VIEW and result.accepted:
             view = self.store.state.view
             if view is not None and view.generation == entry.payload["generation"]:
-                self.worker.publish(view)
+                self.worker.publish(view, self.store.state.checkpoint)
 
     def _group_failed(self, generation: int, reason: str) -> None:
         """The worker's group failed: tell the leader (directly when it is us)."""
@@ -101,6 +108,34 @@ class Daemon:
             return
         self._tasks = [t for t in self._tasks if not t.done()]
         self._tasks.append(asyncio.get_running_loop().create_task(self._report_failure(generation, reason)))
+
+    def _checkpoint_written(self, step: int, digest: str) -> None:
+        """The worker wrote the checkpoint of `step`: report it until the log records one as new."""
+        if self._held is None or step > self._held.step:
+            self._held = Held(step, digest)
+            self._next_report = 0.0
+
+    def _report_checkpoint(self, now: float) -> None:
+        """While the held checkpoint is newer than the committed one, tell the leader (again)."""
+        committed = self.store.state.checkpoint
+        held = self._held
+        if held is None or (committed is not None and committed.step >= held.step) or now < self._next_report:
+            return
+        self._next_report = now + CHECKPOINT_REPORT_EVERY
+        if self.node.role == "leader":
+            self.leader.checkpoint_reported(self.node_id, held.step, held.digest)
+        elif self._report_task is None or self._report_task.done():
+            self._report_task = asyncio.get_running_loop().create_task(self._send_checkpoint(held))
+
+    async def _send_checkpoint(self, held: Held) -> None:
+        leader = self.node.addrs.get(self.node.leader_id or "")
+        if leader is None:
+            return
+        try:
+            async with NodeClient(leader, self.security, timeout=5.0) as client:
+                await client.report_checkpoint(self.node_id, held.step, held.digest)
+        except errors.PeerError as exc:
+            log.info("could not report the checkpoint of step %d to the leader: %s", held.step, exc)
 
     async def _report_failure(self, generation: int, reason: str) -> None:
         leader = self.node.addrs.get(self.node.leader_id or "")
@@ -148,6 +183,7 @@ class Daemon:
         if self.worker is not None:
             self._fence(now)
             self.worker.poll(now)
+            self._report_checkpoint(now)
         self._sync_membership(now)
         member = self.store.state.members.get(self.node_id)
         if not self.joined and member is not None and member.status == "active":
@@ -261,7 +297,7 @@ class Daemon:
     async def _shutdown(self) -> None:
         if self.worker is not None:
             self.worker.stop()
-        for task in self._tasks + ([self._join_task] if self._join_task else []):
+        for task in self._tasks + [t for t in (self._join_task, self._report_task) if t is not None]:
             task.cancel()
         await self.server.stop(grace=0.5)
         await self.sender.close()

@@ -2,7 +2,8 @@
 
 Runs on every node every chore interval and acts only while the node leads, one proposal in
 flight at a time, in priority order: admit itself, reconcile member statuses, adjust voters,
-then the next view once the wanted members have held still for the quiet window.
+then the next view once the wanted members have held still for the quiet window, and last
+the newest checkpoint a majority of the group reported holding.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from dpeer.peer.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.peer.errors import PeerError
 from dpeer.peer.node import Node
 from dpeer.peer.views import Decision, decide_view, plan_voters, reconcile_members, training_members
@@ -50,6 +52,8 @@ class LeaderChores:
         self._wanted: list[str] | None = None
         self._changed_at = 0.0
         self._last_failure = ""
+        self.checkpoints: dict[str, Held] = {}
+        self._last_checkpoint_note = ""
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
@@ -84,6 +88,30 @@ class LeaderChores:
         ports = {n: state.members[n].store_port for n in members}
         failed = self.failed_generation if now - self._failed_at >= self.failure_grace else 0
         decision = decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)
+        if decision.propose:
+            return decision
+        return self._checkpoint_decision()
+
+    def checkpoint_reported(self, node_id: str, step: int, digest: str) -> int:
+        """A node holds the checkpoint of `step`; returns the committed checkpoint's step."""
+        committed = self.node.store.state.checkpoint
+        committed_step = committed.step if committed is not None else 0
+        held = self.checkpoints.get(node_id)
+        if step > committed_step and (held is None or step >= held.step):
+            self.checkpoints[node_id] = Held(step, digest)
+        return committed_step
+
+    def _checkpoint_decision(self) -> Decision | None:
+        state = self.node.store.state
+        committed = state.checkpoint.step if state.checkpoint is not None else 0
+        self.checkpoints = still_pending(self.checkpoints, committed)
+        if not self.checkpoints:
+            return None
+        decision = decide_checkpoint(state, self.checkpoints)
+        if not decision.propose and decision.reason != self._last_checkpoint_note:
+            self._last_checkpoint_note = decision.reason
+            if "diverged" in decision.reason:
+                log.error("checkpoint reports disagree: %s", decision.reason)
         return decision if decision.propose else None
 
     def group_failed(self, generation: int, reason: str) -> None:

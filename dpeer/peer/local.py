@@ -18,12 +18,15 @@ POLL_INTERVAL_S = 0.005
 
 @dataclass(frozen=True)
 class View:
-    """A committed group view: generation, members in rank order, rendezvous store address."""
+    """A committed group view: generation, members in rank order, rendezvous store address, and
+    the newest committed checkpoint (step 0 for none) a restarted worker resumes from."""
 
     generation: int
     members: list[str]
     store_host: str
     store_port: int
+    checkpoint_step: int = 0
+    checkpoint_digest: str = ""
 
     def rank_of(self, node_id: str) -> int | None:
         """This node's rank in the view, or None when it is not a member."""
@@ -35,7 +38,8 @@ class View:
     @classmethod
     def from_json(cls, text: str) -> "View":
         d = json.loads(text)
-        return cls(int(d["generation"]), [str(m) for m in d["members"]], str(d["store_host"]), int(d["store_port"]))
+        return cls(int(d["generation"]), [str(m) for m in d["members"]], str(d["store_host"]), int(d["store_port"]),
+                   int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")))
 
 
 def _atomic_write(path: str, text: str) -> None:

@@ -12,6 +12,7 @@ import zlib
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from dpeer.peer import codec
+from dpeer.peer.checkpoints import valid_digest
 from dpeer.peer.errors import BadRequest, Behind, Unavailable
 from dpeer.peer.node import Node
 from dpeer.peer.transport.client import Channels, NodeClient
@@ -24,6 +25,7 @@ CHUNK_BYTES = 1 << 20
 SNAPSHOT_CHUNK = 1 << 20
 COMMAND_TIMEOUT = 10.0
 MAX_KEY, MAX_VALUE = 256, 64 * 1024
+MAX_STEP = 1 << 62
 
 
 def _check_id(value: str, what: str) -> None:
@@ -37,12 +39,14 @@ class Service:
     def __init__(
         self, node: Node, channels: Channels, status: Callable[[], dict[str, Any]],
         on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, str], None],
+        on_checkpoint: Callable[[str, int, str], int],
     ) -> None:
         self.node = node
         self.channels = channels
         self._status = status
         self._on_leave = on_leave
         self.on_group_failed = on_group_failed
+        self.on_checkpoint = on_checkpoint
 
     # -- peers ----------------------------------------------------------------------------
     def note_malformed(self, method: str) -> None:
@@ -152,6 +156,17 @@ class Service:
             return await self._leader_client().group_failed(request.node_id, request.generation, request.reason)
         self.on_group_failed(request.generation, f"{request.node_id}: {request.reason[:200]}")
         return pb.GroupFailedReply()
+
+    async def report_checkpoint(self, request: pb.CheckpointReport) -> pb.CheckpointReply:
+        """Note that a node holds a checkpoint; the leader records it once a majority does."""
+        _check_id(request.node_id, "node_id")
+        if not valid_digest(request.digest):
+            raise BadRequest("digest must be a lowercase sha256 hex string of 64 characters")
+        if not 0 < request.step < MAX_STEP:
+            raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
+        if not self._leading():
+            return await self._leader_client().report_checkpoint(request.node_id, request.step, request.digest)
+        return pb.CheckpointReply(committed_step=self.on_checkpoint(request.node_id, request.step, request.digest))
 
     async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
         """Shrink the voters to the survivors named by an operator who lost a majority for good."""

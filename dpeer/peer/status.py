@@ -30,6 +30,14 @@ def group(node: Node) -> dict[str, Any] | None:
             "rank": view.members.index(node.id), "members": list(view.members), "store_host": view.store_host}
 
 
+def checkpoint(node: Node) -> dict[str, Any] | None:
+    """The newest committed checkpoint: {step, digest, holders}, or None when none is recorded."""
+    ckpt = node.store.state.checkpoint
+    if ckpt is None:
+        return None
+    return {"step": ckpt.step, "digest": ckpt.digest, "holders": list(ckpt.holders)}
+
+
 def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
     """The whole status object; `extra` adds train, resync and process fields."""
     store, state = node.store, node.store.state
@@ -39,7 +47,7 @@ def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
         "first_index": store.first_index, "snapshot_index": store.snapshot_index,
         "members": members(node), "group": group(node), "train": None,
         "voters": list(state.voters), "learners": list(state.learners),
-        "control": state.control, "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
+        "control": state.control, "checkpoint": checkpoint(node), "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
         "recovered_from": str(store.recovered_from) if store.recovered_from else None,
     }
     doc.update(extra)

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from dpeer.peer.config import TrainingConfig
 from dpeer.peer.local import ReportTail, View, publish_view
+from dpeer.statemachine.state import Checkpoint
 from dpeer.statemachine.state import View as CommittedView
 
 log = logging.getLogger("dpeer.worker")
@@ -45,6 +46,7 @@ class WorkerSupervisor:
         self.dir = data_dir / "worker"
         self.ckpt_dir = data_dir / "checkpoints"
         self.on_failure = on_failure
+        self.on_checkpoint: Callable[[int, str], None] | None = None
         self.proc: subprocess.Popen | None = None
         self.ready = False
         self.done = False
@@ -94,10 +96,11 @@ class WorkerSupervisor:
         self._restart_at = None
         log.info("started worker pid %d for job %s", self.proc.pid, self.job)
 
-    def publish(self, view: CommittedView) -> None:
-        """Hand a committed view to the worker."""
+    def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
+        """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
         host, _, port = view.store_host.rpartition(":")
-        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port)))
+        step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
+        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest))
 
     def poll(self, now: float) -> None:
         """Read new reports; restart a worker that died, with backoff; note a finished job."""
@@ -144,6 +147,9 @@ class WorkerSupervisor:
             self.on_failure(int(record.get("gen", 0)), str(record.get("reason", ""))[:300])
         elif kind == "checkpoint":
             log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))
+            step, digest = record.get("step"), record.get("params_digest")
+            if self.on_checkpoint is not None and type(step) is int and step > 0 and isinstance(digest, str):
+                self.on_checkpoint(step, digest)
 
     def _on_exit(self, now: float, code: int) -> None:
         self.proc, self.ready = None, False

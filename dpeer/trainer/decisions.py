@@ -99,3 +99,35 @@ def collective_timeout(
     seconds = min(ceiling, max(floor, raw))
     bound = "floor" if raw < floor else ("ceiling" if raw > ceiling else "scaled")
     return seconds, f"{mult:g} x p99 {p99 * 1e3:.1f}ms over {len(recent)} steps = {raw:.3f}s ({bound}) -> {seconds:.3f}s"
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """Local checkpoint steps a starting worker tries, in order; ``verify_step``'s file must also
+    hold the committed parameter digest."""
+
+    steps: list[int]
+    verify_step: int
+    reason: str
+
+
+def plan_resume(local_steps: list[int], committed_step: int) -> ResumePlan:
+    """Which local checkpoints a starting worker may load, newest first.
+
+    With a committed checkpoint (step > 0) the worker resumes from it, or failing that from an
+    older local one (peers at the committed step heal it forward); a local checkpoint newer than
+    the committed one is never loaded: no majority of the group vouched for it, so after a
+    full-cluster power loss the group resumes from the newest checkpoint a majority verified.
+    Without one (a cluster that never recorded a checkpoint) the newest local one is tried first.
+    """
+    newest_first = sorted(set(local_steps), reverse=True)
+    if committed_step <= 0:
+        return ResumePlan(newest_first, 0, "no committed checkpoint: newest local first")
+    newer = [s for s in newest_first if s > committed_step]
+    usable = [s for s in newest_first if s <= committed_step]
+    reason = f"committed checkpoint of step {committed_step}"
+    if committed_step not in usable:
+        reason += " is not on this disk; older local ones first, peers heal the rest"
+    if newer:
+        reason += f"; ignoring {len(newer)} newer local checkpoint(s) no majority recorded"
+    return ResumePlan(usable, committed_step, reason)

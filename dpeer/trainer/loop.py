@@ -20,7 +20,7 @@ import torch
 
 from dpeer.trainer import state as st
 from dpeer.trainer.allreduce import allreduce_step
-from dpeer.trainer.decisions import collective_timeout, should_switch
+from dpeer.trainer.decisions import collective_timeout, plan_resume, should_switch
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
 from dpeer.trainer.heal import HealError, heal
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batches, shard
@@ -107,6 +107,7 @@ class Trainer:
         self._newest: View | None = None
         self._timeout = self.cfg.init_timeout
         self._collate = spec.collate or default_collate
+        self._resumed = False
 
     def _event(self, kind: str, **fields: Any) -> None:
         report = getattr(self.source, "report_event", None)
@@ -127,13 +128,33 @@ class Trainer:
         """Digest of the model parameters."""
         return st.params_digest(self.spec.model)
 
-    def _load_checkpoint(self) -> None:
+    def _load_checkpoint(self, view: View) -> None:
+        """Resume from the newest local checkpoint the plan allows (see decisions.plan_resume)."""
+        self._resumed = True
         if not self.cfg.ckpt_dir:
             return
-        found = st.load_latest_checkpoint(self.cfg.ckpt_dir)
-        if found is not None:
-            self.apply(st.StateBlob.from_bytes(found[1]))
-            self._event("checkpoint_loaded", step=self.step)
+        local = st.list_checkpoints(self.cfg.ckpt_dir)
+        plan = plan_resume([s for s, _ in local], view.checkpoint_step)
+        paths = dict(local)
+        for step in plan.steps:
+            blob = self._read_checkpoint(paths[step], view.checkpoint_digest if step == plan.verify_step else None)
+            if blob is not None:
+                self.apply(blob)
+                self._event("checkpoint_loaded", step=self.step, committed=view.checkpoint_step, reason=plan.reason)
+                return
+        self._event("checkpoint_none", committed=view.checkpoint_step, reason=plan.reason)
+
+    def _read_checkpoint(self, path: str, params_digest: str | None) -> st.StateBlob | None:
+        """The checkpoint at path when it verifies (and holds `params_digest`, if given); else None."""
+        try:
+            blob = st.StateBlob.from_bytes(st.read_checkpoint(path))
+        except (st.StateError, OSError, ValueError) as exc:
+            self._event("checkpoint_rejected", path=path, reason=str(exc)[:200])
+            return None
+        if params_digest is not None and blob.header.get("params_digest") != params_digest:
+            self._event("checkpoint_rejected", path=path, reason="its parameters differ from the committed digest")
+            return None
+        return blob
 
     def _peek_newest(self) -> int:
         seen = max(self.generation, self._newest.generation if self._newest else -1)
@@ -177,9 +198,13 @@ class Trainer:
 
     def _checkpoint(self) -> None:
         if self.cfg.ckpt_dir and self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0:
-            _, digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, self.capture().to_bytes())
+            blob = self.capture()
+            params = self.digest()
+            blob.header["params_digest"] = params
+            _, digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, blob.to_bytes())
             st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep)
-            self._event("checkpoint", step=self.step, digest=digest, rank=self.group.membership.rank)
+            self._event("checkpoint", step=self.step, digest=digest, params_digest=params,
+                        rank=self.group.membership.rank)
 
     def train_step(self) -> bool:
         """Run and commit one step in the current group; True when the group agreed to switch."""
@@ -241,7 +266,6 @@ class Trainer:
 
     def run(self) -> int:
         """Train until ``spec.steps`` steps are committed; returns the final step."""
-        self._load_checkpoint()
         gc.collect()
         gc.freeze()
         idle_since = time.monotonic()
@@ -256,6 +280,8 @@ class Trainer:
                 self.generation = view.generation
                 if view.rank_of(self.node_id) is None:
                     continue
+                if not self._resumed:
+                    self._load_checkpoint(view)
                 failure = self._run_generation(view)
                 t_destroy = time.monotonic()
                 self.group.destroy()

@@ -43,6 +43,7 @@ class Cluster:
         self.live: set[str] = set()
         self.view: View | None = None
         self.views_published: list[tuple[float, View]] = []
+        self.checkpoint: tuple[int, str] = (0, "")  # the committed checkpoint the views carry
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._authority, daemon=True)
@@ -118,7 +119,7 @@ class Cluster:
             current = self.view.members if self.view else None
             if desired and (desired != current or failed):
                 gen = self.view.generation + 1 if self.view else 1
-                self.view = View(gen, desired, "127.0.0.1", self.ports[desired[0]])
+                self.view = View(gen, desired, "127.0.0.1", self.ports[desired[0]], *self.checkpoint)
                 publish_view(self.views, self.view)
                 self.views_published.append((time.time(), self.view))
             self._stop.wait(0.01)

@@ -28,8 +28,9 @@ def test_bad_usage_exits_2():
     assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
 
 
-def _run_single(root: str, steps: int, extra: list[str]) -> Cluster:
+def _run_single(root: str, steps: int, extra: list[str], checkpoint: tuple[int, str] = (0, "")) -> Cluster:
     cluster = Cluster(root, ["a"], {**OPTS, "steps": steps}, extra)
+    cluster.checkpoint = checkpoint
     try:
         cluster.start("a")
         cluster.run_authority()
@@ -48,3 +49,30 @@ def test_restart_resumes_from_checkpoint_bitwise(tmp_path):
     steps = [e["step"] for e in read_ledger(first.ledger("a"))] + [e["step"] for e in read_ledger(resumed.ledger("a"))]
     assert steps == list(range(40))
     assert read_ledger(resumed.ledger("a"))[-1]["digest"] == read_ledger(straight.ledger("a"))[-1]["digest"]
+
+
+def _reported(cluster: Cluster, kind: str) -> list[dict]:
+    return [r for r in cluster.reports("a") if r["kind"] == kind]
+
+
+def test_resume_takes_the_committed_checkpoint_not_a_newer_unrecorded_one(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    first = _run_single(str(tmp_path / "one"), 30, ["--ckpt-dir", ckpt, "--ckpt-every", "10"])
+    written = {r["step"]: r["params_digest"] for r in _reported(first, "checkpoint")}
+    assert sorted(written) == [10, 20, 30] and len(set(written.values())) == 3
+    resumed = _run_single(str(tmp_path / "two"), 40, ["--ckpt-dir", ckpt, "--ckpt-every", "0"], (20, written[20]))
+    loaded = _reported(resumed, "checkpoint_loaded")
+    assert [r["step"] for r in loaded] == [20] and "ignoring 1 newer" in loaded[0]["reason"]
+    assert [e["step"] for e in read_ledger(resumed.ledger("a"))] == list(range(20, 40))
+    straight = _run_single(str(tmp_path / "three"), 40, [])
+    assert read_ledger(resumed.ledger("a"))[-1]["digest"] == read_ledger(straight.ledger("a"))[-1]["digest"]
+
+
+def test_a_checkpoint_whose_parameters_differ_from_the_committed_digest_is_refused(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    _run_single(str(tmp_path / "one"), 20, ["--ckpt-dir", ckpt, "--ckpt-every", "10"])
+    resumed = _run_single(str(tmp_path / "two"), 25, ["--ckpt-dir", ckpt, "--ckpt-every", "0"], (20, "f" * 64))
+    rejected = _reported(resumed, "checkpoint_rejected")
+    assert len(rejected) == 1 and "differ from the committed digest" in rejected[0]["reason"]
+    assert [r["step"] for r in _reported(resumed, "checkpoint_loaded")] == [10]
+    assert [e["step"] for e in read_ledger(resumed.ledger("a"))] == list(range(10, 25))

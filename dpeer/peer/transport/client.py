@@ -203,6 +203,10 @@ class NodeClient:
         request = pb.GroupFailedRequest(node_id=node_id, generation=generation, reason=reason[:500])
         return await self._call("GroupFailed", request)
 
+    async def report_checkpoint(self, node_id: str, step: int, digest: str) -> pb.CheckpointReply:
+        """Tell the node (forwarded to the leader) that node_id holds the checkpoint of step."""
+        return await self._call("ReportCheckpoint", pb.CheckpointReport(node_id=node_id, step=step, digest=digest))
+
     async def leave(self, node_id: str = "", forwarded: bool = False) -> pb.LeaveReply:
         """Ask the node to leave (node_id empty); forwarded: commit node_id's leave on the leader."""
         return await self._call("Leave", pb.LeaveRequest(node_id=node_id, forwarded=forwarded))

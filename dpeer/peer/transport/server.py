@@ -51,6 +51,9 @@ class PeerHandler(Protocol):
     async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
         """Operator's forced reconfiguration to the given voters (unsafe, logged)."""
 
+    async def report_checkpoint(self, request: pb.CheckpointReport) -> pb.CheckpointReply:
+        """A node holds a checkpoint (through the leader, which records it once a majority does)."""
+
     async def status(self) -> pb.StatusReply:
         """This node's status document."""
 
@@ -177,6 +180,11 @@ class _Servicer(pbg.PeerServicer):
             await self._refuse(context, request)
         return await _unary(context, self._h.force(request))
 
+    async def ReportCheckpoint(self, request: pb.CheckpointReport, context: grpc.aio.ServicerContext) -> pb.CheckpointReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        return await _unary(context, self._h.report_checkpoint(request))
+
     async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
         if isinstance(request, Malformed):
             await self._refuse(context, request)
@@ -200,6 +208,7 @@ _TYPES = {
     "KvPut": (pb.KvPutRequest, pb.KvPutReply, False), "KvGet": (pb.KvGetRequest, pb.KvGetReply, False),
     "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, False),
     "Force": (pb.ForceRequest, pb.ForceReply, False),
+    "ReportCheckpoint": (pb.CheckpointReport, pb.CheckpointReply, False),
 }
 
 

@@ -398,6 +398,22 @@ class ForceReply(_message.Message):
     reason: str
     def __init__(self, term: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class CheckpointReport(_message.Message):
+    __slots__ = ("node_id", "step", "digest")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    step: int
+    digest: str
+    def __init__(self, node_id: _Optional[str] = ..., step: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class CheckpointReply(_message.Message):
+    __slots__ = ("committed_step",)
+    COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
+    committed_step: int
+    def __init__(self, committed_step: _Optional[int] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

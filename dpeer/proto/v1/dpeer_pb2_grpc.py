@@ -69,6 +69,11 @@ class PeerStub:
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.ForceRequest.SerializeToString,
                 response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.ForceReply.FromString,
                 _registered_method=True)
+        self.ReportCheckpoint = channel.unary_unary(
+                '/dpeer.v1.Peer/ReportCheckpoint',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointReport.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/dpeer.v1.Peer/Status',
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.StatusRequest.SerializeToString,
@@ -131,6 +136,12 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -186,6 +197,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.Force,
                     request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.ForceRequest.FromString,
                     response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.ForceReply.SerializeToString,
+            ),
+            'ReportCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoint,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointReport.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -392,6 +408,33 @@ class Peer:
             '/dpeer.v1.Peer/Force',
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.ForceRequest.SerializeToString,
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.ForceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpeer.v1.Peer/ReportCheckpoint',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointReport.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointReply.FromString,
             options,
             channel_credentials,
             insecure,
