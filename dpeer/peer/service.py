@@ -164,6 +164,8 @@ class Service:
             raise BadRequest("digest must be a lowercase sha256 hex string of 64 characters")
         if not 0 < request.step < MAX_STEP:
             raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
+        if getattr(self.node.store.state.members.get(request.node_id), "status", None) != "active":
+            raise BadRequest(f"{request.node_id!r} is not an active member of this cluster")
         if not self._leading():
             return await self._leader_client().report_checkpoint(request.node_id, request.step, request.digest)
         return pb.CheckpointReply(committed_step=self.on_checkpoint(request.node_id, request.step, request.digest))

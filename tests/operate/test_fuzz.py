@@ -203,6 +203,16 @@ def test_hostile_input_leaves_the_node_up_and_unchanged(daemons) -> None:
                 assert await call("KvPut", body, "absurd kv_put") == grpc.StatusCode.INVALID_ARGUMENT, len(key)
             body = pb.KvGetRequest(key="k" * 100_000).SerializeToString()
             assert await call("KvGet", body, "absurd kv_get") == grpc.StatusCode.INVALID_ARGUMENT
+            # ReportCheckpoint with a bad digest, step or node id, or from a stranger: refused.
+            good = "ab" * 32
+            for label, report in (("bad digest", pb.CheckpointReport(node_id="n1", step=5, digest="XY" * 32)),
+                                  ("short digest", pb.CheckpointReport(node_id="n1", step=5, digest="ab")),
+                                  ("step 0", pb.CheckpointReport(node_id="n1", step=0, digest=good)),
+                                  ("u64 step", pb.CheckpointReport(node_id="n1", step=U64, digest=good)),
+                                  ("empty node", pb.CheckpointReport(node_id="", step=5, digest=good)),
+                                  ("stranger", pb.CheckpointReport(node_id="evil", step=5, digest=good))):
+                code = await call("ReportCheckpoint", report.SerializeToString(), f"checkpoint {label}")
+                assert code == grpc.StatusCode.INVALID_ARGUMENT, (label, code)
             counts["invalid_before_hostile"] = counts["deliver_invalid"]
 
             # 4. Well-formed Envelopes with absurd values, forged ids and oversize lists.
