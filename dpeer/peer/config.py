@@ -52,6 +52,10 @@ class TrainingConfig(Strict):
     seed: int = Field(1234, ge=0, description="seeds the model, the data and the sample order")
     lr: float = Field(0.05, gt=0, description="optimizer learning rate")
     checkpoint_every: int = Field(200, ge=0, description="steps between full-state checkpoints; 0 disables")
+    hang_after: float = Field(60.0, gt=0, description="seconds a started worker may go without a report "
+                              "(it writes one every step and every second while idle) before it is restarted")
+    stopped_after: float = Field(5.0, gt=0, description="seconds a worker may stay stopped by a signal "
+                                 "(SIGSTOP, a debugger) before it is restarted")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
 
 

@@ -1,5 +1,7 @@
 """Runs the user's job in a worker process: starts and restarts it, feeds it committed views
 through the local channel, and reads what it reports (ready, progress, failures, checkpoints).
+A worker that crashed is restarted; one that hangs (silent past `hang_after`, or stopped by a
+signal past `stopped_after`) is killed and restarted, and the new one heals from its peers.
 
 The worker is a child of the daemon in the daemon's process group, so killing the box (or the
 daemon's group) kills both, and the worker never outlives its daemon for long: it gives up when
@@ -9,6 +11,7 @@ no view arrives within its idle limit.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +21,7 @@ from typing import Any, Callable
 
 from dpeer.peer.config import TrainingConfig
 from dpeer.peer.local import ReportTail, View, publish_view
+from dpeer.peer.worker_health import judge_worker
 from dpeer.statemachine.state import Checkpoint
 from dpeer.statemachine.state import View as CommittedView
 
@@ -59,11 +63,14 @@ class WorkerSupervisor:
         self._tail = ReportTail(str(self.dir), node_id)
         self._restart_at: float | None = None
         self.fenced = False
+        self.hangs = 0
+        self._last_report: float | None = None
+        self._stopped_since: float | None = None
 
     def status(self) -> dict[str, Any]:
         """The worker's process state for the status document."""
         return {"pid": self.proc.pid if self.proc else None, "ready": self.ready, "done": self.done,
-                "restarts": self.restarts, "failures_reported": self.failures, "groups_formed": self.reforms}
+                "restarts": self.restarts, "hangs": self.hangs, "failures_reported": self.failures, "groups_formed": self.reforms}
 
     def take_recoveries(self) -> list[float]:
         """Seconds from each reported group failure to the next committed step, since the last call."""
@@ -94,6 +101,7 @@ class WorkerSupervisor:
         self.proc = subprocess.Popen(self.command(), env=env)
         self.ready = False
         self._restart_at = None
+        self._last_report = self._stopped_since = None
         log.info("started worker pid %d for job %s", self.proc.pid, self.job)
 
     def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
@@ -104,13 +112,38 @@ class WorkerSupervisor:
 
     def poll(self, now: float) -> None:
         """Read new reports; restart a worker that died, with backoff; note a finished job."""
-        for record in self._tail.read_new():
+        records = self._tail.read_new()
+        for record in records:
             self._on_report(record)
+        if records:
+            self._last_report = now
         if self.proc is not None and self.proc.poll() is not None:
             self._on_exit(now, self.proc.returncode)
+        elif self.proc is not None:
+            self._watch(now)
         if self.proc is None and self._restart_at is not None and now >= self._restart_at and not self.fenced:
             self.restarts += 1
             self.start(now)
+
+    def _watch(self, now: float) -> None:
+        """Kill a worker that hangs (it then restarts like a crashed one); silence counts only
+        after its first report, so a slow job build is never taken for a hang."""
+        assert self.proc is not None
+        stopped = _stopped(self.proc.pid)
+        if not stopped:
+            self._stopped_since = None
+        elif self._stopped_since is None:
+            self._stopped_since = now
+        last = self._last_report if self._last_report is not None else math.inf
+        verdict = judge_worker(now, last, self._stopped_since, self.training.hang_after, self.training.stopped_after)
+        if not verdict.hung:
+            return
+        self.hangs += 1
+        log.warning("worker pid %d hangs (%s): killing it; a new worker will heal from its peers",
+                    self.proc.pid, verdict.reason)
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._on_exit(now, self.proc.returncode)
 
     def fence(self, fenced: bool, why: str, now: float) -> None:
         """Stop training while this node cannot reach a quorum (the minority side of a partition
@@ -170,3 +203,13 @@ class WorkerSupervisor:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def _stopped(pid: int) -> bool:
+    """True when the kernel reports the process stopped (state T or t in /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")

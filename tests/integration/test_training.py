@@ -8,6 +8,7 @@ without failures.
 
 from __future__ import annotations
 
+import os
 import signal
 
 import torch
@@ -126,3 +127,32 @@ def test_three_kills_and_two_rejoins_train_the_clean_run_model(make_cluster) -> 
         reference.stop_all()
     drift = max_rel_diff(finals["n2"], final_params(reference, "n1"))
     assert drift < 1e-4, f"the run with three kills drifted from the clean run by {drift:.2e}"
+
+
+def test_a_hung_worker_is_restarted_by_its_daemon_and_heals(make_cluster) -> None:
+    """SIGSTOP only n3's worker (its daemon stays up and keeps gossiping): the survivors re-form
+    without it, n3's daemon kills the stopped worker and starts one that heals and trains again."""
+    config = {"training": {**CONFIG["training"], "stopped_after": 2.0}}
+    cluster = make_cluster(3, job="demo", config=config)
+    cluster.start_all()
+    nodes = ["n1", "n2", "n3"]
+
+    async def scenario() -> dict:
+        docs = await training(cluster, nodes, 3, past=10)
+        worker_pid = docs["n3"]["worker"]["pid"]
+        os.kill(worker_pid, signal.SIGSTOP)
+        stopped_at = max(steps_of(docs, nodes).values())
+        await training(cluster, ["n1", "n2"], 2, past=stopped_at + 5)
+        docs = await training(cluster, nodes, 3, past=stopped_at + 10)
+        assert docs["n3"]["worker"]["pid"] != worker_pid
+        await finished(cluster)
+        return docs
+
+    docs = run(scenario())
+    assert docs["n3"]["worker"]["hangs"] == 1 and docs["n3"]["worker"]["restarts"] >= 1, docs["n3"]["worker"]
+    assert any("hangs (stopped by a signal" in line for line in cluster.tail(cluster.node("n3"), 400).splitlines())
+    sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
+    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
+    assert not audit(ledgers, STEPS, sampler)
+    finals = {n: final_params(cluster, n) for n in nodes}
+    assert max(max_rel_diff(finals[n], finals["n1"]) for n in nodes) == 0.0, "replicas ended apart"

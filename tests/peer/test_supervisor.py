@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 
 from dpeer.peer.config import TrainingConfig
+import pytest
+
 from dpeer.peer.supervisor import WorkerSupervisor
+from dpeer.peer.worker_health import judge_worker
 
 
 def write(data_dir: Path, *records: dict) -> None:
@@ -47,3 +50,18 @@ def test_a_torn_last_line_waits_for_its_end(tmp_path: Path) -> None:
         f.write('ress", "t": 2, "step": 1, "samples": 64, "loss": 1.0, "digest": "x"}\n')
     sup.poll(0.0)
     assert sup.train is not None and sup.train.step == 1
+
+
+@pytest.mark.parametrize(
+    "now, last, stopped, hung, why",
+    [
+        (10.0, 9.5, None, False, "last report 0.5s ago"),
+        (100.0, 30.0, None, True, "no report for 70.0s"),
+        (10.0, 9.9, 4.0, True, "stopped by a signal for 6.0s"),
+        (10.0, 9.9, 8.0, False, "stopped for 2.0s"),
+        (70.0, 9.0, 69.0, True, "no report for 61.0s"),
+    ],
+)
+def test_judge_worker(now, last, stopped, hung, why) -> None:
+    verdict = judge_worker(now, last, stopped, silent_limit=60.0, stopped_limit=5.0)
+    assert verdict.hung is hung and why in verdict.reason
