@@ -39,7 +39,7 @@ log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
-CHECKPOINT_REPORT_EVERY = 1.0
+CHECKPOINT_REPORT_EVERY, CHECKPOINT_REPORT_TRIES = 1.0, 30
 
 
 class Daemon:
@@ -84,7 +84,7 @@ class Daemon:
         self.leaving = False
         self._tasks: list[asyncio.Task] = []
         self._held: Held | None = None
-        self._next_report = 0.0
+        self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
 
     def _refused(self, addr: str) -> None:
@@ -113,7 +113,7 @@ class Daemon:
         """The worker wrote the checkpoint of `step`: report it until the log records one as new."""
         if self._held is None or step > self._held.step:
             self._held = Held(step, digest)
-            self._next_report = 0.0
+            self._next_report, self._reports_left = 0.0, CHECKPOINT_REPORT_TRIES
 
     def _report_checkpoint(self, now: float) -> None:
         """While the held checkpoint is newer than the committed one, tell the leader (again)."""
@@ -121,6 +121,12 @@ class Daemon:
         held = self._held
         if held is None or (committed is not None and committed.step >= held.step) or now < self._next_report:
             return
+        if self._reports_left <= 0:
+            log.info("the checkpoint of step %d was not recorded after %d reports (no majority of the group "
+                     "holds it); the next checkpoint will be reported", held.step, CHECKPOINT_REPORT_TRIES)
+            self._held = None
+            return
+        self._reports_left -= 1
         self._next_report = now + CHECKPOINT_REPORT_EVERY
         if self.node.role == "leader":
             self.leader.checkpoint_reported(self.node_id, held.step, held.digest)
