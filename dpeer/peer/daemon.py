@@ -67,6 +67,8 @@ class Daemon:
         if worker is not None:
             worker.on_failure = self._group_failed
             worker.on_checkpoint = self._checkpoint_written
+            if store.state.checkpoint is not None:
+                worker.publish_checkpoint(store.state.checkpoint)
         self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready,
                                    lambda: self.leaving)
         self.node.chores.append(self.leader)
@@ -95,6 +97,8 @@ class Daemon:
         return self.worker is None or self.worker.ready
 
     def _on_apply(self, entry: Any, result: Any) -> None:
+        if self.worker is not None and entry.kind is EntryKind.CHECKPOINT and result.accepted:
+            self.worker.publish_checkpoint(self.store.state.checkpoint)
         if self.worker is not None and entry.kind is EntryKind.VIEW and result.accepted:
             view = self.store.state.view
             if view is not None and view.generation == entry.payload["generation"]:

@@ -1,7 +1,7 @@
 """The local channel between a daemon and its worker: a directory on the node's own disk.
 
 The daemon (the view authority) writes each committed view atomically as
-``views/view-<generation>.json``; the worker appends its reports (waiting, progress, failure)
+``views/view-<generation>.json`` and the newest committed checkpoint as ``checkpoint.json``; the worker appends its reports (waiting, progress, failure)
 to ``reports/<node>.jsonl``. Files survive either side restarting, need no port, and a torn
 last line is simply skipped. This module is peer's local API; the trainer imports it.
 """
@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 
 POLL_INTERVAL_S = 0.005
+CHECKPOINT_FILE = "checkpoint.json"
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,24 @@ def publish_view(directory: str, view: View) -> None:
     views = os.path.join(directory, "views")
     os.makedirs(views, exist_ok=True)
     _atomic_write(os.path.join(views, f"view-{view.generation:012d}.json"), view.to_json())
+
+
+def publish_checkpoint(directory: str, step: int, digest: str) -> None:
+    """Atomically record the newest committed checkpoint where a starting worker reads it."""
+    os.makedirs(directory, exist_ok=True)
+    _atomic_write(os.path.join(directory, CHECKPOINT_FILE), json.dumps({"step": step, "digest": digest}))
+
+
+def read_committed_checkpoint(directory: str) -> tuple[int, str]:
+    """(step, digest) of the newest committed checkpoint the daemon recorded; (0, "") for none or
+    for an unreadable file (the first view carries the same facts)."""
+    try:
+        with open(os.path.join(directory, CHECKPOINT_FILE)) as f:
+            d = json.load(f)
+        step, digest = d["step"], d["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, ""
+    return (step, digest) if type(step) is int and step >= 0 and isinstance(digest, str) else (0, "")
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -115,6 +134,10 @@ class DirViewSource:
         record["t"] = time.time()
         with open(self._report_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+
+    def committed_checkpoint(self) -> tuple[int, str]:
+        """(step, digest) of the newest committed checkpoint known to the daemon, (0, "") for none."""
+        return read_committed_checkpoint(self.directory)
 
     def report_failure(self, reason: str, generation: int) -> None:
         self._append({"kind": "failure", "reason": reason, "gen": generation})

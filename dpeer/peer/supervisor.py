@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dpeer.peer.config import TrainingConfig
-from dpeer.peer.local import ReportTail, View, publish_view
+from dpeer.peer.local import ReportTail, View, publish_checkpoint, publish_view
 from dpeer.peer.worker_health import judge_worker
 from dpeer.statemachine.state import Checkpoint
 from dpeer.statemachine.state import View as CommittedView
@@ -109,6 +109,11 @@ class WorkerSupervisor:
         host, _, port = view.store_host.rpartition(":")
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
         publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest))
+
+    def publish_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Record the newest committed checkpoint for the worker, which resumes from it at start
+        (before it reports ready, so its peers never wait on the load)."""
+        publish_checkpoint(str(self.dir), checkpoint.step, checkpoint.digest)
 
     def poll(self, now: float) -> None:
         """Read new reports; restart a worker that died, with backoff; note a finished job."""

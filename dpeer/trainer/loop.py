@@ -107,7 +107,8 @@ class Trainer:
         self._newest: View | None = None
         self._timeout = self.cfg.init_timeout
         self._collate = spec.collate or default_collate
-        self._resumed = False
+        self._resumed_for: tuple[int, str] = (0, "")
+        self._planned = False
 
     def _event(self, kind: str, **fields: Any) -> None:
         report = getattr(self.source, "report_event", None)
@@ -128,21 +129,34 @@ class Trainer:
         """Digest of the model parameters."""
         return st.params_digest(self.spec.model)
 
-    def _load_checkpoint(self, view: View) -> None:
-        """Resume from the newest local checkpoint the plan allows (see decisions.plan_resume)."""
-        self._resumed = True
+    def _resume(self, committed: tuple[int, str]) -> None:
+        """Load the newest local checkpoint that the plan for the committed (step, digest) allows
+        and that is ahead of the state already loaded (see decisions.plan_resume).
+
+        It runs before the worker reports ready when the daemon recorded a committed checkpoint
+        for it (so peers never wait on the load), else at the first view, and again whenever a
+        view names a newer committed checkpoint than the one planned for."""
+        self._resumed_for, self._planned = committed, True
         if not self.cfg.ckpt_dir:
             return
         local = st.list_checkpoints(self.cfg.ckpt_dir)
-        plan = plan_resume([s for s, _ in local], view.checkpoint_step)
+        plan = plan_resume([s for s, _ in local], committed[0])
         paths = dict(local)
         for step in plan.steps:
-            blob = self._read_checkpoint(paths[step], view.checkpoint_digest if step == plan.verify_step else None)
+            if step <= self.step:
+                break
+            blob = self._read_checkpoint(paths[step], committed[1] if step == plan.verify_step else None)
             if blob is not None:
                 self.apply(blob)
-                self._event("checkpoint_loaded", step=self.step, committed=view.checkpoint_step, reason=plan.reason)
+                self._event("checkpoint_loaded", step=self.step, committed=committed[0], reason=plan.reason)
                 return
-        self._event("checkpoint_none", committed=view.checkpoint_step, reason=plan.reason)
+        if self.step == 0:
+            self._event("checkpoint_none", committed=committed[0], reason=plan.reason)
+
+    def _committed_hint(self) -> tuple[int, str]:
+        """The committed checkpoint the daemon recorded for this worker, if its source offers one."""
+        read = getattr(self.source, "committed_checkpoint", None)
+        return read() if read is not None else (0, "")
 
     def _read_checkpoint(self, path: str, params_digest: str | None) -> st.StateBlob | None:
         """The checkpoint at path when it verifies (and holds `params_digest`, if given); else None."""
@@ -202,7 +216,7 @@ class Trainer:
             params = self.digest()
             blob.header["params_digest"] = params
             _, digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, blob.to_bytes())
-            st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep)
+            st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep, protect=self._committed_hint()[0])
             self._event("checkpoint", step=self.step, digest=digest, params_digest=params,
                         rank=self.group.membership.rank)
 
@@ -266,6 +280,9 @@ class Trainer:
 
     def run(self) -> int:
         """Train until ``spec.steps`` steps are committed; returns the final step."""
+        hint = self._committed_hint()
+        if hint[0] > 0:
+            self._resume(hint)
         gc.collect()
         gc.freeze()
         idle_since = time.monotonic()
@@ -280,8 +297,8 @@ class Trainer:
                 self.generation = view.generation
                 if view.rank_of(self.node_id) is None:
                     continue
-                if not self._resumed:
-                    self._load_checkpoint(view)
+                if not self._planned or view.checkpoint_step > self._resumed_for[0]:
+                    self._resume((view.checkpoint_step, view.checkpoint_digest))
                 failure = self._run_generation(view)
                 t_destroy = time.monotonic()
                 self.group.destroy()

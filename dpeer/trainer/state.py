@@ -298,7 +298,9 @@ def load_latest_checkpoint(directory: str) -> tuple[int, bytes] | None:
     return None
 
 
-def prune_checkpoints(directory: str, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints."""
-    for _, path in list_checkpoints(directory)[keep:]:
-        os.remove(path)
+def prune_checkpoints(directory: str, keep: int, protect: int = 0) -> None:
+    """Delete all but the ``keep`` newest checkpoints and the one of step ``protect`` (the newest
+    committed checkpoint, which a restart after a full power loss resumes from)."""
+    for step, path in list_checkpoints(directory)[keep:]:
+        if step != protect:
+            os.remove(path)

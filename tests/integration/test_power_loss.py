@@ -8,6 +8,7 @@ still train the model a run without failures trains.
 from __future__ import annotations
 
 import signal
+import time
 
 from dpeer.peer.cluster import LocalCluster
 from dpeer.peer.local import read_reports
@@ -37,25 +38,33 @@ def test_full_power_loss_resumes_from_the_committed_checkpoint(make_cluster) -> 
         return await cluster.wait_for(lambda docs: committed_checkpoint(docs) >= 2 * EVERY, TIMEOUT,
                                       f"a committed checkpoint at step {2 * EVERY} or later")
 
-    docs = run(until_recorded())
-    holders = docs["n1"]["checkpoint"]["holders"] if docs["n1"]["checkpoint"] else []
+    run(until_recorded())
     for node in cluster.nodes:
         cluster.kill(node, signal.SIGKILL)
+    restarted_at = time.time()
     for node in cluster.nodes:
         cluster.start(node)
 
     async def after_restart() -> dict:
         return await cluster.wait_for(lambda d: len(d) == 3 and all(d.values()), TIMEOUT, "every node answering")
 
-    recorded = committed_checkpoint(run(after_restart()))
+    docs = run(after_restart())
+    recorded = committed_checkpoint(docs)
+    holders = next(d["checkpoint"]["holders"] for d in docs.values() if (d["checkpoint"] or {}).get("step") == recorded)
     assert recorded >= 2 * EVERY and len(holders) >= 2
     run(finished(cluster))
 
+    first_groups = []
     for node in cluster.nodes:
-        reports = read_reports(str(node.data_dir / "worker"), node.node_id)
-        loaded = [r for r in reports if r["kind"] == "checkpoint_loaded"]
-        assert loaded and loaded[-1]["committed"] == recorded, f"{node.node_id} resumed from {loaded[-1:]}"
-        assert loaded[-1]["step"] == recorded, f"{node.node_id}: {loaded[-1]}"
+        reports = [r for r in read_reports(str(node.data_dir / "worker"), node.node_id) if r["t"] >= restarted_at]
+        formed = [r for r in reports if r["kind"] == "formed"]
+        assert formed and formed[0]["step"] >= recorded, f"{node.node_id}'s first group was at {formed[:1]}"
+        first_groups.append(formed[0])
+        if node.node_id in holders:
+            loaded = [r["step"] for r in reports if r["kind"] == "checkpoint_loaded" and r["t"] <= formed[0]["t"]]
+            assert loaded and loaded[-1] == recorded, f"{node.node_id} held step {recorded} but loaded {loaded}"
+    earliest = min(first_groups, key=lambda r: r["t"])
+    assert earliest["step"] == recorded, f"the first group after the power loss resumed at {earliest}"
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
     ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
     assert not audit(ledgers, STEPS, sampler)

@@ -121,3 +121,13 @@ def test_amp_scaler_state_round_trips():
     st.restore(st.StateBlob.from_bytes(blob.to_bytes()), model, opt2, sched2, scaler2)
     assert scaler2.get_scale() == 128.0
     assert scaler2.state_dict() == scaler.state_dict()
+
+
+def test_pruning_keeps_the_committed_checkpoint(tmp_path):
+    d = str(tmp_path)
+    for step in (10, 20, 30, 40, 50):
+        st.write_checkpoint(d, step, b"state %d" % step)
+    st.prune_checkpoints(d, 2, protect=20)
+    assert [s for s, _ in st.list_checkpoints(d)] == [50, 40, 20]
+    st.prune_checkpoints(d, 2)
+    assert [s for s, _ in st.list_checkpoints(d)] == [50, 40]

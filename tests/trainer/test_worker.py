@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from dpeer.peer.local import publish_checkpoint
 from dpeer.trainer.state import list_checkpoints
 
 from dpeer.trainer.audit import read_ledger
@@ -28,9 +31,12 @@ def test_bad_usage_exits_2():
     assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
 
 
-def _run_single(root: str, steps: int, extra: list[str], checkpoint: tuple[int, str] = (0, "")) -> Cluster:
+def _run_single(root: str, steps: int, extra: list[str], checkpoint: tuple[int, str] = (0, ""),
+                hint: tuple[int, str] | None = None) -> Cluster:
     cluster = Cluster(root, ["a"], {**OPTS, "steps": steps}, extra)
     cluster.checkpoint = checkpoint
+    if hint is not None:
+        publish_checkpoint(cluster.views, *hint)
     try:
         cluster.start("a")
         cluster.run_authority()
@@ -55,14 +61,20 @@ def _reported(cluster: Cluster, kind: str) -> list[dict]:
     return [r for r in cluster.reports("a") if r["kind"] == kind]
 
 
-def test_resume_takes_the_committed_checkpoint_not_a_newer_unrecorded_one(tmp_path):
+@pytest.mark.parametrize("told_by", ["view", "daemon's record"])
+def test_resume_takes_the_committed_checkpoint_not_a_newer_unrecorded_one(tmp_path, told_by):
     ckpt = str(tmp_path / "ckpt")
     first = _run_single(str(tmp_path / "one"), 30, ["--ckpt-dir", ckpt, "--ckpt-every", "10"])
     written = {r["step"]: r["params_digest"] for r in _reported(first, "checkpoint")}
     assert sorted(written) == [10, 20, 30] and len(set(written.values())) == 3
-    resumed = _run_single(str(tmp_path / "two"), 40, ["--ckpt-dir", ckpt, "--ckpt-every", "0"], (20, written[20]))
+    committed = (20, written[20])
+    resumed = _run_single(str(tmp_path / "two"), 40, ["--ckpt-dir", ckpt, "--ckpt-every", "0"],
+                          *((committed, None) if told_by == "view" else ((0, ""), committed)))
     loaded = _reported(resumed, "checkpoint_loaded")
     assert [r["step"] for r in loaded] == [20] and "ignoring 1 newer" in loaded[0]["reason"]
+    if told_by != "view":  # loaded before the worker said it was ready, so peers never wait on it
+        kinds = [r["kind"] for r in resumed.reports("a")]
+        assert kinds.index("checkpoint_loaded") < kinds.index("waiting")
     assert [e["step"] for e in read_ledger(resumed.ledger("a"))] == list(range(20, 40))
     straight = _run_single(str(tmp_path / "three"), 40, [])
     assert read_ledger(resumed.ledger("a"))[-1]["digest"] == read_ledger(straight.ledger("a"))[-1]["digest"]
