@@ -105,7 +105,6 @@ class _Link:
         self.call: grpc.aio.StreamUnaryCall | None = None
         self.established = False  # the current call reached the peer (its initial metadata came back)
         self.unary_until = 0.0  # the peer lacks Stream (an older v1 peer): use Deliver until then
-        self.task: asyncio.Task | None = None
 
 
 class PeerSender:
@@ -135,7 +134,7 @@ class PeerSender:
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
         self.dropped = 0
-        self.batches = 0
+        self.batches = 0  # EnvelopeBatches written to streams
 
     def send(self, addr: str, envelope: pb.Envelope) -> None:
         """Queue one envelope to addr; dropped (like a lost datagram) when addr has too many waiting
@@ -155,7 +154,7 @@ class PeerSender:
         link = self._links.get(addr)
         if link is None:
             link = self._links[addr] = _Link(addr)
-            link.task = self._spawn(self._pump(link))
+            self._spawn(self._pump(link))
         if len(link.queue) + self._in_flight.get(addr, 0) >= self._max or self._closed:
             self.dropped += 1
             return
