@@ -185,7 +185,8 @@ async def real_idle_cpu(n: int, window: float, settle: float) -> dict:
             docs = await ba.wait_stable(pollers, n, voters)
         finally:
             await pollers.close()
-        leader = next(d for d in docs.values() if d is not None)["leader"]
+        doc = next(d for d in docs.values() if d is not None)
+        leader, voter_ids = doc["leader"], set(doc.get("voters", []))
         pids = {node.node_id: node.proc.pid for node in cluster.nodes}
         before = {i: proc_cpu_seconds(p) for i, p in pids.items()}
         t0 = time.monotonic()
@@ -195,7 +196,10 @@ async def real_idle_cpu(n: int, window: float, settle: float) -> dict:
         loadavg = Path("/proc/loadavg").read_text().split()[:3]
     pct = {i: 100.0 * (after[i] - before[i]) / elapsed for i in pids}
     followers = sorted(v for i, v in pct.items() if i != leader)
+    voters_pct = sorted(v for i, v in pct.items() if i != leader and i in voter_ids)
+    learners_pct = sorted(v for i, v in pct.items() if i != leader and i not in voter_ids)
     return {"nodes": n, "leader": leader, "leader_pct": pct[leader], "followers": followers,
+            "voter_followers": voters_pct, "learners": learners_pct,
             "window": elapsed, "formed_s": formed, "loadavg": loadavg}
 
 
@@ -281,6 +285,9 @@ def real_section(args: argparse.Namespace) -> None:
     print(f"| leader ({idle['leader']}) | {idle['leader_pct']:.2f} % | {idle['leader_pct']:.2f}x |")
     print(f"| followers, median of {len(f)} | {median(f):.2f} % | {median(f):.2f}x |")
     print(f"| followers, max | {max(f):.2f} % | {max(f):.2f}x |")
+    for label, part in (("voting followers", idle["voter_followers"]), ("learners", idle["learners"])):
+        if part:
+            print(f"| {label}, median of {len(part)} (max) | {median(part):.2f} % ({max(part):.2f}) | {median(part):.2f}x |")
     print(f"| all {idle['nodes']} together | {idle['leader_pct'] + sum(f):.1f} % | |")
     print(f"\nFailure detection, 5 daemons, {trials} trials each (a follower is the victim; "
           f"status polled every {REAL_POLL * 1e3:.0f} ms per node; medians, max in brackets):\n")

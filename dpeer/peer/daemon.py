@@ -72,6 +72,8 @@ class Daemon:
         self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready,
                                    lambda: self.leaving)
         self.node.chores.append(self.leader)
+        # chores stay frequent while a worker is watched or this node is not yet an active member
+        self.node.busy_checks.append(lambda: self.worker is not None or not self.joined or self.leaving)
         self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
                                self.leader.checkpoint_reported)

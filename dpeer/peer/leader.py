@@ -121,6 +121,7 @@ class LeaderChores:
             log.info("group of generation %d failed (%s); re-forming", generation, reason)
             self.failed_generation = generation
             self._failed_at = self.node.clock()
+            self.node.poke()
 
     async def _carry_out(self, decision: Decision) -> None:
         assert decision.kind is not None and decision.payload is not None
@@ -136,3 +137,4 @@ class LeaderChores:
                 log.warning("%s", message)
             self._last_failure = message
             await asyncio.sleep(RETRY_AFTER_FAILURE)
+            self.node.poke()

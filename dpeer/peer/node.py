@@ -47,8 +47,11 @@ from dpeer.statemachine.store import Store
 log = logging.getLogger("dpeer.node")
 Sender = Callable[[str, pb.Envelope], None]
 # How often chores run: the leader's decide views and membership (latency matters); the others'
-# only watch their worker and their own membership record.
-LEADER_CHORES, FOLLOWER_CHORES = 0.02, 0.1
+# only watch their worker and their own membership record. Once nothing has changed for
+# CHORES_BUSY_FOR seconds (no membership change, applied entry or role change; see poke()) and no
+# busy check holds, chores run every IDLE_CHORES instead.
+LEADER_CHORES, FOLLOWER_CHORES, IDLE_CHORES = 0.02, 0.1, 1.0
+CHORES_BUSY_FOR = 1.0
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
 ApplyListener = Callable[[Entry, ApplyResult], None]
 
@@ -79,6 +82,7 @@ class Node:
         self.apply_listeners: list[ApplyListener] = []
         self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
         self.chores: list[Callable[[float], None]] = []
+        self.busy_checks: list[Callable[[], bool]] = []
         self.stopping = False
         self.invalid_messages = 0
         self.admitted_by: str | None = None
@@ -86,8 +90,10 @@ class Node:
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
         self._reads: dict[int, asyncio.Future] = {}
         self._applied_waiters: list[tuple[int, asyncio.Future]] = []
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future | None = None
+        self._sleep_until = math.inf
         self._next_chores = now
+        self._busy_until = now + CHORES_BUSY_FOR
 
     # -- inputs ---------------------------------------------------------------------------
     def deliver(self, envelope: pb.Envelope) -> None:
@@ -111,7 +117,7 @@ class Node:
                           "diverged, as after a forced reconfiguration; move its data dir aside and "
                           "rejoin", envelope.from_id, exc)
                 raise BadRequest(f"log diverges from {envelope.from_id!r} on committed entries") from None
-        self._wake.set()
+        self._wake_if_sooner()
 
     def _admit_raft(self, src: str, msg: Any) -> None:
         """Raft messages come only from members of the configuration in force here, or, while
@@ -132,26 +138,56 @@ class Node:
         now = self.clock()
         self._send_swim(self.swim.unreachable(now, addr))
         self._swim_effects(now)
-        self._wake.set()
+        self._wake_if_sooner()
 
     def join_seeds(self, seeds: list[str]) -> None:
         """Start gossip through the seed addresses (push-pull with each)."""
         self._send_swim(self.swim.join(self.clock(), seeds))
+        self._wake_if_sooner()
 
     # -- the loop ---------------------------------------------------------------------------
     async def run(self) -> None:
-        """Run timers until stop(): Raft ticks, SWIM probes, resyncs and leader chores."""
+        """Run timers until stop(): Raft ticks, SWIM probes, resyncs and leader chores.
+
+        The loop sleeps until the earliest deadline; an input wakes it only when it brought a
+        deadline forward (most messages do not), so an idle node wakes a few times per second.
+        """
+        loop = asyncio.get_running_loop()
         while not self.stopping:
             now = self.clock()
-            swim_due = self.swim.next_tick()
-            due = min(self.raft.next_deadline(), math.inf if swim_due is None else swim_due, self._next_chores)
+            due = self._due()
             if due > now:
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=min(due - now, 1.0))
-                except asyncio.TimeoutError:
-                    pass
-            self._wake.clear()
+                self._sleep_until = due
+                self._waiter = waiter = loop.create_future()
+                timer = loop.call_later(min(due - now, 1.0), _resolve, waiter)
+                await waiter
+                timer.cancel()
+                self._waiter, self._sleep_until = None, math.inf
             self.step_timers()
+
+    def _due(self) -> float:
+        swim_due = self.swim.next_tick()
+        return min(self.raft.next_deadline(), math.inf if swim_due is None else swim_due, self._next_chores)
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    def _wake_if_sooner(self) -> None:
+        if self._waiter is not None and self._due() < self._sleep_until:
+            _resolve(self._waiter)
+
+    def poke(self) -> None:
+        """Something chores may act on changed: keep them on their short period for a while."""
+        now = self.clock()
+        self._busy_until = now + CHORES_BUSY_FOR
+        self._next_chores = min(self._next_chores, now + self._chore_period(now))
+        self._wake_if_sooner()
+
+    def _chore_period(self, now: float) -> float:
+        if now < self._busy_until or any(check() for check in self.busy_checks):
+            return LEADER_CHORES if self.role == "leader" else FOLLOWER_CHORES
+        return IDLE_CHORES
 
     def step_timers(self) -> None:
         """Run whatever timers are due now."""
@@ -164,14 +200,14 @@ class Node:
         self._swim_effects(now)
         self.drain()
         if now >= self._next_chores:
-            self._next_chores = now + (LEADER_CHORES if self.role == "leader" else FOLLOWER_CHORES)
             for chore in self.chores:
                 chore(now)
+            self._next_chores = now + self._chore_period(now)
 
     def stop(self) -> None:
         """Make run() return at its next wake-up."""
         self.stopping = True
-        self._wake.set()
+        self._wake()
 
     # -- Raft Ready -------------------------------------------------------------------------
     def drain(self) -> None:
@@ -205,11 +241,13 @@ class Node:
         if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
             log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
         self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
+        self._wake_if_sooner()
 
     def _on_soft(self, leader: str | None, role: str) -> None:
         if (leader, role) != (self.leader_id, self.role):
             log.info("role %s, leader %s", role, leader)
-        self.leader_id, self.role = leader, role
+            self.leader_id, self.role = leader, role
+            self.poke()
         if role != "leader":
             for fut in list(self._reads.values()):
                 if not fut.done():
@@ -217,6 +255,8 @@ class Node:
             self._reads.clear()
 
     def _applied(self, done: list[tuple[Entry, ApplyResult]]) -> None:
+        if done:
+            self.poke()
         for entry, result in done:
             if entry.kind is EntryKind.MEMBER_JOINED:
                 self.addrs[entry.payload["node_id"]] = entry.payload["addr"]
@@ -335,6 +375,12 @@ class Node:
                 continue
             state = {MemberAlive: "alive", MemberSuspect: "suspect", MemberDead: "dead", MemberLeft: "left"}[type(effect)]
             self.since[effect.node_id] = (state, now)
+            self.poke()
             if isinstance(effect, MemberAlive):
                 self.addrs[effect.node_id] = effect.addr
             log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -51,7 +51,7 @@ class Service:
     # -- peers ----------------------------------------------------------------------------
     def note_malformed(self, method: str) -> None:
         """The transport refused undecodable request bytes; count peer messages among them."""
-        if method == "Deliver":
+        if method in ("Deliver", "Stream"):
             self.node.invalid_messages += 1
 
     async def deliver(self, envelope: pb.Envelope) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
+import pytest
 from raft_helpers import CFG, Net
 
 from dpeer.peer.consensus import Membership, Role
-from dpeer.peer.consensus.messages import AppendRequest, AppendResponse, SnapshotRequest, VoteRequest
+from dpeer.peer.consensus.messages import AppendRequest, AppendResponse, Heartbeat, SnapshotRequest, VoteRequest
 from dpeer.statemachine.entry import EntryKind
 
 
@@ -114,6 +116,32 @@ def test_learners_replicate_but_do_not_count_or_campaign() -> None:
     net.heal()
     net.heartbeat("a")
     assert net.nodes["a"].commit_index == 3 and net.nodes["l"].commit_index == 3
+
+
+def test_learners_are_beaten_at_their_own_slower_interval() -> None:
+    cfg = replace(CFG, heartbeat_interval=0.125, learner_heartbeat_interval=0.5)
+    net = Net(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"], cfg=cfg)
+    net.elect("a")
+    net.run(2.0, nodes=["a"])
+    beats = Counter(dst for dst, _ in net.sent("a", Heartbeat))
+    assert beats["b"] == beats["c"] >= 15
+    assert 3 <= beats["l"] <= 5 and abs(beats["b"] - 4 * beats["l"]) <= 4
+    # a new entry and then its commit reach the learner at once, not at its next beat
+    net.propose("a", 1)
+    assert net.nodes["l"].commit_index == net.nodes["a"].commit_index == net.storages["l"].last_index
+    # a ReadIndex round beats the voters only: learners do not confirm leadership
+    before = len(net.sent("a", Heartbeat))
+    net.nodes["a"].read_index()
+    net.deliver()
+    assert sorted(dst for dst, _ in net.sent("a", Heartbeat)[before:]) == ["b", "c"]
+    # voters' leases stay fresh, the learner never campaigns and keeps its leader
+    net.run(3.0)
+    assert net.leaders() == ["a"] and net.nodes["l"].leader == "a" and not net.sent("l", VoteRequest)
+
+
+def test_a_learner_heartbeat_interval_below_the_heartbeat_is_refused() -> None:
+    with pytest.raises(ValueError, match="learner_heartbeat_interval"):
+        replace(CFG, learner_heartbeat_interval=0.05)
 
 
 def test_a_lagging_follower_catches_up_from_a_snapshot_then_the_tail() -> None:

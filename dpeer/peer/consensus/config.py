@@ -11,11 +11,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RaftConfig:
-    """Timeouts and limits for one RaftNode; validate() runs at construction."""
+    """Timeouts and limits for one RaftNode; validate() runs at construction.
+
+    learner_heartbeat_interval: how often the leader beats learners, which neither vote nor
+    campaign, so their beats only carry the commit index and the leader's term (new entries,
+    commits and elections reach them at once anyway); 0 means every heartbeat_interval.
+    """
 
     heartbeat_interval: float
     election_timeout_min: float
     election_timeout_max: float
+    learner_heartbeat_interval: float = 0.0
     max_voters: int = 5
     max_entries_per_msg: int = 256
     max_bytes_per_msg: int = 1 << 20
@@ -27,6 +33,8 @@ class RaftConfig:
         """Raise ValueError unless heartbeat < election_min < election_max and limits are positive."""
         if not 0 < self.heartbeat_interval < self.election_timeout_min:
             raise ValueError("heartbeat_interval must be positive and below election_timeout_min")
+        if self.learner_heartbeat_interval and self.learner_heartbeat_interval < self.heartbeat_interval:
+            raise ValueError("learner_heartbeat_interval must be 0 or at least heartbeat_interval")
         if not self.election_timeout_min < self.election_timeout_max:
             raise ValueError("election_timeout_min must be below election_timeout_max")
         if self.max_voters < 1 or self.max_entries_per_msg < 1 or self.max_bytes_per_msg < 1:
@@ -39,14 +47,19 @@ class RaftConfig:
 # about 0.5 s after a crash (timeout + one pre-vote and one vote round trip + the vote fsync),
 # inside the 1 s target. 50 ms beats cost the leader twice the idle CPU (one Python gRPC call
 # per follower per beat, measured in BENCHMARKS.md "Agreement") for no faster failover.
-LAN = RaftConfig(heartbeat_interval=0.1, election_timeout_min=0.3, election_timeout_max=0.6)
+# Learners are beaten every 1 s: with 12 learners that cuts the leader's idle messages by
+# 2/3 (BENCHMARKS.md "Membership", real processes) and changes no failover figure.
+LAN = RaftConfig(heartbeat_interval=0.1, election_timeout_min=0.3, election_timeout_max=0.6,
+                 learner_heartbeat_interval=1.0)
 
 # WAN / hybrid cloud: RTT 20-150 ms with jitter. Timeouts scale ~5x so a slow round trip or a
 # GC pause never looks like a dead leader; failover takes 1.5-3 s.
-WAN = RaftConfig(heartbeat_interval=0.25, election_timeout_min=1.5, election_timeout_max=3.0)
+WAN = RaftConfig(heartbeat_interval=0.25, election_timeout_min=1.5, election_timeout_max=3.0,
+                 learner_heartbeat_interval=2.5)
 
 # Edge: flaky Wi-Fi/LTE links, loss bursts of seconds, slow SD-card fsync. Favour stability over
 # failover speed: a leader is replaced only after 4-8 s of silence.
-EDGE = RaftConfig(heartbeat_interval=0.5, election_timeout_min=4.0, election_timeout_max=8.0)
+EDGE = RaftConfig(heartbeat_interval=0.5, election_timeout_min=4.0, election_timeout_max=8.0,
+                  learner_heartbeat_interval=5.0)
 
 PRESETS: dict[str, RaftConfig] = {"lan": LAN, "wan": WAN, "edge": EDGE}

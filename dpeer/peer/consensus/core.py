@@ -84,6 +84,7 @@ class RaftNode(LeaderSide):
         self._leader_contact = -math.inf
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
+        self._learner_heartbeat_due = -math.inf
         self._read_seq = 0
         self._pending_reads: list[list[Any]] = []  # [request_id, index or None]
 
@@ -171,7 +172,7 @@ class RaftNode(LeaderSide):
         self._read_seq += 1
         index = self.log.committed if self._committed_in_term() else None
         self._pending_reads.append([self._read_seq, index])
-        self._broadcast_heartbeat()
+        self._broadcast_heartbeat(learners=False)
         self._check_reads()
         return ReadRequested(self._read_seq)
 
@@ -383,6 +384,7 @@ class RaftNode(LeaderSide):
         if self.id in self.tracker.progress:
             self.tracker.progress[self.id].maybe_update(self.log.stable_index())
         self._heartbeat_due = self._now + self.cfg.heartbeat_interval
+        self._learner_heartbeat_due = self._now + self.cfg.learner_heartbeat_interval
         self._quorum_check_due = self._now + self.cfg.election_timeout_min
         self._leader_append(EntryKind.NOOP, {})
         self._pending_conf_index = self.log.last_index()

@@ -40,8 +40,11 @@ class LeaderSide:
                 pr.recent_active = peer == self.id
         if now >= self._heartbeat_due:
             self._heartbeat_due = now + self.cfg.heartbeat_interval
+            learners = now >= self._learner_heartbeat_due
+            if learners:
+                self._learner_heartbeat_due = now + self.cfg.learner_heartbeat_interval
             self._retry_stale_snapshots(now)
-            self._broadcast_heartbeat()
+            self._broadcast_heartbeat(learners)
 
     def _retry_stale_snapshots(self, now: float) -> None:
         for pr in self.tracker.progress.values():
@@ -61,9 +64,11 @@ class LeaderSide:
             if peer != self.id:
                 self._send_append(peer, allow_empty)
 
-    def _broadcast_heartbeat(self) -> None:
+    def _broadcast_heartbeat(self, learners: bool = True) -> None:
+        """Beat every voter, and the learners too when learners is True."""
+        voters = self.membership.voters
         for peer, pr in sorted(self.tracker.progress.items()):
-            if peer != self.id:
+            if peer != self.id and (learners or peer in voters):
                 commit = min(pr.match, self.log.committed)
                 self._send(peer, Heartbeat(self.term, self.id, commit, self._read_seq))
 

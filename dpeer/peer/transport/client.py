@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import AsyncIterator, Callable
+from collections import deque
+from typing import Any, AsyncIterator, Callable
 
 import grpc
 
 from dpeer.peer import errors
 from dpeer.peer.transport.faults import FaultHook
-from dpeer.peer.transport.options import Security, call_metadata, open_channel
+from dpeer.peer.transport.options import MAX_BATCH_MESSAGES, Security, call_metadata, open_channel
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
 
 log = logging.getLogger("dpeer.transport")
+BATCH_BYTES = 4 * 1024 * 1024
+"""A batch stops growing past this many bytes, well below MAX_MESSAGE_BYTES."""
+UNARY_RETRY_STREAM = 30.0
+"""Seconds a peer that answered Stream with UNIMPLEMENTED is reached through Deliver only."""
 
 _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
@@ -90,11 +95,27 @@ class Channels:
             await self.drop(addr)
 
 
+class _Link:
+    """One peer's outgoing side: a bounded queue of envelopes and the Stream call that carries them."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.queue: deque[pb.Envelope] = deque()
+        self.wake = asyncio.Event()
+        self.call: grpc.aio.StreamUnaryCall | None = None
+        self.established = False  # the current call reached the peer (its initial metadata came back)
+        self.unary_until = 0.0  # the peer lacks Stream (an older v1 peer): use Deliver until then
+
+
 class PeerSender:
     """Fire-and-forget delivery of protocol messages, with a bound on what waits per peer.
 
+    Each peer gets one long-lived client stream (Peer.Stream); what is queued for it in one loop
+    turn leaves as one EnvelopeBatch. A peer without Stream is reached through unary Deliver.
     A refused connection is reported at once through `on_refused(addr)`: it is the strongest
-    evidence of a dead process there is, and arrives in about a millisecond on a LAN.
+    evidence of a dead process there is, and arrives in about a millisecond on a LAN. A stream
+    that breaks after it was established is reopened at once, so a dead peer's refusal is seen
+    without waiting for the next message.
     """
 
     def __init__(
@@ -109,28 +130,114 @@ class PeerSender:
         self._timeout = timeout
         self._max = max_in_flight
         self._in_flight: dict[str, int] = {}
+        self._links: dict[str, _Link] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._closed = False
         self.dropped = 0
+        self.batches = 0  # EnvelopeBatches written to streams
 
     def send(self, addr: str, envelope: pb.Envelope) -> None:
         """Queue one envelope to addr; dropped (like a lost datagram) when addr has too many waiting
         or is not a usable HOST:PORT (a peer that sent an empty or forged from_addr)."""
-        if not addr or ":" not in addr or self._in_flight.get(addr, 0) >= self._max:
+        if not addr or ":" not in addr or self._closed:
             self.dropped += 1
             return
         delay = self._faults.verdict(addr) if self._faults is not None else 0.0
         if delay is None:
             self.dropped += 1
+        elif delay:
+            asyncio.get_running_loop().call_later(delay, self._enqueue, addr, envelope)
+        else:
+            self._enqueue(addr, envelope)
+
+    def _enqueue(self, addr: str, envelope: pb.Envelope) -> None:
+        link = self._links.get(addr)
+        if link is None:
+            link = self._links[addr] = _Link(addr)
+            self._spawn(self._pump(link))
+        if len(link.queue) + self._in_flight.get(addr, 0) >= self._max or self._closed:
+            self.dropped += 1
             return
-        self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._deliver(addr, envelope, delay))
+        link.queue.append(envelope)
+        link.wake.set()
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def _deliver(self, addr: str, envelope: pb.Envelope, delay: float = 0.0) -> None:
+    async def _pump(self, link: _Link) -> None:
+        """Send what is queued for link.addr, one batch per write, until the sender closes."""
+        while not self._closed:
+            await link.wake.wait()
+            link.wake.clear()
+            while link.queue:
+                if time.monotonic() < link.unary_until:
+                    while link.queue:
+                        self._unary(link.addr, link.queue.popleft())
+                    break
+                call = link.call or self._open(link)
+                batch = _take(link.queue)
+                try:
+                    await call.write(batch)
+                    self.batches += 1
+                except grpc.aio.AioRpcError as exc:
+                    self._broken(link, call, exc)
+                except asyncio.InvalidStateError:
+                    if link.call is call:
+                        link.call = None
+
+    def _open(self, link: _Link) -> grpc.aio.StreamUnaryCall:
+        call = self._channels.stub(link.addr).Stream(metadata=self._channels.metadata)
+        link.call, link.established = call, False
+        self._spawn(self._watch(link, call))
+        return call
+
+    async def _watch(self, link: _Link, call: grpc.aio.StreamUnaryCall) -> None:
+        """Wait for the peer's first answer on the call (a round trip), then for the call's end."""
+        started = time.monotonic()
         try:
-            if delay:
-                await asyncio.sleep(delay)
+            await call.initial_metadata()
+            if not call.done():
+                link.established = link.established or link.call is call
+                if self._on_rtt is not None:
+                    self._on_rtt(time.monotonic() - started)
+            await call
+        except grpc.aio.AioRpcError as exc:
+            self._broken(link, call, exc)
+            return
+        except asyncio.CancelledError:
+            return
+        if link.call is call:
+            link.call = None
+
+    def _broken(self, link: _Link, call: grpc.aio.StreamUnaryCall, exc: grpc.aio.AioRpcError) -> None:
+        """The stream ended in error: report a refusal, fall back to Deliver, or reopen at once."""
+        if link.call is not call:
+            return
+        link.call, was_established = None, link.established
+        code = exc.code()
+        if is_refused(exc):
+            self._on_refused(link.addr)
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            log.info("peer %s has no Stream method; sending it one Deliver call per message", link.addr)
+            link.unary_until = time.monotonic() + UNARY_RETRY_STREAM
+            link.wake.set()
+        elif code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+            log.warning("peer %s ended our message stream: %s: %s", link.addr, code.name, exc.details())
+        elif was_established and not self._closed:
+            self._open(link)
+
+    def _unary(self, addr: str, envelope: pb.Envelope) -> None:
+        if self._in_flight.get(addr, 0) >= self._max:
+            self.dropped += 1
+            return
+        self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
+        self._spawn(self._deliver(addr, envelope))
+
+    async def _deliver(self, addr: str, envelope: pb.Envelope) -> None:
+        try:
             started = time.monotonic()
             await self._channels.stub(addr).Deliver(
                 envelope, timeout=self._timeout, metadata=self._channels.metadata
@@ -146,10 +253,27 @@ class PeerSender:
             self._in_flight[addr] -= 1
 
     async def close(self) -> None:
-        """Cancel deliveries still waiting."""
+        """Cancel the streams and the deliveries still waiting."""
+        self._closed = True
+        for link in self._links.values():
+            if link.call is not None:
+                link.call.cancel()
+            link.wake.set()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _take(queue: deque[pb.Envelope]) -> pb.EnvelopeBatch:
+    """The next batch off queue: at most MAX_BATCH_MESSAGES envelopes and BATCH_BYTES (one at least)."""
+    batch, size = pb.EnvelopeBatch(), 0
+    while queue and len(batch.envelopes) < MAX_BATCH_MESSAGES:
+        n = queue[0].ByteSize()
+        if batch.envelopes and size + n > BATCH_BYTES:
+            break
+        batch.envelopes.append(queue.popleft())
+        size += n
+    return batch
 
 
 class NodeClient:

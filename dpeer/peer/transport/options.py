@@ -10,6 +10,9 @@ import grpc
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 """Largest single message either side accepts; bulk data travels in chunks below this."""
 
+MAX_BATCH_MESSAGES = 256
+"""Most envelopes one EnvelopeBatch on a peer's Stream may carry."""
+
 TOKEN_HEADER = "x-dpeer-token"
 TLS_SERVER_NAME = "dpeer"
 """Peer certificates carry this DNS name, so boxes can move between addresses (NAT, clouds)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from typing import AsyncIterator, Awaitable, Callable, Protocol
@@ -9,7 +10,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 import grpc
 
 from dpeer.peer import errors
-from dpeer.peer.transport.options import MAX_MESSAGE_BYTES, TOKEN_HEADER, Security
+from dpeer.peer.transport.options import MAX_BATCH_MESSAGES, MAX_MESSAGE_BYTES, TOKEN_HEADER, Security
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
 
@@ -79,14 +80,16 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         if hmac.compare_digest(str(sent).encode(), self._token):
             return await continuation(details)
         log.warning("refused a call to %s: missing or wrong cluster token", details.method)
-        return _deny
+        return _deny_stream if details.method == STREAM_METHOD else _deny
 
 
 async def _deny_call(request: object, context: grpc.aio.ServicerContext) -> None:
     await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this cluster requires its cluster token")
 
 
+STREAM_METHOD = "/dpeer.v1.Peer/Stream"
 _deny = grpc.unary_unary_rpc_method_handler(_deny_call)
+_deny_stream = grpc.stream_unary_rpc_method_handler(_deny_call)
 
 
 async def _unary(context: grpc.aio.ServicerContext, call: Awaitable[object]) -> object:
@@ -132,6 +135,7 @@ class _Servicer(pbg.PeerServicer):
 
     def __init__(self, handler: PeerHandler) -> None:
         self._h = handler
+        self.streams: set[asyncio.Task] = set()
 
     def _malformed(self, request: Malformed) -> str:
         log.warning("refused an undecodable %s request (%d bytes): %s", request.method, request.size, request.reason)
@@ -145,6 +149,31 @@ class _Servicer(pbg.PeerServicer):
         if isinstance(request, Malformed):
             await self._refuse(context, request)
         await _unary(context, self._h.deliver(request))
+        return pb.Delivered()
+
+    async def Stream(self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> pb.Delivered:
+        """Each batch's envelopes are delivered in order, each as Deliver would; one that the handler
+        refuses is counted and logged there and the stream goes on. An undecodable or oversized
+        batch ends the stream with INVALID_ARGUMENT."""
+        task = asyncio.current_task()
+        if task is not None:
+            self.streams.add(task)
+        try:
+            await context.send_initial_metadata(())
+            async for batch in requests:
+                if isinstance(batch, Malformed):
+                    await self._refuse(context, batch)
+                if len(batch.envelopes) > MAX_BATCH_MESSAGES:
+                    self._h.note_malformed("Stream")
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"a batch carries at most {MAX_BATCH_MESSAGES} envelopes")
+                for envelope in batch.envelopes:
+                    try:
+                        await self._h.deliver(envelope)
+                    except errors.PeerError:
+                        pass
+        finally:
+            self.streams.discard(task)
         return pb.Delivered()
 
     async def FetchEntries(self, request: pb.FetchEntriesRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
@@ -201,22 +230,24 @@ class _Servicer(pbg.PeerServicer):
         return await _unary(context, self._h.kv_get(request))
 
 
+_UU, _US, _SU = (grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler,
+                  grpc.stream_unary_rpc_method_handler)
 _TYPES = {
-    "Deliver": (pb.Envelope, pb.Delivered, False), "FetchEntries": (pb.FetchEntriesRequest, pb.EntryChunk, True),
-    "FetchSnapshot": (pb.FetchSnapshotRequest, pb.SnapshotChunk, True), "Join": (pb.JoinRequest, pb.JoinReply, False),
-    "Leave": (pb.LeaveRequest, pb.LeaveReply, False), "Status": (pb.StatusRequest, pb.StatusReply, False),
-    "KvPut": (pb.KvPutRequest, pb.KvPutReply, False), "KvGet": (pb.KvGetRequest, pb.KvGetReply, False),
-    "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, False),
-    "Force": (pb.ForceRequest, pb.ForceReply, False),
-    "ReportCheckpoint": (pb.CheckpointReport, pb.CheckpointReply, False),
+    "Deliver": (pb.Envelope, pb.Delivered, _UU), "Stream": (pb.EnvelopeBatch, pb.Delivered, _SU),
+    "FetchEntries": (pb.FetchEntriesRequest, pb.EntryChunk, _US),
+    "FetchSnapshot": (pb.FetchSnapshotRequest, pb.SnapshotChunk, _US), "Join": (pb.JoinRequest, pb.JoinReply, _UU),
+    "Leave": (pb.LeaveRequest, pb.LeaveReply, _UU), "Status": (pb.StatusRequest, pb.StatusReply, _UU),
+    "KvPut": (pb.KvPutRequest, pb.KvPutReply, _UU), "KvGet": (pb.KvGetRequest, pb.KvGetReply, _UU),
+    "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, _UU),
+    "Force": (pb.ForceRequest, pb.ForceReply, _UU),
+    "ReportCheckpoint": (pb.CheckpointReport, pb.CheckpointReply, _UU),
 }
 
 
 def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
     """pbg.add_PeerServicer_to_server, with request deserializers that never raise."""
     handlers = {}
-    for method, (request, reply, streaming) in _TYPES.items():
-        make = grpc.unary_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
+    for method, (request, reply, make) in _TYPES.items():
         handlers[method] = make(getattr(servicer, method), request_deserializer=_safe(method, request.FromString),
                                 response_serializer=reply.SerializeToString)
     assert set(handlers) == {m for m in dir(pbg.PeerServicer) if not m.startswith("_")}, "a Peer method is unserved"
@@ -224,7 +255,21 @@ def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
     server.add_registered_method_handlers("dpeer.v1.Peer", handlers)
 
 
-async def serve(listen: str, handler: PeerHandler, security: Security) -> grpc.aio.Server:
+class PeerServer:
+    """A started gRPC server for the Peer service."""
+
+    def __init__(self, server: grpc.aio.Server, servicer: _Servicer) -> None:
+        self._server, self._servicer = server, servicer
+
+    async def stop(self, grace: float) -> None:
+        """End peers' message streams at once (they carry nothing in flight worth the wait), then
+        give other calls up to grace seconds."""
+        for task in list(self._servicer.streams):
+            task.cancel()
+        await self._server.stop(grace=grace)
+
+
+async def serve(listen: str, handler: PeerHandler, security: Security) -> PeerServer:
     """Bind exactly `listen` and start serving; OSError when the address cannot be bound."""
     interceptors = [TokenCheck(security.token)] if security.token else []
     server = grpc.aio.server(
@@ -235,7 +280,8 @@ async def serve(listen: str, handler: PeerHandler, security: Security) -> grpc.a
             ("grpc.so_reuseport", 0),
         ],
     )
-    _add_servicer(_Servicer(handler), server)
+    servicer = _Servicer(handler)
+    _add_servicer(servicer, server)
     try:
         if security.tls:
             creds = grpc.ssl_server_credentials(
@@ -249,4 +295,4 @@ async def serve(listen: str, handler: PeerHandler, security: Security) -> grpc.a
     if port == 0:
         raise OSError(f"cannot listen on {listen}: the address is in use or not on this machine")
     await server.start()
-    return server
+    return PeerServer(server, servicer)

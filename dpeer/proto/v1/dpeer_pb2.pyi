@@ -278,6 +278,12 @@ class Delivered(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class EnvelopeBatch(_message.Message):
+    __slots__ = ("envelopes",)
+    ENVELOPES_FIELD_NUMBER: _ClassVar[int]
+    envelopes: _containers.RepeatedCompositeFieldContainer[Envelope]
+    def __init__(self, envelopes: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ...) -> None: ...
+
 class FetchEntriesRequest(_message.Message):
     __slots__ = ("node_id", "from_index", "to_index", "max_chunk_bytes")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]

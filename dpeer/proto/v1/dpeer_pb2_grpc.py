@@ -39,6 +39,11 @@ class PeerStub:
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Envelope.SerializeToString,
                 response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Delivered.FromString,
                 _registered_method=True)
+        self.Stream = channel.stream_unary(
+                '/dpeer.v1.Peer/Stream',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.EnvelopeBatch.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Delivered.FromString,
+                _registered_method=True)
         self.FetchEntries = channel.unary_stream(
                 '/dpeer.v1.Peer/FetchEntries',
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchEntriesRequest.SerializeToString,
@@ -96,6 +101,14 @@ class PeerServicer:
 
     def Deliver(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stream(self, request_iterator, context):
+        """One client stream per peer carries what Deliver carries, without a call per message;
+        peers that lack it (UNIMPLEMENTED) are reached through Deliver.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -166,6 +179,11 @@ def add_PeerServicer_to_server(servicer, server):
             'Deliver': grpc.unary_unary_rpc_method_handler(
                     servicer.Deliver,
                     request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Envelope.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Delivered.SerializeToString,
+            ),
+            'Stream': grpc.stream_unary_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.EnvelopeBatch.FromString,
                     response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Delivered.SerializeToString,
             ),
             'FetchEntries': grpc.unary_stream_rpc_method_handler(
@@ -245,6 +263,33 @@ class Peer:
             target,
             '/dpeer.v1.Peer/Deliver',
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Envelope.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Delivered.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/dpeer.v1.Peer/Stream',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.EnvelopeBatch.SerializeToString,
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.Delivered.FromString,
             options,
             channel_credentials,
