@@ -26,6 +26,11 @@ def test_bad_usage_exits_2():
         capture_output=True, text=True, env=env, timeout=60,
     )
     assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", "a", "--views", "dir:/tmp/x", "--digest-every", "0"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert r.returncode == 2 and "--digest-every" in r.stderr
 
 
 def _run_single(root: str, steps: int, extra: list[str]) -> Cluster:
@@ -48,3 +53,11 @@ def test_restart_resumes_from_checkpoint_bitwise(tmp_path):
     steps = [e["step"] for e in read_ledger(first.ledger("a"))] + [e["step"] for e in read_ledger(resumed.ledger("a"))]
     assert steps == list(range(40))
     assert read_ledger(resumed.ledger("a"))[-1]["digest"] == read_ledger(straight.ledger("a"))[-1]["digest"]
+
+
+def test_digests_every_n_steps_are_the_digests_of_those_steps(tmp_path):
+    sparse = read_ledger(_run_single(str(tmp_path / "sparse"), 17, ["--digest-every", "5"]).ledger("a"))
+    every = read_ledger(_run_single(str(tmp_path / "every"), 17, ["--digest-every", "1"]).ledger("a"))
+    assert [e["step"] for e in sparse if e["digest"]] == [4, 9, 14, 16]  # steps 5, 10, 15 done, and the last
+    assert all(e["digest"] for e in every)
+    assert [e["digest"] for e in sparse if e["digest"]] == [every[s]["digest"] for s in (4, 9, 14, 16)]
