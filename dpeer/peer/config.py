@@ -52,8 +52,8 @@ class TrainingConfig(Strict):
     seed: int = Field(1234, ge=0, description="seeds the model, the data and the sample order")
     lr: float = Field(0.05, gt=0, description="optimizer learning rate")
     checkpoint_every: int = Field(200, ge=0, description="steps between full-state checkpoints; 0 disables")
-    digest_every: int = Field(10, ge=1, description="steps between sha256 digests of the parameters (and the "
-                              "last step); the status reports the newest digested step with its digest")
+    digest_every: int = Field(10, ge=1, description="steps between sha256 digests of the parameters (also the "
+                              "last step and each group's first); the status reports the newest digested step")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
 
 

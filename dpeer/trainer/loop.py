@@ -86,7 +86,7 @@ class LoopConfig:
     ckpt_dir: str | None = None
     ckpt_every: int = 0
     ckpt_keep: int = 2
-    digest_every: int = 10  # steps between parameter digests (and the last step); ledger/status carry them
+    digest_every: int = 10  # steps between parameter digests; also the last step and each group's first
 
 
 class Trainer:
@@ -108,6 +108,7 @@ class Trainer:
         self._timeout = self.cfg.init_timeout
         self._collate = spec.collate or default_collate
         self._ledger: TextIO | None = None
+        self._digest_next = False
 
     def _event(self, kind: str, **fields: Any) -> None:
         report = getattr(self.source, "report_event", None)
@@ -206,7 +207,8 @@ class Trainer:
         if len(self.step_times) > 2 * STEP_TIME_WINDOW:
             del self.step_times[:-STEP_TIME_WINDOW]
         self._adapt_timeout()
-        digested = self.step % self.cfg.digest_every == 0 or self.step == spec.steps
+        digested = self._digest_next or self.step % self.cfg.digest_every == 0 or self.step == spec.steps
+        self._digest_next = False
         digest = self.digest() if digested else ""
         self._record(indices, m, digest)
         self.source.report_progress(self.step, self.sampler.cursor_after(self.step), red.loss_mean, digest)
@@ -224,6 +226,7 @@ class Trainer:
             result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest, device=self.group.device)
             self._timeout = self.cfg.init_timeout
             self._adapt_timeout()
+            self._digest_next = True  # a replica that healed wrong differs from its first step on
             self._event(
                 "formed", gen=view.generation, rank=m.rank, world=m.world, step=self.step,
                 healed=result.received, heal_bytes=result.received_bytes, seconds=time.monotonic() - t0,

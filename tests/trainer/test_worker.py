@@ -58,6 +58,7 @@ def test_restart_resumes_from_checkpoint_bitwise(tmp_path):
 def test_digests_every_n_steps_are_the_digests_of_those_steps(tmp_path):
     sparse = read_ledger(_run_single(str(tmp_path / "sparse"), 17, ["--digest-every", "5"]).ledger("a"))
     every = read_ledger(_run_single(str(tmp_path / "every"), 17, ["--digest-every", "1"]).ledger("a"))
-    assert [e["step"] for e in sparse if e["digest"]] == [4, 9, 14, 16]  # steps 5, 10, 15 done, and the last
+    digested = [0, 4, 9, 14, 16]  # the group's first step, steps 5, 10, 15 done, and the last
+    assert [e["step"] for e in sparse if e["digest"]] == digested
     assert all(e["digest"] for e in every)
-    assert [e["digest"] for e in sparse if e["digest"]] == [every[s]["digest"] for s in (4, 9, 14, 16)]
+    assert [e["digest"] for e in sparse if e["digest"]] == [every[s]["digest"] for s in digested]
