@@ -111,7 +111,7 @@ def main() -> int:
     log("resumed", step=step, rank=rank, world=world)
     # like dpeer's loop: move what exists now out of the collector's way, so the comparison
     # measures the runtimes' per-step work, not Python's generational GC over torch's import heap
-    gc.collect()
+    gc.collect(1)
     gc.freeze()
 
     while step < spec.steps:

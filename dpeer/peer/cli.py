@@ -7,18 +7,19 @@ Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad us
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dpeer.peer import config as cfg
 from dpeer.peer import errors
 from dpeer.peer.chaos.options import add_arguments as chaos_arguments
 from dpeer.peer.chaos.options import options_from as chaos_options
-from dpeer.peer.transport.client import NodeClient
-from dpeer.peer.transport.options import Security
+
+if TYPE_CHECKING:  # grpc loads only where a command talks to a node: `start` spawns its worker first
+    from dpeer.peer.transport.client import NodeClient
+    from dpeer.peer.transport.options import Security
 
 EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -127,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _security(path: Path | None) -> Security:
+    from dpeer.peer.transport.options import Security
+
     if path is None:
         return Security()
     s = cfg.load(path).security
@@ -134,6 +137,10 @@ def _security(path: Path | None) -> Security:
 
 
 def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
+    import asyncio
+
+    from dpeer.peer.transport.client import NodeClient
+
     cfg.parse_hostport(args.addr)
 
     async def go() -> Any:

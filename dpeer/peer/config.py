@@ -56,6 +56,8 @@ class TrainingConfig(Strict):
                               "(it writes one every step and every second while idle) before it is restarted")
     stopped_after: float = Field(5.0, gt=0, description="seconds a worker may stay stopped by a signal "
                                  "(SIGSTOP, a debugger) before it is restarted")
+    digest_every: int = Field(10, ge=1, description="steps between sha256 digests of the parameters (also the "
+                              "last step and each group's first); the status reports the newest digested step")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
 
 

@@ -31,7 +31,7 @@ RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 @dataclass
 class TrainStatus:
-    """The last committed step a worker reported (the status document's `train`)."""
+    """The newest committed step a worker reported with its parameter digest (the status's `train`)."""
 
     step: int
     samples: int
@@ -85,7 +85,8 @@ class WorkerSupervisor:
         cmd = [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", self.node_id, "--job", self.job,
                "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),
                "--final-out", str(self.dir / "final.pt"),
-               "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every)]
+               "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
+               "--digest-every", str(t.digest_every)]
         for key, value in opts.items():
             cmd += ["--job-opt", f"{key}={value}"]
         return cmd
@@ -171,8 +172,9 @@ class WorkerSupervisor:
             self.ready = True
             log.info("worker is ready (job built, waiting for a view)")
         elif kind == "progress":
-            self.train = TrainStatus(int(record["step"]), int(record["samples"]), float(record["loss"]),
-                                     str(record["digest"]))
+            if record.get("digest"):  # the status pairs a step with the digest of that very step
+                self.train = TrainStatus(int(record["step"]), int(record["samples"]), float(record["loss"]),
+                                         str(record["digest"]))
             if self._failed_at is not None:
                 self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
                 self._failed_at = None

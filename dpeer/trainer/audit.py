@@ -32,7 +32,8 @@ def audit(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: GlobalBatc
             step = e["step"]
             if e["indices"] != sampler.indices_for_step(step):
                 problems.append(f"{node} consumed other samples than the seeded ones at step {step}")
-            digests.setdefault((step, e["gen"]), {})[node] = e["digest"]
+            if e["digest"]:  # only every training.digest_every-th step carries one
+                digests.setdefault((step, e["gen"]), {})[node] = e["digest"]
             indices_by_step[step] = e["indices"]
     for (step, gen), by_node in sorted(digests.items()):
         if len(set(by_node.values())) > 1:

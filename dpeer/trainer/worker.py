@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import time
 from typing import Callable
 
 import torch
@@ -42,7 +43,15 @@ def _parse_opts(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The worker's flags, with DPEER_* environment defaults."""
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m dpeer.trainer.worker", description=__doc__.splitlines()[0])
     p.add_argument("--node-id", default=env("DPEER_NODE_ID"))
@@ -52,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ledger", default=env("DPEER_LEDGER"))
     p.add_argument("--ckpt-dir", default=env("DPEER_CKPT_DIR"))
     p.add_argument("--ckpt-every", type=int, default=int(env("DPEER_CKPT_EVERY", "0")))
+    p.add_argument("--digest-every", type=_positive, default=env("DPEER_DIGEST_EVERY", str(LoopConfig.digest_every)),
+                   help="steps between parameter digests; the last step always has one")
     p.add_argument("--init-timeout", type=float, default=30.0)
     p.add_argument("--timeout-floor", type=float, default=2.0)
     p.add_argument("--timeout-mult", type=float, default=5.0)
@@ -65,6 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Build the job, then train under the views of the given source."""
+    imported_cpu = time.process_time()  # interpreter start and every import, torch's included
     try:
         args = parse_args(argv)
         options = _parse_opts(args.job_opt)
@@ -73,11 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpeer worker: {exc}", file=sys.stderr)
         return 2
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    t_build = time.monotonic()
     spec = job(JobContext(args.node_id, device, options))
     source = make_view_source(args.views, args.node_id)
+    report = getattr(source, "report_event", None)
+    if report is not None:
+        report("built", import_cpu_s=imported_cpu, build_cpu_s=time.process_time() - imported_cpu,
+               build_s=time.monotonic() - t_build)
     cfg = LoopConfig(
         init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
         idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
+        digest_every=args.digest_every,
     )
     try:
         Trainer(spec, source, args.node_id, cfg).run()

@@ -8,7 +8,7 @@ from pathlib import Path
 from dpeer.peer.config import TrainingConfig
 import pytest
 
-from dpeer.peer.supervisor import WorkerSupervisor
+from dpeer.peer.supervisor import TrainStatus, WorkerSupervisor
 from dpeer.peer.worker_health import judge_worker
 
 
@@ -65,3 +65,18 @@ def test_a_torn_last_line_waits_for_its_end(tmp_path: Path) -> None:
 def test_judge_worker(now, last, stopped, hung, why) -> None:
     verdict = judge_worker(now, last, stopped, silent_limit=60.0, stopped_limit=5.0)
     assert verdict.hung is hung and why in verdict.reason
+
+
+def test_the_status_pairs_a_step_with_its_own_digest(tmp_path: Path) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(digest_every=3), lambda g, r: None)
+    assert sup.command()[sup.command().index("--digest-every") + 1] == "3"
+    write(tmp_path, {"kind": "progress", "t": 1.0, "step": 3, "samples": 192, "loss": 0.9, "digest": "d3"},
+          {"kind": "failure", "t": 1.5, "gen": 1, "reason": "reset"},
+          {"kind": "progress", "t": 2.0, "step": 4, "samples": 256, "loss": 0.8, "digest": ""},
+          {"kind": "progress", "t": 2.1, "step": 5, "samples": 320, "loss": 0.7, "digest": ""})
+    sup.poll(0.0)
+    assert sup.train == TrainStatus(3, 192, 0.9, "d3")
+    assert [round(s, 3) for s in sup.take_recoveries()] == [0.5]  # any committed step ends a recovery
+    write(tmp_path, {"kind": "progress", "t": 2.2, "step": 6, "samples": 384, "loss": 0.6, "digest": "d6"})
+    sup.poll(0.0)
+    assert sup.train == TrainStatus(6, 384, 0.6, "d6")

@@ -43,3 +43,10 @@ def test_a_sample_twice_in_one_epoch_is_flagged() -> None:
     records = [{"step": s, "gen": 1, "indices": [0] * 8, "digest": "d"} for s in range(2)]
     problems = audit({"a": records}, 2, sampler)
     assert any("twice" in p for p in problems)
+
+
+def test_steps_without_a_digest_are_not_compared() -> None:
+    sparse = [{**e, "digest": ""} if e["step"] % 3 else e for e in ledger(range(STEPS))]
+    assert audit({"a": ledger(range(STEPS)), "b": sparse}, STEPS, SAMPLER) == []
+    wrong = [{**e, "digest": "x"} if e["step"] == 3 else e for e in sparse]
+    assert any("disagree at step 3" in p for p in audit({"a": ledger(range(STEPS)), "b": wrong}, STEPS, SAMPLER))

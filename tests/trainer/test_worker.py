@@ -29,6 +29,11 @@ def test_bad_usage_exits_2():
         capture_output=True, text=True, env=env, timeout=60,
     )
     assert r.returncode == 2 and "MODULE:FUNCTION" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", "a", "--views", "dir:/tmp/x", "--digest-every", "0"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert r.returncode == 2 and "--digest-every" in r.stderr
 
 
 def _run_single(root: str, steps: int, extra: list[str], checkpoint: tuple[int, str] = (0, ""),
@@ -88,3 +93,12 @@ def test_a_checkpoint_whose_parameters_differ_from_the_committed_digest_is_refus
     assert len(rejected) == 1 and "differ from the committed digest" in rejected[0]["reason"]
     assert [r["step"] for r in _reported(resumed, "checkpoint_loaded")] == [10]
     assert [e["step"] for e in read_ledger(resumed.ledger("a"))] == list(range(10, 25))
+
+
+def test_digests_every_n_steps_are_the_digests_of_those_steps(tmp_path):
+    sparse = read_ledger(_run_single(str(tmp_path / "sparse"), 17, ["--digest-every", "5"]).ledger("a"))
+    every = read_ledger(_run_single(str(tmp_path / "every"), 17, ["--digest-every", "1"]).ledger("a"))
+    digested = [0, 4, 9, 14, 16]  # the group's first step, steps 5, 10, 15 done, and the last
+    assert [e["step"] for e in sparse if e["digest"]] == digested
+    assert all(e["digest"] for e in every)
+    assert [e["digest"] for e in sparse if e["digest"]] == [every[s]["digest"] for s in digested]
