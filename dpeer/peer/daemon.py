@@ -164,7 +164,8 @@ class Daemon:
         train = self.worker.train if self.worker is not None else None
         extra = {
             "train": None if train is None else {"step": train.step, "samples": train.samples,
-                                                 "loss": train.loss, "params_digest": train.params_digest},
+                                                 "loss": train.loss, "params_digest": train.params_digest,
+                                                 "latest_step": self.worker.latest_step},
             "worker": self.worker.status() if self.worker is not None else None,
             "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
             "uptime_s": round(time.monotonic() - self.started, 3),

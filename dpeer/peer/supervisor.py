@@ -56,6 +56,7 @@ class WorkerSupervisor:
         self.done = False
         self.restarts = 0
         self.train: TrainStatus | None = None
+        self.latest_step = 0
         self.failures = 0
         self.reforms = 0
         self.recoveries: list[float] = []
@@ -103,6 +104,7 @@ class WorkerSupervisor:
         self.ready = False
         self._restart_at = None
         self._last_report = self._stopped_since = None
+        self.latest_step = 0
         log.info("started worker pid %d for job %s", self.proc.pid, self.job)
 
     def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
@@ -172,6 +174,7 @@ class WorkerSupervisor:
             self.ready = True
             log.info("worker is ready (job built, waiting for a view)")
         elif kind == "progress":
+            self.latest_step = max(self.latest_step, int(record["step"]))
             if record.get("digest"):  # the status pairs a step with the digest of that very step
                 self.train = TrainStatus(int(record["step"]), int(record["samples"]), float(record["loss"]),
                                          str(record["digest"]))

@@ -26,7 +26,8 @@ class ViewSource(Protocol):
         """Tell the daemon this worker's group of ``generation`` failed (a dead or hung peer, a failed heal)."""
 
     def report_progress(self, step: int, samples: int, loss: float, params_digest: str) -> None:
-        """Tell the daemon a step was committed (``step`` steps done, ``samples`` consumed)."""
+        """Tell the daemon a step was committed (``step`` steps done, ``samples`` consumed); the
+        digest of the parameters at that step, or "" on steps that are not digested."""
 
 
 def make_view_source(spec: str, node_id: str) -> ViewSource:

@@ -75,7 +75,7 @@ def test_the_status_pairs_a_step_with_its_own_digest(tmp_path: Path) -> None:
           {"kind": "progress", "t": 2.0, "step": 4, "samples": 256, "loss": 0.8, "digest": ""},
           {"kind": "progress", "t": 2.1, "step": 5, "samples": 320, "loss": 0.7, "digest": ""})
     sup.poll(0.0)
-    assert sup.train == TrainStatus(3, 192, 0.9, "d3")
+    assert sup.train == TrainStatus(3, 192, 0.9, "d3") and sup.latest_step == 5
     assert [round(s, 3) for s in sup.take_recoveries()] == [0.5]  # any committed step ends a recovery
     write(tmp_path, {"kind": "progress", "t": 2.2, "step": 6, "samples": 384, "loss": 0.6, "digest": "d6"})
     sup.poll(0.0)
