@@ -10,13 +10,9 @@ from __future__ import annotations
 import signal
 import time
 
-from dpeer.peer.cluster import LocalCluster
 from dpeer.peer.local import read_reports
-from dpeer.trainer.audit import audit, read_ledger
-from dpeer.trainer.demo import DEFAULTS
-from dpeer.trainer.sampler import GlobalBatchSampler
 from tests.integration.conftest import run
-from tests.integration.test_training import TIMEOUT, final_params, finished, max_rel_diff, training
+from tests.integration.test_training import TIMEOUT, assert_exact, assert_matches_clean_run, finished, training
 
 STEPS, BATCH, EVERY = 500, 16, 50
 CONFIG = {"training": {"steps": STEPS, "global_batch": BATCH, "micro_batch": 8, "checkpoint_every": EVERY,
@@ -65,18 +61,5 @@ def test_full_power_loss_resumes_from_the_committed_checkpoint(make_cluster) -> 
             assert loaded and loaded[-1] == recorded, f"{node.node_id} held step {recorded} but loaded {loaded}"
     earliest = min(first_groups, key=lambda r: r["t"])
     assert earliest["step"] == recorded, f"the first group after the power loss resumed at {earliest}"
-    sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
-    assert not audit(ledgers, STEPS, sampler)
-    finals = {n: final_params(cluster, n) for n in nodes}
-    assert max(max_rel_diff(finals[n], finals["n1"]) for n in nodes) == 0.0, "replicas ended apart"
-
-    reference = LocalCluster(cluster.root.parent / "reference", 1, job="demo",
-                             config={"training": {**CONFIG["training"], "checkpoint_every": 0}})
-    try:
-        reference.start_all()
-        run(finished(reference))
-    finally:
-        reference.stop_all()
-    drift = max_rel_diff(finals["n1"], final_params(reference, "n1"))
-    assert drift < 1e-4, f"the run through a power loss drifted from the clean run by {drift:.2e}"
+    final = assert_exact(cluster, STEPS, nodes)
+    assert_matches_clean_run(cluster, {"training": {**CONFIG["training"], "checkpoint_every": 0}}, final)

@@ -56,6 +56,29 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)) for k in a)
 
 
+def assert_exact(cluster: LocalCluster, steps: int, finishers: list[str]) -> dict[str, torch.Tensor]:
+    """Ledgers audit clean over `steps` and the finishers end identical; returns one final model."""
+    sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
+    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
+    problems = audit(ledgers, steps, sampler)
+    assert not problems, problems
+    finals = {n: final_params(cluster, n) for n in finishers}
+    assert max(max_rel_diff(finals[n], finals[finishers[0]]) for n in finishers) == 0.0, "replicas ended apart"
+    return finals[finishers[0]]
+
+
+def assert_matches_clean_run(cluster: LocalCluster, config: dict, final: dict[str, torch.Tensor]) -> None:
+    """Train the same job on one box without failures; the final models agree within 1e-4."""
+    reference = LocalCluster(cluster.root.parent / "reference", 1, job="demo", config=config)
+    try:
+        reference.start_all()
+        run(finished(reference))
+    finally:
+        reference.stop_all()
+    drift = max_rel_diff(final, final_params(reference, "n1"))
+    assert drift < 1e-4, f"the run with failures drifted from the clean run by {drift:.2e}"
+
+
 def test_training_survives_kill_restart_stop_and_matches_a_clean_run(make_cluster) -> None:
     cluster = make_cluster(3, job="demo", config=CONFIG)
     cluster.start_all()
@@ -76,20 +99,7 @@ def test_training_survives_kill_restart_stop_and_matches_a_clean_run(make_cluste
         await finished(cluster)
 
     run(scenario())
-    sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
-    assert not audit(ledgers, STEPS, sampler)
-    finals = {n: final_params(cluster, n) for n in nodes}
-    assert max(max_rel_diff(finals[n], finals["n1"]) for n in nodes) == 0.0, "replicas ended apart"
-
-    reference = LocalCluster(cluster.root.parent / "reference", 1, job="demo", config=CONFIG)
-    try:
-        reference.start_all()
-        run(finished(reference))
-    finally:
-        reference.stop_all()
-    drift = max_rel_diff(finals["n1"], final_params(reference, "n1"))
-    assert drift < 1e-4, f"the run with failures drifted from the clean run by {drift:.2e}"
+    assert_matches_clean_run(cluster, CONFIG, assert_exact(cluster, STEPS, nodes))
 
 
 def test_three_kills_and_two_rejoins_train_the_clean_run_model(make_cluster) -> None:
@@ -114,19 +124,7 @@ def test_three_kills_and_two_rejoins_train_the_clean_run_model(make_cluster) -> 
                                3 * TIMEOUT, "the two survivors done", interval=0.5)
 
     run(scenario())
-    sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
-    assert not audit(ledgers, 900, sampler)
-    finals = {n: final_params(cluster, n) for n in ("n2", "n3")}
-    assert max_rel_diff(finals["n2"], finals["n3"]) == 0.0, "replicas ended apart"
-    reference = LocalCluster(cluster.root.parent / "reference", 1, job="demo", config=config)
-    try:
-        reference.start_all()
-        run(finished(reference))
-    finally:
-        reference.stop_all()
-    drift = max_rel_diff(finals["n2"], final_params(reference, "n1"))
-    assert drift < 1e-4, f"the run with three kills drifted from the clean run by {drift:.2e}"
+    assert_matches_clean_run(cluster, config, assert_exact(cluster, 900, ["n2", "n3"]))
 
 
 def test_a_hung_worker_is_restarted_by_its_daemon_and_heals(make_cluster) -> None:
@@ -151,8 +149,4 @@ def test_a_hung_worker_is_restarted_by_its_daemon_and_heals(make_cluster) -> Non
     docs = run(scenario())
     assert docs["n3"]["worker"]["hangs"] == 1 and docs["n3"]["worker"]["restarts"] >= 1, docs["n3"]["worker"]
     assert any("hangs (stopped by a signal" in line for line in cluster.tail(cluster.node("n3"), 400).splitlines())
-    sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
-    assert not audit(ledgers, STEPS, sampler)
-    finals = {n: final_params(cluster, n) for n in nodes}
-    assert max(max_rel_diff(finals[n], finals["n1"]) for n in nodes) == 0.0, "replicas ended apart"
+    assert_exact(cluster, STEPS, nodes)
