@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from dpeer.peer import codec, errors, logs
 from dpeer.peer.checkpoints import Held
@@ -113,7 +113,8 @@ class Daemon:
             self.leader.group_failed(generation, f"{self.node_id}: {reason}")
             return
         self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(asyncio.get_running_loop().create_task(self._report_failure(generation, reason)))
+        report = self._tell_leader("the failed group", lambda c: c.group_failed(self.node_id, generation, reason))
+        self._tasks.append(asyncio.get_running_loop().create_task(report))
 
     def _checkpoint_written(self, step: int, digest: str) -> None:
         """The worker wrote the checkpoint of `step`: report it until the log records one as new."""
@@ -137,27 +138,20 @@ class Daemon:
         if self.node.role == "leader":
             self.leader.checkpoint_reported(self.node_id, held.step, held.digest)
         elif self._report_task is None or self._report_task.done():
-            self._report_task = asyncio.get_running_loop().create_task(self._send_checkpoint(held))
+            report = self._tell_leader(f"the checkpoint of step {held.step}",
+                                       lambda c: c.report_checkpoint(self.node_id, held.step, held.digest))
+            self._report_task = asyncio.get_running_loop().create_task(report)
 
-    async def _send_checkpoint(self, held: Held) -> None:
+    async def _tell_leader(self, what: str, call: Callable[[NodeClient], Awaitable[object]]) -> None:
+        """Make one call to the current leader over the shared channels; a failure is logged only
+        (the callers retry on their own schedule)."""
         leader = self.node.addrs.get(self.node.leader_id or "")
         if leader is None:
             return
         try:
-            async with NodeClient(leader, self.security, timeout=5.0) as client:
-                await client.report_checkpoint(self.node_id, held.step, held.digest)
+            await call(NodeClient(leader, channels=self.channels, timeout=5.0))
         except errors.PeerError as exc:
-            log.info("could not report the checkpoint of step %d to the leader: %s", held.step, exc)
-
-    async def _report_failure(self, generation: int, reason: str) -> None:
-        leader = self.node.addrs.get(self.node.leader_id or "")
-        if leader is None:
-            return
-        try:
-            async with NodeClient(leader, self.security, timeout=5.0) as client:
-                await client.group_failed(self.node_id, generation, reason)
-        except errors.PeerError as exc:
-            log.info("could not report the failed group to the leader: %s", exc)
+            log.info("could not report %s to the leader: %s", what, exc)
 
     def status(self) -> dict[str, Any]:
         """The status document (see status.document)."""

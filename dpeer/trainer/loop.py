@@ -214,14 +214,16 @@ class Trainer:
         }
         self._ledger.write(json.dumps(entry) + "\n")
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, digest: str) -> None:
+        """Write the checkpoint of this step when one is due; `digest` is the step's parameter
+        digest when train_step already took it ("" otherwise)."""
         if self.cfg.ckpt_dir and self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0:
             blob = self.capture()
-            params = self.digest()
+            params = digest or self.digest()
             blob.header["params_digest"] = params
-            _, digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, blob.to_bytes())
+            _, file_digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, blob.to_bytes())
             st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep, protect=self._committed_hint()[0])
-            self._event("checkpoint", step=self.step, digest=digest, params_digest=params,
+            self._event("checkpoint", step=self.step, digest=file_digest, params_digest=params,
                         rank=self.group.membership.rank)
 
     def train_step(self) -> bool:
@@ -251,7 +253,7 @@ class Trainer:
         digest = self.digest() if digested else ""
         self._record(indices, m, digest)
         self.source.report_progress(self.step, self.sampler.cursor_after(self.step), red.loss_mean, digest)
-        self._checkpoint()
+        self._checkpoint(digest)
         return should_switch(m.generation, red.newest_seen_by_rank).switch
 
     def _run_generation(self, view: View) -> str | None:
