@@ -378,7 +378,12 @@ class Node:
             self.poke()
             if isinstance(effect, MemberAlive):
                 self.addrs[effect.node_id] = effect.addr
+                self.raft.peer_alive(now, effect.node_id)
+            elif isinstance(effect, (MemberDead, MemberLeft)):
+                self.raft.leader_lost(now, effect.node_id)
             log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
+        if self.raft.has_ready():
+            self.drain()
 
 
 def _resolve(waiter: asyncio.Future) -> None:

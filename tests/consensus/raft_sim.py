@@ -68,10 +68,20 @@ class Checker:
                 raise AssertionError(f"two views with generation {gen}: {self.views[gen]}, {members}")
 
 
-class Cluster:
-    """n bootstrapped voters on a Simulator, driven by a seeded chaos schedule."""
+DETECT_EVERY = 0.05  # how often the failure-detector model looks
+DETECT_AFTER = 0.25  # gossip's SIGKILL-to-dead time on loopback (BENCHMARKS.md "Membership")
 
-    def __init__(self, seed: int, n: int, cfg: RaftConfig = LAN, compact_every: int = 0) -> None:
+
+class Cluster:
+    """n bootstrapped voters on a Simulator, driven by a seeded chaos schedule.
+
+    With detector=True a failure-detector model stands in for gossip: a node whose leader has
+    been crashed, paused or cut off from it (either way) for DETECT_AFTER is told leader_lost,
+    as the daemon does when gossip declares the leader dead.
+    """
+
+    def __init__(self, seed: int, n: int, cfg: RaftConfig = LAN, compact_every: int = 0,
+                 detector: bool = True) -> None:
         self.rng = random.Random(seed)
         self.cfg, self.compact_every = cfg, compact_every
         policy = LinkPolicy(delay_min=0.0005, delay_max=0.005)
@@ -85,6 +95,9 @@ class Cluster:
             self.storages[nid] = MemoryStorage()
             bootstrap(self.storages[nid], self.ids)
             self.sim.add(nid, self._actor(nid))
+        self._cut_since: dict[tuple[str, str], float] = {}
+        if detector:
+            self.sim.at(DETECT_EVERY, self._detect)
 
     def _actor(self, nid: str) -> RaftActor:
         return RaftActor(nid, self.storages[nid], self.cfg, random.Random(self.rng.random()),
@@ -118,6 +131,24 @@ class Cluster:
     def _emit(self, nid: str) -> None:
         # The simulator has no public hook to send from outside an event; see the report.
         self.sim.emit(nid, self.actor(nid).drain())
+
+    def _detect(self) -> None:
+        """One look of the failure-detector model; it reports each lost leader once."""
+        sim, net = self.sim, self.sim.network
+        for nid in sim.live():
+            node = self.actor(nid).node
+            lead = node.leader
+            cut = lead is not None and lead != nid and (
+                lead not in sim.live() or net.is_blocked(nid, lead) or net.is_blocked(lead, nid))
+            if not cut:
+                self._cut_since.pop((nid, lead), None)
+                continue
+            since = self._cut_since.setdefault((nid, lead), sim.now)
+            if sim.now - since >= DETECT_AFTER:
+                node.leader_lost(sim.now, lead)
+                self._cut_since[(nid, lead)] = float("inf")
+                sim.emit(nid, self.actor(nid).drain())
+        sim.at(sim.now + DETECT_EVERY, self._detect)
 
     # -- faults -----------------------------------------------------------------------------
     def chaos(self) -> None:
@@ -207,12 +238,14 @@ def run_schedule(seed: int, n: int, chaos_s: float = 2.0, quiet_s: float = 2.0) 
     return c
 
 
-def election_times(trials: int, n: int = 5, cfg: RaftConfig = LAN, seed: int = 0) -> list[float]:
-    """Seconds from a leader crash to the next leader, over seeded trials."""
+def election_times(trials: int, n: int = 5, cfg: RaftConfig = LAN, seed: int = 0,
+                   detector: bool = True) -> list[float]:
+    """Seconds from a leader crash to the next leader, over seeded trials (the crash comes
+    2-3 s after start, when an idle-capable leader has gone idle)."""
     out = []
     for k in range(trials):
-        c = Cluster(seed * 100_003 + k, n, cfg)
-        c.sim.run_for(1.0 + c.rng.random())
+        c = Cluster(seed * 100_003 + k, n, cfg, detector=detector)
+        c.sim.run_for(2.0 + c.rng.random())
         old = c.leader()
         assert old is not None
         term = c.actor(old).node.term

@@ -7,7 +7,8 @@ Contract. The caller owns the clock, the disk and the network:
   rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); apply rd.committed_entries
   in order; send rd.messages; advance(rd). Never step between ready() and advance().
 Features: pre-vote, check-quorum, leader lease on votes, fast log backoff, snapshots, learners,
-single-server membership changes, ReadIndex, committed-entry resync from any peer.
+single-server membership changes, ReadIndex, committed-entry resync from any peer, idle leaders
+that beat slowly, with leader_lost(node) as the failure detector's shortcut to an election.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from enum import Enum
 from typing import Any, Iterable, Mapping
 
 from dpeer.peer.consensus.config import RaftConfig
-from dpeer.peer.consensus.log import RaftLog
+from dpeer.peer.consensus.log import RaftLog, check_committed_batch
 from dpeer.peer.consensus.membership import ChangeOp, Membership, MembershipError
 from dpeer.peer.consensus.messages import (
     AppendRequest,
@@ -82,6 +83,9 @@ class RaftNode(LeaderSide):
         self._prev_soft = SoftState(None, Role.FOLLOWER.value)
         self._pending_conf_index = 0
         self._leader_contact = -math.inf
+        self._lease = config.election_timeout_min
+        self._hint: str | None = None  # the leader before a pre-vote, restored if it fails
+        self._active_at = now
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
         self._learner_heartbeat_due = -math.inf
@@ -115,6 +119,18 @@ class RaftNode(LeaderSide):
             self._reset_election_timer()
             if self._promotable():
                 self._campaign(pre_vote=True)
+
+    def leader_lost(self, now: float, node: str) -> None:
+        """The failure detector declared `node` dead (or gone): if it is our leader, drop its
+        lease and campaign within a random fraction of election_timeout_min, so the survivors
+        rarely split the vote. Only timers move: a wrong verdict costs a rejected pre-vote,
+        since the voters that still hear the leader keep its lease."""
+        self._now = now
+        if self.role is Role.LEADER or node != self.leader:
+            return
+        self._leader_contact = -math.inf
+        soon = now + self._rng.uniform(0.0, self.cfg.election_timeout_min)
+        self._election_deadline = min(self._election_deadline, soon)
 
     def step(self, now: float, src: str, msg: Message) -> None:
         """Handle one message from peer src; raises InvalidMessage on absurd fields."""
@@ -172,6 +188,7 @@ class RaftNode(LeaderSide):
         self._read_seq += 1
         index = self.log.committed if self._committed_in_term() else None
         self._pending_reads.append([self._read_seq, index])
+        self._mark_active()
         self._broadcast_heartbeat(learners=False)
         self._check_reads()
         return ReadRequested(self._read_seq)
@@ -184,7 +201,7 @@ class RaftNode(LeaderSide):
         if self.role is Role.LEADER or not batch:
             return AcceptResult(not batch, self.log.committed, "" if not batch else "leader")
         lo = self.log.committed
-        problem = _check_committed_batch(batch, commit_index, lo)
+        problem = check_committed_batch(batch, commit_index, lo)
         if problem:
             return AcceptResult(False, lo, problem)
         for e in batch:
@@ -300,22 +317,25 @@ class RaftNode(LeaderSide):
         """Heard from a live leader within the minimum election timeout (or we lead)."""
         if self.role is Role.LEADER:
             return True
-        recent = self._now - self._leader_contact < self.cfg.election_timeout_min
+        recent = self._now - self._leader_contact < self._lease
         return self.leader is not None and recent
 
     # -- elections --------------------------------------------------------------------------
     def _promotable(self) -> bool:
         return self.id in self.membership.voters and self.log.pending_snapshot is None
 
-    def _random_timeout(self) -> float:
+    def _random_timeout(self, idle: bool = False) -> float:
+        if idle:
+            return self._rng.uniform(self.cfg.idle_election_timeout, 1.5 * self.cfg.idle_election_timeout)
         return self._rng.uniform(self.cfg.election_timeout_min, self.cfg.election_timeout_max)
 
-    def _reset_election_timer(self) -> None:
-        self._election_deadline = self._now + self._random_timeout()
+    def _reset_election_timer(self, idle: bool = False) -> None:
+        self._election_deadline = self._now + self._random_timeout(idle)
 
     def _campaign(self, pre_vote: bool) -> None:
         """Ask every voter for a (pre-)vote; a pre-vote keeps our term unchanged."""
         if pre_vote:
+            self._hint = self.leader or self._hint
             self.role, self.leader = Role.PRE_CANDIDATE, None
             vote_term = self.term + 1
         else:
@@ -365,11 +385,13 @@ class RaftNode(LeaderSide):
             else:
                 self._become_leader()
         elif len(voters) - rejected < self.membership.quorum:
-            self._become_follower(self.term, None)
+            # A lost pre-vote changed no term: the leader we knew is still the best guess.
+            self._become_follower(self.term, self._hint if self.role is Role.PRE_CANDIDATE else None)
 
     def _become_follower(self, term: int, leader: str | None) -> None:
         if term > self.term:
             self.term, self.voted_for = term, None
+        self._hint = None
         self.role, self.leader, self._votes = Role.FOLLOWER, leader, {}
         self._heartbeat_due = self._quorum_check_due = math.inf
         self._pending_reads = []
@@ -395,8 +417,10 @@ class RaftNode(LeaderSide):
             return
         if self.role is not Role.FOLLOWER or self.leader != src:
             self._become_follower(self.term, src)
+        idle = isinstance(m, Heartbeat) and m.idle and self.cfg.idle_heartbeat_interval > 0
         self._leader_contact = self._now
-        self._reset_election_timer()
+        self._lease = self.cfg.idle_election_timeout if idle else self.cfg.election_timeout_min
+        self._reset_election_timer(idle)
         if isinstance(m, AppendRequest):
             self._on_append(src, m)
         elif isinstance(m, Heartbeat):
@@ -453,18 +477,6 @@ class RaftNode(LeaderSide):
         keep = [c for c in self._conf_history if c[0] <= self.log.committed][-1:]
         later = [c for c in self._conf_history if c[0] > self.log.committed]
         self._conf_history = (keep or self._conf_history[:1]) + later
-
-
-def _check_committed_batch(batch: list[Entry], commit_index: int, local_commit: int) -> str:
-    """Why accept_committed must refuse the batch's shape, or '' when it may proceed."""
-    for a, b in zip(batch, batch[1:]):
-        if b.index != a.index + 1 or b.term < a.term:
-            return "entries are not contiguous"
-    if batch[-1].index > commit_index:
-        return f"entry {batch[-1].index} is beyond the sender's commit index {commit_index}"
-    if batch[0].index > max(local_commit, 1):
-        return f"batch starts at {batch[0].index}; it must overlap our commit index {local_commit}"
-    return ""
 
 
 def _load_conf_history(storage: Storage) -> list[tuple[int, Membership]]:

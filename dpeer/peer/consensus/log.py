@@ -181,3 +181,15 @@ class RaftLog:
         if not self.applied <= index <= self.committed:
             raise LogInvariantError(f"applied {index} outside [{self.applied}, {self.committed}]")
         self.applied = index
+
+
+def check_committed_batch(batch: list[Entry], commit_index: int, local_commit: int) -> str:
+    """Why accept_committed must refuse the batch's shape, or '' when it may proceed."""
+    for a, b in zip(batch, batch[1:]):
+        if b.index != a.index + 1 or b.term < a.term:
+            return "entries are not contiguous"
+    if batch[-1].index > commit_index:
+        return f"entry {batch[-1].index} is beyond the sender's commit index {commit_index}"
+    if batch[0].index > max(local_commit, 1):
+        return f"batch starts at {batch[0].index}; it must overlap our commit index {local_commit}"
+    return ""

@@ -124,12 +124,14 @@ class AppendResponse:
 
 @dataclass(frozen=True)
 class Heartbeat:
-    """Leader liveness; commit is min(follower's match, leader commit); read_seq confirms reads."""
+    """Leader liveness; commit is min(follower's match, leader commit); read_seq confirms reads;
+    idle says the leader has nothing in flight and beats slowly (RaftConfig's idle settings)."""
 
     term: int
     leader: str
     commit: int
     read_seq: int
+    idle: bool = False
 
     def validate(self) -> None:
         """Raise InvalidMessage on absurd fields."""
@@ -137,6 +139,8 @@ class Heartbeat:
         _node("leader", self.leader)
         _u64("commit", self.commit)
         _u64("read_seq", self.read_seq)
+        if type(self.idle) is not bool:
+            raise InvalidMessage("idle must be a bool")
 
 
 @dataclass(frozen=True)

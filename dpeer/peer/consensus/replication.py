@@ -29,8 +29,10 @@ class LeaderSide:
 
     # -- leader side ------------------------------------------------------------------------
     def _tick_leader(self, now: float) -> None:
+        idle = self._idle()
         if now >= self._quorum_check_due:
-            self._quorum_check_due = now + self.cfg.election_timeout_min
+            window = self.cfg.idle_election_timeout if idle else self.cfg.election_timeout_min
+            self._quorum_check_due = now + window
             if not self.tracker.quorum_active(self.id):
                 log.info("%s steps down in term %d: no quorum heard (check-quorum)", self.id,
                          self.term)
@@ -39,12 +41,44 @@ class LeaderSide:
             for peer, pr in self.tracker.progress.items():
                 pr.recent_active = peer == self.id
         if now >= self._heartbeat_due:
-            self._heartbeat_due = now + self.cfg.heartbeat_interval
+            beat, learner_beat = self._beat_intervals(idle)
+            self._heartbeat_due = now + beat
             learners = now >= self._learner_heartbeat_due
             if learners:
-                self._learner_heartbeat_due = now + self.cfg.learner_heartbeat_interval
+                self._learner_heartbeat_due = now + learner_beat
             self._retry_stale_snapshots(now)
-            self._broadcast_heartbeat(learners)
+            self._broadcast_heartbeat(learners, idle)
+
+    def _beat_intervals(self, idle: bool) -> tuple[float, float]:
+        """(voter, learner) heartbeat intervals, busy or idle."""
+        if idle:
+            return self.cfg.idle_heartbeat_interval, self.cfg.idle_learner_heartbeat_interval
+        return self.cfg.heartbeat_interval, self.cfg.learner_heartbeat_interval
+
+    def _idle(self) -> bool:
+        """Nothing appended, committed or read for election_timeout_max, every voter holding the
+        whole log: the leader may beat slowly (RaftConfig's idle settings)."""
+        if not self.cfg.idle_heartbeat_interval or self._pending_reads:
+            return False
+        if self._now - self._active_at < self.cfg.election_timeout_max:
+            return False
+        last, voters = self.log.last_index(), self.membership.voters
+        return all(pr.match >= last for peer, pr in self.tracker.progress.items() if peer in voters)
+
+    def _mark_active(self) -> None:
+        """Leave the idle period: busy beats and the busy check-quorum window from now on."""
+        self._active_at = self._now
+        self._heartbeat_due = min(self._heartbeat_due, self._now + self.cfg.heartbeat_interval)
+        self._quorum_check_due = min(self._quorum_check_due, self._now + self.cfg.election_timeout_min)
+
+    def peer_alive(self, now: float, node: str) -> None:
+        """The failure detector sees `node` alive again (restarted, or back from a partition):
+        as leader, beat it now, so it learns the leader without waiting for an idle beat."""
+        self._now = now
+        pr = self.tracker.progress.get(node) if self.role.value == "leader" else None
+        if pr is not None and node != self.id:
+            commit = min(pr.match, self.log.committed)
+            self._send(node, Heartbeat(self.term, self.id, commit, self._read_seq, self._idle()))
 
     def _retry_stale_snapshots(self, now: float) -> None:
         for pr in self.tracker.progress.values():
@@ -55,6 +89,7 @@ class LeaderSide:
 
     def _leader_append(self, kind: EntryKind, payload: dict[str, Any]) -> Entry:
         entry = Entry(self.log.last_index() + 1, self.term, kind, payload)
+        self._mark_active()
         self._append([entry])
         self._broadcast_append(allow_empty=False)
         return entry
@@ -64,13 +99,13 @@ class LeaderSide:
             if peer != self.id:
                 self._send_append(peer, allow_empty)
 
-    def _broadcast_heartbeat(self, learners: bool = True) -> None:
-        """Beat every voter, and the learners too when learners is True."""
+    def _broadcast_heartbeat(self, learners: bool = True, idle: bool = False) -> None:
+        """Beat every voter, and the learners too when learners is True; idle marks slow beats."""
         voters = self.membership.voters
         for peer, pr in sorted(self.tracker.progress.items()):
             if peer != self.id and (learners or peer in voters):
                 commit = min(pr.match, self.log.committed)
-                self._send(peer, Heartbeat(self.term, self.id, commit, self._read_seq))
+                self._send(peer, Heartbeat(self.term, self.id, commit, self._read_seq, idle))
 
     def _send_append(self, peer: str, allow_empty: bool = True) -> bool:
         """Send the next entries (or a snapshot) to peer; False when nothing was sent."""
@@ -147,6 +182,7 @@ class LeaderSide:
         had_term_commit = self._committed_in_term()
         if not self.log.maybe_commit(self.tracker.committed_index(), self.term):
             return False
+        self._mark_active()
         if not had_term_commit:
             for read in self._pending_reads:
                 read[1] = self.log.committed if read[1] is None else read[1]

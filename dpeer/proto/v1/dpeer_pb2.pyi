@@ -203,16 +203,18 @@ class AppendResponse(_message.Message):
     def __init__(self, term: _Optional[int] = ..., success: _Optional[bool] = ..., match_index: _Optional[int] = ..., reject_hint: _Optional[int] = ..., reject_term: _Optional[int] = ...) -> None: ...
 
 class RaftHeartbeat(_message.Message):
-    __slots__ = ("term", "leader", "commit", "read_seq")
+    __slots__ = ("term", "leader", "commit", "read_seq", "idle")
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     READ_SEQ_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FIELD_NUMBER: _ClassVar[int]
     term: int
     leader: str
     commit: int
     read_seq: int
-    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., commit: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
+    idle: bool
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., commit: _Optional[int] = ..., read_seq: _Optional[int] = ..., idle: _Optional[bool] = ...) -> None: ...
 
 class RaftHeartbeatResponse(_message.Message):
     __slots__ = ("term", "read_seq")

@@ -1,0 +1,143 @@
+"""Idle leaders, step by step: slow beats once nothing is in flight, a long lease on followers,
+any entry ending the idle period, check-quorum on the idle window, and leader_lost() as the
+failure detector's shortcut to an election."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+from raft_helpers import CFG, Net
+
+from dpeer.peer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
+
+IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
+               idle_learner_heartbeat_interval=2.0, idle_election_timeout=4.0)
+
+
+def _idle_net() -> Net:
+    net = Net(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"], cfg=IDLE)
+    net.elect("a")
+    net.run(IDLE.election_timeout_max + 0.5, nodes=["a"])
+    return net
+
+
+def _beats_in(net: Net, seconds: float) -> tuple[Counter, list[Heartbeat]]:
+    before = len(net.sent("a", Heartbeat))
+    net.run(seconds, nodes=["a"])
+    new = net.sent("a", Heartbeat)[before:]
+    return Counter(dst for dst, _ in new), [m for _, m in new]
+
+
+def test_a_leader_with_nothing_in_flight_beats_slowly_and_marks_its_beats_idle() -> None:
+    net = _idle_net()
+    beats, msgs = _beats_in(net, 10.0)
+    assert beats["b"] == beats["c"] == 20 and beats["l"] == 5
+    assert all(m.idle for m in msgs)
+    # followers hold the lease and wait out the idle timeout: nobody campaigns
+    net.run(10.0)
+    assert net.leaders() == ["a"] and not net.sent("b", VoteRequest) and not net.sent("c", VoteRequest)
+
+
+def test_a_busy_leader_beats_at_the_busy_interval_without_the_idle_mark() -> None:
+    net = Net(["a", "b", "c"], cfg=IDLE)
+    net.elect("a")
+    beats, msgs = _beats_in(net, 0.5)
+    assert beats["b"] == 5 and not any(m.idle for m in msgs)
+
+
+def test_a_new_entry_ends_the_idle_period_at_once() -> None:
+    net = _idle_net()
+    net.propose("a", 1)
+    assert all(net.nodes[n].commit_index == net.nodes["a"].commit_index for n in "bcl")
+    beats, msgs = _beats_in(net, 0.5)
+    assert beats["b"] >= 5 and not any(m.idle for m in msgs)
+    # election_timeout_max after the last activity it is idle again
+    beats, msgs = _beats_in(net, 4.0)
+    assert msgs[-1].idle and beats["b"] < 4.0 / IDLE.heartbeat_interval - 10
+
+
+def test_a_voter_that_lags_keeps_the_leader_busy() -> None:
+    net = Net(["a", "b", "c"], cfg=IDLE)
+    net.elect("a")
+    net.cut |= {("a", "c")}
+    net.propose("a", 1)
+    net.run(3.0, nodes=["a"])
+    assert not any(m.idle for _, m in net.sent("a", Heartbeat)[-3:])
+
+
+def test_an_idle_follower_keeps_the_lease_against_a_disruptive_pre_vote() -> None:
+    net = _idle_net()
+    node = net.nodes["b"]
+    assert node._election_deadline - net.now >= IDLE.idle_election_timeout - IDLE.idle_heartbeat_interval
+    net.advance(2.0)  # past the busy lease, inside the idle one
+    net.nodes["c"].tick(net.nodes["c"].next_deadline())  # c's timer fires early (a partition)
+    net.nodes["c"]._campaign(pre_vote=True)
+    net.deliver()
+    refusals = [m for _, m in net.sent("b", VoteResponse)]
+    assert refusals and not refusals[-1].granted and refusals[-1].reason == "leader_lease"
+    assert net.leaders() == ["a"]
+
+
+def test_leader_lost_starts_an_election_within_the_minimum_timeout_and_ends_the_lease() -> None:
+    net = _idle_net()
+    net.isolate("a")
+    for n in "bc":
+        net.nodes[n].leader_lost(net.now, "a")
+        assert net.nodes[n].next_deadline() <= net.now + IDLE.election_timeout_min
+    net.run(IDLE.election_timeout_min + 0.2, nodes=["b", "c"])
+    assert len([n for n in "bc" if net.nodes[n].role.value == "leader"]) == 1
+
+
+def test_leader_lost_for_another_node_or_on_the_leader_changes_nothing() -> None:
+    net = _idle_net()
+    deadline = net.nodes["b"].next_deadline()
+    net.nodes["b"].leader_lost(net.now, "c")
+    net.nodes["a"].leader_lost(net.now, "a")
+    assert net.nodes["b"].next_deadline() == deadline and net.leaders() == ["a"]
+
+
+def test_a_wrong_leader_lost_verdict_costs_one_refused_pre_vote_and_no_new_term() -> None:
+    net = _idle_net()
+    term = net.nodes["a"].term
+    net.nodes["b"].leader_lost(net.now, "a")
+    net.run(IDLE.election_timeout_min, nodes=["b"])
+    assert net.sent("b", VoteRequest) and all(m.pre_vote for _, m in net.sent("b", VoteRequest))
+    assert net.nodes["b"].leader == "a"  # a lost pre-vote keeps the leader it knew
+    net.run(2.0)
+    assert net.leaders() == ["a"] and net.nodes["a"].term == term and net.nodes["b"].leader == "a"
+
+
+def test_an_idle_leader_cut_off_from_its_voters_steps_down_within_two_idle_windows() -> None:
+    net = _idle_net()
+    net.isolate("a")
+    net.run(2 * IDLE.idle_election_timeout + 0.1, nodes=["a"])
+    assert net.nodes["a"].role.value == "follower"
+
+
+def test_an_idle_leader_answered_by_its_voters_keeps_leading() -> None:
+    net = _idle_net()
+    net.run(3 * IDLE.idle_election_timeout)
+    assert net.leaders() == ["a"]
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"idle_heartbeat_interval": 0.05}, "idle_heartbeat_interval"),
+    ({"idle_heartbeat_interval": 0.0}, "need idle_heartbeat_interval"),
+    ({"idle_learner_heartbeat_interval": 0.1}, "idle_learner_heartbeat_interval"),
+    ({"idle_election_timeout": 1.0}, "idle_election_timeout"),
+])
+def test_inconsistent_idle_settings_are_refused(change: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        replace(IDLE, **change)
+
+
+def test_a_peer_seen_alive_again_is_beaten_at_once_and_learns_the_leader() -> None:
+    net = _idle_net()
+    net.restart("l")
+    assert net.nodes["l"].leader is None
+    net.nodes["a"].peer_alive(net.now, "l")
+    net.nodes["b"].peer_alive(net.now, "l")  # only the leader beats
+    net.deliver()
+    assert net.nodes["l"].leader == "a" and not net.sent("b", Heartbeat)
