@@ -25,7 +25,8 @@ log = logging.getLogger("dpeer.leader")
 QUIET_WINDOW = {"lan": 0.1, "wan": 0.5, "edge": 2.0}
 DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
 # How long a failed group waits for gossip to explain the failure (a dead or hung member) before
-# it is re-formed with the same members under a new generation.
+# it is re-formed with the same members under a new generation. A member gossip already suspects
+# is dropped as soon as its group reports the failure (views.training_members).
 FAILURE_GRACE = {"lan": 0.5, "wan": 2.0, "edge": 5.0}
 PROPOSAL_TIMEOUT = 5.0
 RETRY_AFTER_FAILURE = 0.1
@@ -82,8 +83,11 @@ class LeaderChores:
         ):
             if decision.propose:
                 return decision
-        members = training_members(state, observed)
+        train = training_members(state, observed, self.failed_generation)
+        members = train.members
         if members != self._wanted:
+            if self._wanted is not None:
+                log.info("training members now %s: %s", members, train.reason)
             self._wanted, self._changed_at = members, now
         ports = {n: state.members[n].store_port for n in members}
         failed = self.failed_generation if now - self._failed_at >= self.failure_grace else 0

@@ -96,18 +96,63 @@ def _dead_for(observed: Mapping[str, Observed], node_id: str, now: float) -> flo
     return now - seen.since if seen is not None and seen.state == "dead" else -1.0
 
 
-def training_members(state: ClusterState, observed: Mapping[str, Observed]) -> list[str]:
-    """Who should train: active members that gossip sees alive and whose worker is ready.
+@dataclass(frozen=True)
+class Wanted:
+    """Who should train next, in rank order, and why anyone was kept, dropped or left out."""
+
+    members: list[str]
+    reason: str
+
+
+def training_members(state: ClusterState, observed: Mapping[str, Observed], failed_generation: int = 0) -> Wanted:
+    """Who should train: active members whose worker is ready and that gossip does not hold dead.
 
     A worker is ready once it has built the job and waits for a view, so the survivors never
-    wait on a newcomer's (or a restarted worker's) start-up.
+    wait on a newcomer's (or a restarted worker's) start-up. Hysteresis: a member of the current
+    view that gossip only suspects stays, so a starved but live node does not flap in and out;
+    once the current group reported itself failed (failed_generation), suspicion drops it.
+    A newcomer must be seen alive.
 
     Survivors keep their relative rank order; newcomers follow, sorted, so ranks move as
     little as possible from one generation to the next.
     """
-    want = {n for n, m in state.members.items() if m.status == "active" and m.ready and _alive(observed, n)}
     current = list(state.view.members) if state.view is not None else []
-    return [m for m in current if m in want] + sorted(want - set(current))
+    failed = _group_failed(state, failed_generation)
+    newcomers = sorted(n for n, m in state.members.items() if m.status == "active" and n not in current)
+    members: list[str] = []
+    notes: list[str] = []
+    for node_id in current + newcomers:
+        fits, note = _fits(state, observed, node_id, node_id in current, failed)
+        if fits:
+            members.append(node_id)
+        if note:
+            notes.append(note)
+    return Wanted(members, "; ".join(notes) or "every member is ready and seen alive")
+
+
+def _fits(
+    state: ClusterState, observed: Mapping[str, Observed], node_id: str, in_view: bool, failed: bool
+) -> tuple[bool, str]:
+    """Whether one node should train, with a note when that is not plain (empty otherwise)."""
+    member = state.members.get(node_id)
+    seen = observed.get(node_id)
+    gossip = seen.state if seen is not None else "unknown to gossip"
+    verb = "dropped" if in_view else "waits"
+    if member is None or member.status != "active":
+        return False, f"{node_id} dropped: {member.status if member is not None else 'not a member'}"
+    if not member.ready:
+        return False, f"{node_id} {verb}: its worker is not ready"
+    if gossip == "alive":
+        return True, ""
+    if gossip == "suspect" and in_view and not failed:
+        return True, f"{node_id} kept while suspect: its group has not failed"
+    if gossip == "suspect" and in_view:
+        return False, f"{node_id} dropped: suspect and its group failed"
+    return False, f"{node_id} {verb}: {gossip}"
+
+
+def _group_failed(state: ClusterState, failed_generation: int) -> bool:
+    return state.view is not None and failed_generation == state.view.generation
 
 
 def decide_view(
@@ -122,7 +167,7 @@ def decide_view(
     same members, so its workers can re-form.
     """
     current = state.view
-    failed = current is not None and failed_generation == current.generation
+    failed = _group_failed(state, failed_generation)
     if current is not None and list(current.members) == members and not failed:
         return _none(f"generation {current.generation} already has these members")
     if not members:

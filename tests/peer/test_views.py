@@ -75,7 +75,47 @@ def test_training_members_keep_survivor_order_and_append_newcomers() -> None:
     s = state({"a": "active", "b": "active", "c": "active", "d": "active", "e": "dead"},
               view=View(4, ("c", "a", "b"), "h:1"))
     gossip = seen(a="alive", b="dead", c="alive", d="alive", e="alive")
-    assert training_members(s, gossip) == ["c", "a", "d"]
+    assert training_members(s, gossip).members == ["c", "a", "d"]
+
+
+@pytest.mark.parametrize(
+    "gossip, failed_generation, members, why",
+    [
+        # in view a, b (generation 4); c is active and not in it
+        (seen(a="alive", b="alive", c="alive"), 0, ["a", "b", "c"], "every member"),
+        (seen(a="alive", b="suspect", c="alive"), 0, ["a", "b", "c"], "b kept while suspect"),
+        (seen(a="alive", b="suspect", c="alive"), 3, ["a", "b", "c"], "b kept while suspect"),  # stale report
+        (seen(a="alive", b="suspect", c="alive"), 4, ["a", "c"], "b dropped: suspect and its group failed"),
+        (seen(a="alive", b="dead", c="alive"), 0, ["a", "c"], "b dropped: dead"),
+        (seen(a="alive", b="left", c="alive"), 0, ["a", "c"], "b dropped: left"),
+        (seen(a="alive", b="alive", c="suspect"), 0, ["a", "b"], "c waits: suspect"),
+        (seen(a="alive", b="alive", c="dead"), 0, ["a", "b"], "c waits: dead"),
+        (seen(a="alive", b="alive"), 0, ["a", "b"], "c waits: unknown to gossip"),
+        (seen(a="alive", b="alive", c="alive"), 4, ["a", "b", "c"], "every member"),
+    ],
+)
+def test_training_members_hysteresis(gossip, failed_generation, members, why) -> None:
+    s = state({"a": "active", "b": "active", "c": "active"}, view=View(4, ("a", "b"), "h:1"))
+    wanted = training_members(s, gossip, failed_generation)
+    assert wanted.members == members and why in wanted.reason, wanted.reason
+
+
+@pytest.mark.parametrize(
+    "status, ready, gossip, why",
+    [
+        ("dead", True, "alive", "b dropped: dead"),  # committed dead, gossip not yet caught up
+        ("left", True, "suspect", "b dropped: left"),
+        ("active", False, "suspect", "b dropped: its worker is not ready"),
+    ],
+)
+def test_a_member_of_the_view_is_dropped_whatever_gossip_says_once_not_active_or_not_ready(
+    status, ready, gossip, why
+) -> None:
+    s = state({"a": "active", "b": "active"}, view=View(4, ("a", "b"), "h:1"))
+    s = ClusterState(members=MappingProxyType({**s.members, "b": Member("h:2", status, 2, 0, ready)}),
+                     view=s.view)
+    wanted = training_members(s, seen(a="alive", b=gossip))
+    assert wanted.members == ["a"] and why in wanted.reason, wanted.reason
 
 
 def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> None:
@@ -111,7 +151,8 @@ def test_first_view_uses_rank0_host() -> None:
 def test_members_whose_worker_is_not_ready_do_not_train() -> None:
     s = state({"a": "active", "b": "active"})
     s = ClusterState(members=MappingProxyType({**s.members, "b": Member("h:2", "active", 2, 0, False)}))
-    assert training_members(s, seen(a="alive", b="alive")) == ["a"]
+    wanted = training_members(s, seen(a="alive", b="alive"))
+    assert wanted.members == ["a"] and "b waits: its worker is not ready" in wanted.reason
 
 
 def test_a_failed_group_gets_a_new_generation_with_the_same_members() -> None:

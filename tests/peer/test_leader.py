@@ -1,0 +1,64 @@
+"""LeaderChores.decide wiring: gossip, a failed-group report and the clock reach the pure view decisions."""
+
+from __future__ import annotations
+
+from types import MappingProxyType, SimpleNamespace
+
+from dpeer.peer.leader import LeaderChores
+from dpeer.peer.views import Observed
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.state import ClusterState, Member, View
+
+
+class FakeNode(SimpleNamespace):
+    """The part of Node that LeaderChores reads: role, identity, applied state, gossip, clock."""
+
+    def observed(self) -> dict[str, Observed]:
+        return {n: Observed(s, f"10.0.0.{i}:7100", 0.0) for i, (n, s) in enumerate(self.gossip.items(), 1)}
+
+    def poke(self) -> None:
+        pass
+
+
+def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
+    members = {"a": Member("10.0.0.1:7100", "active", 1, 7101, True), "b": Member("10.0.0.2:7100", "active", 2, 7201)}
+    state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
+                         view=View(4, ("a", "b"), "10.0.0.1:7101"))
+    node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state),
+                    raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
+    return LeaderChores(node, "lan", 7101, lambda: True, lambda: False), node
+
+
+def test_a_suspect_member_stays_until_its_group_fails_then_goes_without_the_failure_grace() -> None:
+    leader, _ = chores("suspect")
+    assert leader.decide(10.0) is None and leader.decide(11.0) is None
+    leader.group_failed(4, "allreduce timed out")
+    assert leader.decide(11.0) is None  # the wanted members changed: the quiet window starts
+    d = leader.decide(11.0 + leader.quiet + 0.01)
+    assert d is not None and d.kind is EntryKind.VIEW
+    assert d.payload["members"] == ["a"] and d.payload["generation"] == 5
+    assert leader.quiet < leader.failure_grace  # so the drop did not wait for the failure grace
+
+
+def test_a_failed_group_with_live_members_reforms_with_them_after_the_failure_grace() -> None:
+    leader, _ = chores("alive")
+    leader.decide(10.0)
+    leader.group_failed(4, "allreduce failed")
+    assert leader.decide(11.0 + leader.quiet + 0.01) is None
+    d = leader.decide(11.0 + leader.failure_grace)
+    assert d is not None and d.payload["members"] == ["a", "b"] and d.payload["generation"] == 5
+
+
+def test_a_dead_member_is_declared_then_dropped_from_the_view() -> None:
+    leader, node = chores("alive")
+    leader.decide(10.0)
+    node.gossip["b"] = "dead"
+    d = leader.decide(10.5)
+    assert d is not None and d.kind is EntryKind.MEMBER_DEAD
+    state = node.store.state
+    dead_b = Member("10.0.0.2:7100", "dead", 2, 7201)
+    node.store.state = ClusterState(members=MappingProxyType({**state.members, "b": dead_b}),
+                                    voters=state.voters, view=state.view)
+    assert leader.decide(10.6) is None
+    d = leader.decide(10.6 + leader.quiet + 0.01)
+    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
