@@ -6,16 +6,17 @@ Every figure comes from real processes (LocalCluster), measured from a client pr
   done when the leader answers committed (the entry is committed by a majority of voters and
   applied on the leader). Same-client floors are printed next to it: a `status` RPC (one gRPC
   round trip plus building the status JSON) and a linearizable `kv get` (ReadIndex round).
-- failover: SIGKILL the leader of a formed, quiet cluster, then poll every survivor's status
+- failover: SIGKILL (or with --signal stop, SIGSTOP) the leader of a formed, quiet cluster, then poll every survivor's status
   every ~10 ms (one persistent client and one polling task per survivor) and record when (a) a
   survivor first reports itself leader of a higher term, (b) every survivor names that new
   leader, (c) a survivor first reports a higher group generation (the next committed view),
-  (d) every survivor does. The killed node is restarted and the cluster re-forms before the
-  next trial, so the leader moves around.
+  (d) every survivor does. The killed node is restarted (a stopped one SIGCONTed) and the
+  cluster re-forms before the next trial, so the leader moves around.
 
     python scripts/bench_agreement.py            # 3, 5, 7 and 7-voter clusters, ~5 min
     python scripts/bench_agreement.py --quick    # 3 and 5 nodes, fewer puts and trials, < 2 min
     python scripts/bench_agreement.py --sizes 5 --puts 500 --trials 9
+    python scripts/bench_agreement.py --quick --sizes 5 --signal stop   # a hung leader
 
 Sizes: "7" runs the shipped default (at most 5 voters, so 2 learners); "7v" sets max_voters: 7.
 Every daemon this script starts is SIGKILLed on exit, Ctrl-C and exceptions included.
@@ -53,6 +54,9 @@ DEFAULT_MAX_VOTERS = 5
 
 # -- process hygiene ----------------------------------------------------------------------------
 _LIVE: list[LocalCluster] = []
+
+
+SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
 def _stop_everything() -> None:
@@ -266,8 +270,9 @@ def _start_py_spy(node: LocalNode, profile_dir: Path, label: str) -> subprocess.
 
 
 async def failover_trial(cluster: LocalCluster, pollers: Pollers, size: int, voters: int,
-                         settle: float) -> dict[str, float]:
-    """SIGKILL the leader of a formed cluster; seconds until a new leader and the next view."""
+                         settle: float, sig: int = signal.SIGKILL) -> dict[str, float]:
+    """SIGKILL (or SIGSTOP) the leader of a formed cluster; seconds until a new leader and the
+    next view. A killed leader is restarted afterwards, a stopped one SIGCONTed."""
     docs = await wait_stable(pollers, size, voters)
     await asyncio.sleep(settle)
     docs = await wait_stable(pollers, size, voters)
@@ -302,7 +307,7 @@ async def failover_trial(cluster: LocalCluster, pollers: Pollers, size: int, vot
             await asyncio.sleep(POLL_INTERVAL)
 
     t0 = time.perf_counter()
-    cluster.kill(cluster.node(old), signal.SIGKILL)
+    cluster.kill(cluster.node(old), sig)
     tasks = [asyncio.create_task(watch(s, t0)) for s in survivors]
     try:
         await asyncio.wait_for(done.wait(), TRIAL_TIMEOUT)
@@ -310,7 +315,10 @@ async def failover_trial(cluster: LocalCluster, pollers: Pollers, size: int, vot
         pass
     done.set()
     await asyncio.gather(*tasks, return_exceptions=True)
-    cluster.start(cluster.node(old))
+    if sig == signal.SIGSTOP:
+        cluster.kill(cluster.node(old), signal.SIGCONT)
+    else:
+        cluster.start(cluster.node(old))
 
     def first(key: str) -> float:
         return min((seen[s].get(key, math.inf) for s in survivors), default=math.inf)
@@ -338,7 +346,7 @@ async def run_size(spec: str, args: argparse.Namespace) -> dict[str, Any]:
                                                     args.warmup, args.profile, spec)
             trials = []
             for i in range(args.trials):
-                trial = await failover_trial(cluster, pollers, size, voters, args.settle)
+                trial = await failover_trial(cluster, pollers, size, voters, args.settle, SIGNALS[args.signal])
                 trials.append(trial)
                 print(f"  [{spec}] failover trial {i + 1}: old leader {trial['old_leader']}, "
                       f"elected {fmt_ms(trial['elected'])} ms, leader everywhere {fmt_ms(trial['leader_everywhere'])} ms, "
@@ -369,7 +377,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         print(f"| {r['size']} | {r['voters']} | {fmt_ms(p50)} ms | {fmt_ms(p99)} ms "
               f"| {fmt_ms(c['first_tenth_p50'])} / {fmt_ms(c['last_tenth_p50'])} ms | {fmt_ms(c['status_p50'])} ms "
               f"| {fmt_ms(c['get_p50'])} / {fmt_ms(c['get_p99'])} ms | {p50 / 0.020:.2f}x |")
-    print(f"\n### Leader SIGKILL (median of {args.trials} trials per size; max in brackets; "
+    print(f"\n### Leader {SIGNALS[args.signal].name} (median of {args.trials} trials per size; max in brackets; "
           f"status polled every {POLL_INTERVAL * 1e3:.0f} ms per survivor)\n")
     print("| nodes | voters | new leader (first) | leader known everywhere | next view (first) "
           "| next view everywhere | old leader dead everywhere | view vs 1 s target |")
@@ -397,6 +405,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds of puts per size (default 3, quick 1)")
     parser.add_argument("--warmup", type=int, default=20, help="puts before measuring")
     parser.add_argument("--trials", type=int, help="leader kills per size (default 7, quick 5)")
+    parser.add_argument("--signal", choices=sorted(SIGNALS), default="kill",
+                        help="how the leader fails: kill (SIGKILL, then restart) or stop (SIGSTOP, then SIGCONT)")
     parser.add_argument("--settle", type=float, default=1.0, help="quiet seconds after re-forming, before a kill")
     parser.add_argument("--profile", type=Path, help="record the leader with py-spy during the puts into DIR")
     parser.add_argument("--json", type=Path, help="also write every raw figure to this file")

@@ -47,6 +47,15 @@ def test_a_busy_leader_beats_at_the_busy_interval_without_the_idle_mark() -> Non
     assert beats["b"] == 5 and not any(m.idle for m in msgs)
 
 
+def test_a_leader_asked_to_hold_busy_never_idles() -> None:
+    net = Net(["a", "b", "c"], cfg=IDLE)
+    for node in net.nodes.values():
+        node.hold_busy = True
+    net.elect("a")
+    beats, msgs = _beats_in(net, 5.0)
+    assert beats["b"] >= 49 and not any(m.idle for m in msgs)
+
+
 def test_a_new_entry_ends_the_idle_period_at_once() -> None:
     net = _idle_net()
     net.propose("a", 1)
@@ -80,12 +89,12 @@ def test_an_idle_follower_keeps_the_lease_against_a_disruptive_pre_vote() -> Non
     assert net.leaders() == ["a"]
 
 
-def test_leader_lost_starts_an_election_within_the_minimum_timeout_and_ends_the_lease() -> None:
+def test_leader_lost_starts_an_election_within_half_a_beat_and_the_minimum_timeout() -> None:
     net = _idle_net()
     net.isolate("a")
     for n in "bc":
         net.nodes[n].leader_lost(net.now, "a")
-        assert net.nodes[n].next_deadline() <= net.now + IDLE.election_timeout_min
+        assert net.nodes[n].next_deadline() <= net.now + IDLE.heartbeat_interval / 2 + IDLE.election_timeout_min
     net.run(IDLE.election_timeout_min + 0.2, nodes=["b", "c"])
     assert len([n for n in "bc" if net.nodes[n].role.value == "leader"]) == 1
 

@@ -85,6 +85,7 @@ class RaftNode(LeaderSide):
         self._leader_contact = -math.inf
         self._lease = config.election_timeout_min
         self._hint: str | None = None  # the leader before a pre-vote, restored if it fails
+        self.hold_busy = False  # set by the caller when fast failover beats idle CPU: never idle
         self._active_at = now
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
@@ -122,14 +123,15 @@ class RaftNode(LeaderSide):
 
     def leader_lost(self, now: float, node: str) -> None:
         """The failure detector declared `node` dead (or gone): if it is our leader, drop its
-        lease and campaign within a random fraction of election_timeout_min, so the survivors
-        rarely split the vote. Only timers move: a wrong verdict costs a rejected pre-vote,
-        since the voters that still hear the leader keep its lease."""
+        lease and campaign after half a heartbeat (time for the other voters' detectors to reach
+        the same verdict and drop the lease too) plus a random part of election_timeout_min, so
+        the survivors rarely split the vote. Only timers move: a wrong verdict costs a rejected
+        pre-vote, since the voters that still hear the leader keep its lease."""
         self._now = now
         if self.role is Role.LEADER or node != self.leader:
             return
         self._leader_contact = -math.inf
-        soon = now + self._rng.uniform(0.0, self.cfg.election_timeout_min)
+        soon = now + self.cfg.heartbeat_interval / 2 + self._rng.uniform(0.0, self.cfg.election_timeout_min)
         self._election_deadline = min(self._election_deadline, soon)
 
     def step(self, now: float, src: str, msg: Message) -> None:
