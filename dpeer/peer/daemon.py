@@ -64,9 +64,6 @@ class Daemon:
                          max_voters=config.max_voters)
         self.resyncer = Resyncer(self.node, self.channels)
         self.worker = worker
-        # while a job trains here, a hung leader must be replaced in a beat, not when gossip
-        # declares it dead, and the training dwarfs the beats' CPU: so it never idles
-        self.node.raft.hold_busy = worker is not None
         if worker is not None:
             worker.on_failure = self._group_failed
             worker.on_checkpoint = self._checkpoint_written

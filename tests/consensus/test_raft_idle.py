@@ -47,15 +47,6 @@ def test_a_busy_leader_beats_at_the_busy_interval_without_the_idle_mark() -> Non
     assert beats["b"] == 5 and not any(m.idle for m in msgs)
 
 
-def test_a_leader_asked_to_hold_busy_never_idles() -> None:
-    net = Net(["a", "b", "c"], cfg=IDLE)
-    for node in net.nodes.values():
-        node.hold_busy = True
-    net.elect("a")
-    beats, msgs = _beats_in(net, 5.0)
-    assert beats["b"] >= 49 and not any(m.idle for m in msgs)
-
-
 def test_a_new_entry_ends_the_idle_period_at_once() -> None:
     net = _idle_net()
     net.propose("a", 1)

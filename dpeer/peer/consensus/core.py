@@ -85,7 +85,6 @@ class RaftNode(LeaderSide):
         self._leader_contact = -math.inf
         self._lease = config.election_timeout_min
         self._hint: str | None = None  # the leader before a pre-vote, restored if it fails
-        self.hold_busy = False  # set by the caller when fast failover beats idle CPU: never idle
         self._active_at = now
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf

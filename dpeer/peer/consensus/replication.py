@@ -57,9 +57,8 @@ class LeaderSide:
 
     def _idle(self) -> bool:
         """Nothing appended, committed or read for election_timeout_max, every voter holding the
-        whole log, and the caller did not ask to hold_busy: the leader may beat slowly
-        (RaftConfig's idle settings)."""
-        if self.hold_busy or not self.cfg.idle_heartbeat_interval or self._pending_reads:
+        whole log: the leader may beat slowly (RaftConfig's idle settings)."""
+        if not self.cfg.idle_heartbeat_interval or self._pending_reads:
             return False
         if self._now - self._active_at < self.cfg.election_timeout_max:
             return False
