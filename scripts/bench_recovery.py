@@ -25,12 +25,22 @@ torchrun, dpeer and dpeer with a digest every step (``training.digest_every=1``)
 boxes, trained in turn in short windows while the other jobs' training processes are SIGSTOPped
 (see ``recovery_steady.run_alternating``), reported as the median over rounds of dpeer/torchrun ratios.
 
+``--pinned`` measures only the steady state, fairly for one core per box: torchrun and dpeer with
+world size 2, each box (its agent or daemon and its worker, every thread) pinned with
+``sched_setaffinity`` to its own core (n1 on core 0, n2 on core 1, for both jobs; checked before
+measuring), trained in turn in 0.5 s windows as above (120 rounds, 40 with ``--quick``,
+``--rounds N``). The paused job's agents or daemons keep running on the same cores (stopping
+dpeer's would outlast its 0.3-0.6 s election timeout), so their CPU is measured too. Reported:
+per-round dpeer/torchrun ratios of median step times (median [quartiles] and a bootstrap 95 %
+interval of the median), the same with the paused job's CPU taken out, worker CPU per step, and
+the agents' and daemons' CPU per second (/proc/PID/stat) while their job trains and while it is
+paused (see ``recovery_steady.run_pinned``).
 
-Usage: ``python scripts/bench_recovery.py [--quick] [--trials N] [--json FILE] [--keep]``.
+Usage: ``python scripts/bench_recovery.py [--quick] [--trials N] [--json FILE] [--keep] [--pinned] [--rounds N]``.
 Everything started here runs in its own process group and is SIGKILLed on exit, error or Ctrl-C.
 Both sides get OMP_NUM_THREADS=1 (three boxes share this machine's cores).
 The pieces: recovery_common (settings, process trees, /proc), recovery_torchrun, recovery_dpeer,
-recovery_steady (alternating windows) and recovery_report.
+recovery_steady (alternating windows, pinned or not) and recovery_report.
 """
 
 from __future__ import annotations
@@ -52,8 +62,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from recovery_common import loadavg
 from recovery_dpeer import DpeerSide, run_dpeer
-from recovery_report import details, summary
-from recovery_steady import run_alternating
+from recovery_report import details, pinned_summary, summary
+from recovery_steady import (
+    PIN_CORES,
+    PIN_NODES,
+    pinned_cores_available,
+    run_alternating,
+    run_pinned,
+)
 from recovery_torchrun import RDZV_CONF, TorchrunSide, run_torchrun
 
 from dpeer.peer.cluster import free_port_block
@@ -72,10 +88,18 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="write every raw figure here")
     ap.add_argument("--keep", action="store_true", help="keep the run directory (logs, ledgers)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pinned", action="store_true",
+                    help="only the steady state, world size 2, each box pinned to its own core (cores 0 and 1)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="alternating rounds (default 30, quick 10; pinned 120, quick 40)")
     args = ap.parse_args()
+    if args.pinned and args.only:
+        ap.error("--pinned runs both jobs' steady state only; it takes no --only")
+    if args.pinned and not pinned_cores_available():
+        ap.error(f"--pinned needs cores {sorted(PIN_CORES.values())} in this process's CPU mask")
     trials_tr = args.trials or (1 if args.quick else 4)
     trials_dp = args.trials or (2 if args.quick else 5)
-    rounds = 10 if args.quick else 30
+    rounds = args.rounds or ((40 if args.quick else 120) if args.pinned else (10 if args.quick else 30))
     window = args.window or (2.0 if args.quick else 5.0)
     random.seed(args.seed)
     root = Path(tempfile.mkdtemp(prefix="bench_recovery_"))
@@ -90,34 +114,42 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     import torch
 
+    what = (f"pinned steady state, {rounds} rounds" if args.pinned else
+            f"{trials_tr} torchrun / {trials_dp} dpeer kills, window {window:.0f}s")
     log(f"{platform.node()} {os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"{trials_tr} torchrun / {trials_dp} dpeer kills, window {window:.0f}s, checkpoint every {args.ckpt_every} steps; dir {root}")
+        f"{what}, checkpoint every {args.ckpt_every} steps; dir {root}")
     results: dict[str, Any] = {"trials": [trials_tr, trials_dp], "window": window, "ckpt_every": args.ckpt_every,
                                "rdzv_conf": RDZV_CONF, "date": time.strftime("%Y-%m-%d %H:%M")}
     tr_side = dp_side = None
     try:
-        if args.only is None:
-            tr_side = TorchrunSide(root, args.ckpt_every)
-            dp_side = DpeerSide(root, args.ckpt_every, "dpeer-steady")
-            d1_side = DpeerSide(root, args.ckpt_every, "dpeer-digest1", digest_every=1,
-                                base_port=free_port_block(3, start=dp_side.node("n3").port + 2))
-            results["alternating"] = {}
-            try:
-                run_alternating({"torchrun": tr_side, "dpeer": dp_side, "dpeer digest_every=1": d1_side}, rounds,
-                                log, results["alternating"])
-            finally:
-                d1_side.cluster.stop_all()
-            dp_side.cluster.stop_all()
-        if args.only in (None, "torchrun"):
-            tr_side = tr_side or TorchrunSide(root, args.ckpt_every)
-            results["torchrun"] = {}
-            run_torchrun(tr_side, trials_tr, window, log, results["torchrun"])
-            tr_side.stop_all()
-        if args.only in (None, "dpeer"):
-            dp_side = DpeerSide(root, args.ckpt_every)
-            results["dpeer"] = {}
-            run_dpeer(dp_side, trials_dp, window, log, results["dpeer"])
-            dp_side.cluster.stop_all()
+        if args.pinned:
+            tr_side = TorchrunSide(root, args.ckpt_every, PIN_NODES, PIN_CORES)
+            dp_side = DpeerSide(root, args.ckpt_every, "dpeer-pinned", nodes=PIN_NODES, cores=PIN_CORES)
+            results["pinned"] = {}
+            run_pinned(tr_side, dp_side, rounds, log, results["pinned"])
+        else:
+            if args.only is None:
+                tr_side = TorchrunSide(root, args.ckpt_every)
+                dp_side = DpeerSide(root, args.ckpt_every, "dpeer-steady")
+                d1_side = DpeerSide(root, args.ckpt_every, "dpeer-digest1", digest_every=1,
+                                    base_port=free_port_block(3, start=dp_side.node("n3").port + 2))
+                results["alternating"] = {}
+                try:
+                    run_alternating({"torchrun": tr_side, "dpeer": dp_side, "dpeer digest_every=1": d1_side}, rounds,
+                                    log, results["alternating"])
+                finally:
+                    d1_side.cluster.stop_all()
+                dp_side.cluster.stop_all()
+            if args.only in (None, "torchrun"):
+                tr_side = tr_side or TorchrunSide(root, args.ckpt_every)
+                results["torchrun"] = {}
+                run_torchrun(tr_side, trials_tr, window, log, results["torchrun"])
+                tr_side.stop_all()
+            if args.only in (None, "dpeer"):
+                dp_side = DpeerSide(root, args.ckpt_every)
+                results["dpeer"] = {}
+                run_dpeer(dp_side, trials_dp, window, log, results["dpeer"])
+                dp_side.cluster.stop_all()
     except KeyboardInterrupt:
         log("interrupted; cleaning up")
         return 130
@@ -130,6 +162,11 @@ def main() -> int:
             Path(args.json).write_text(json.dumps(results, indent=1, default=str))
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+    if args.pinned:
+        print()
+        print(pinned_summary(results["pinned"]))
+        log("done")
+        return 0
     empty = {"recover": [], "redone": [], "rejoin": [], "redone_rejoin": [], "steady": []}
     tr, dp = results.get("torchrun", empty), results.get("dpeer", empty)
     print()

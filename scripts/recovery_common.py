@@ -1,16 +1,18 @@
-"""Shared pieces of scripts/bench_recovery.py: the job's settings, process trees from /proc and
-the step-time arithmetic both sides use."""
+"""Shared pieces of scripts/bench_recovery.py: the job's settings, process trees, CPU pinning and
+accounting from /proc, and the step-time arithmetic both sides use."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ NODES = ["n1", "n2", "n3"]
 GLOBAL_BATCH, MICRO_BATCH, SEED, LR = 64, 16, 1234, 0.05
 STEPS = 10_000_000  # never reached: the run is torn down after the trials
 BASE_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -118,12 +121,71 @@ def loadavg() -> float:
     return os.getloadavg()[0]
 
 
+@contextmanager
+def pinned(core: int | None) -> Iterator[None]:
+    """Run the block with this thread on `core` alone, so processes started in it (and all their
+    descendants) inherit that CPU mask; no-op for None."""
+    if core is None:
+        yield
+        return
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
+
+
+def thread_cpus(pid: int) -> set[int]:
+    """Union of the CPU masks of every thread of pid (empty once it is gone)."""
+    cpus: set[int] = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                cpus |= os.sched_getaffinity(int(tid))
+            except OSError:
+                continue
+    except OSError:
+        pass
+    return cpus
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of pid, all its threads, from /proc/PID/stat (None once it is gone)."""
+    try:
+        f = _stat_fields(pid)
+    except OSError:
+        return None
+    return (int(f[11]) + int(f[12])) / CLK_TCK
+
+
+def core_busy(cores: list[int]) -> dict[int, float]:
+    """Busy CPU seconds so far (everything but idle and iowait) of each core, from /proc/stat."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *vals = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            v = [int(x) for x in vals]
+            out[int(name[3:])] = (sum(v[:8]) - v[3] - v[4]) / CLK_TCK
+    return out
+
+
 def spread(xs: list[float]) -> str:
     """Median [quartiles] of a list."""
     if len(xs) < 2:
         return "n/a"
     q = statistics.quantiles(xs, n=4)
     return f"{statistics.median(xs):.3f} [{q[0]:.3f}-{q[2]:.3f}]"
+
+
+def median_ci(xs: list[float], level: float = 0.95, resamples: int = 2000) -> tuple[float, float] | None:
+    """Percentile-bootstrap confidence interval of the median of xs (seeded, so reruns agree)."""
+    if len(xs) < 5:
+        return None
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(resamples))
+    lo = int((1 - level) / 2 * resamples)
+    return meds[lo], meds[resamples - 1 - lo]
 
 
 def fmt_ms(x: float | None) -> str:

@@ -20,6 +20,7 @@ from recovery_common import (
     STEPS,
     fmt_bd,
     loadavg,
+    pinned,
     read_jsonl,
     step_times,
     wait_until,
@@ -32,17 +33,18 @@ from dpeer.trainer.sampler import GlobalBatchSampler
 
 
 class DpeerSide:
-    """One dpeer job: a daemon (and its worker) per box."""
+    """One dpeer job: a daemon (and its worker) per box, optionally each box pinned to a core."""
 
     name = "dpeer"
 
     def __init__(self, root: Path, ckpt_every: int, sub: str = "dpeer", digest_every: int | None = None,
-                 base_port: int | None = None, nodes: list[str] = NODES) -> None:
+                 base_port: int | None = None, nodes: list[str] = NODES, cores: dict[str, int] | None = None) -> None:
         config = {"training": {"steps": STEPS, "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
                                "seed": SEED, "lr": LR, "checkpoint_every": ckpt_every}}
         if digest_every is not None:
             config["training"]["digest_every"] = digest_every
         self.nodes = nodes
+        self.cores = cores or {}
         self.cluster = LocalCluster(root / sub, len(nodes), job="demo", config=config, env=dict(BASE_ENV),
                                     base_port=base_port)
 
@@ -51,8 +53,9 @@ class DpeerSide:
         return self.cluster.node(n)
 
     def start(self, n: str, join: list[str] | None = None) -> None:
-        """Start n's daemon, joining through `join` (default: the others)."""
-        self.cluster.start(self.node(n), join=join)
+        """Start n's daemon (on its core when pinned), joining through `join` (default: the others)."""
+        with pinned(self.cores.get(n)):
+            self.cluster.start(self.node(n), join=join)
 
     def start_all(self) -> None:
         """Start the first box as the founder, then the others joining through it."""

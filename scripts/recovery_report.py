@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from recovery_common import fmt_ms, med, spread
+from recovery_common import fmt_ms, med, median_ci, spread
 
 
 def summary(tr: dict, dp: dict, alt: dict) -> str:
@@ -52,3 +52,38 @@ def details(tr: dict, dp: dict) -> list[str]:
     if dp.get("audit"):
         out.append(f"dpeer audit: {dp['audit']}")
     return out
+
+
+def pinned_summary(p: dict) -> str:
+    """The markdown table of the pinned steady-state run (world size 2, one core per box)."""
+    cpu, steps = p["cpu"], p["median_step"]
+
+    def per_box(d: dict) -> str:
+        return " / ".join(f"{v * 1e3:.0f}" for v in d.values()) + " ms/s"
+
+    def ms(x: float | None) -> str:
+        return "n/a" if x is None else f"{x * 1e3:.3f} ms"
+
+    wt, wd = cpu["torchrun"]["worker_cpu_per_step"], cpu["dpeer"]["worker_cpu_per_step"]
+    ci = median_ci(p["ratio"])
+    ci_text = f", 95% bootstrap CI of the median {ci[0]:.3f}-{ci[1]:.3f}" if ci else ""
+    rows = [
+        (f"steady step (n1), pinned, alternating {p['window']} s windows, {len(p['ratio'])} rounds",
+         fmt_ms(med(steps["torchrun"])), fmt_ms(med(steps["dpeer"])),
+         f"median of per-round ratios {spread(p['ratio'])}{ci_text} (target < 1.03)"),
+        ("mean-step ratio", "", "", spread(p["mean_ratio"])),
+        ("per-round ratio, paused job's CPU taken out of each window (first order)", "", "",
+         spread(p["corrected_ratio"])),
+        ("worker CPU per committed step (n1)", ms(wt), ms(wd), f"ratio {wd / wt:.3f}" if wt and wd else ""),
+        ("agent / daemon CPU per second while its job trains (n1 / n2)", per_box(cpu["torchrun"]["top_cpu_per_s"]),
+         per_box(cpu["dpeer"]["top_cpu_per_s"]), "from /proc/PID/stat"),
+        ("the same while its job is paused (the other job's window)", per_box(cpu["dpeer"]["paused_arm_cpu_per_s"]),
+         per_box(cpu["torchrun"]["paused_arm_cpu_per_s"]), "competes with the job measured"),
+        ("other processes on cores 0 / 1 in its windows (median)", per_box(cpu["torchrun"]["other_cpu_per_s"]),
+         per_box(cpu["dpeer"]["other_cpu_per_s"]), f"load {p['load'][0]:.1f} -> {p['load'][1]:.1f}"),
+    ]
+    out = ["| measurement, one core per box | torchrun elastic | dpeer | |", "|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    out.append(f"dpeer roles {p['roles']}, group failures {p['failed_reports']}, "
+               f"worker processes changed {p['worker_restarts']}")
+    return "\n".join(out)

@@ -23,6 +23,7 @@ from recovery_common import (
     fmt_bd,
     kill_tree,
     loadavg,
+    pinned,
     read_jsonl,
     step_times,
     wait_until,
@@ -49,15 +50,17 @@ while True:
 
 
 class TorchrunSide:
-    """One torchrun-elastic job: its rendezvous store and an agent per box."""
+    """One torchrun-elastic job: its rendezvous store and an agent per box (optionally pinned)."""
 
     name = "torchrun"
 
-    def __init__(self, root: Path, ckpt_every: int, nodes: list[str] = NODES) -> None:
+    def __init__(self, root: Path, ckpt_every: int, nodes: list[str] = NODES,
+                 cores: dict[str, int] | None = None) -> None:
         self.root = root / "torchrun"
         self.root.mkdir(parents=True)
         self.ckpt_every = ckpt_every
         self.nodes = nodes
+        self.cores = cores or {}
         self.port = free_port_block(1, start=31000 + (os.getpid() * 13) % 9000)
         self.store: subprocess.Popen | None = None
         self.agents: dict[str, subprocess.Popen] = {}
@@ -75,7 +78,7 @@ class TorchrunSide:
         wait_until(lambda: b"ready" in (self.root / "store.log").read_bytes(), 60, "the rendezvous store")
 
     def start(self, node: str) -> None:
-        """Start the node's agent."""
+        """Start the node's agent (on its core when pinned)."""
         cmd = ["torchrun", "--nnodes=2:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
                f"--rdzv-endpoint=127.0.0.1:{self.port}", "--rdzv-id=bench", "--max-restarts=100",
                "--monitor-interval=0.1", "--local-addr=127.0.0.1", f"--rdzv-conf={RDZV_CONF}",
@@ -83,7 +86,7 @@ class TorchrunSide:
                "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH),
                "--seed", str(SEED), "--lr", str(LR), "--ckpt-every", str(self.ckpt_every)]
         env = {**os.environ, **BASE_ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LOGLEVEL": "INFO"}
-        with open(self.root / f"{node}.agent.log", "ab") as out:
+        with open(self.root / f"{node}.agent.log", "ab") as out, pinned(self.cores.get(node)):
             self.agents[node] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                                  start_new_session=True, cwd=str(ROOT))
 
