@@ -27,6 +27,7 @@ from dpeer.peer.service import Service
 from dpeer.peer.status import document
 from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.supervisor import WorkerSupervisor
+from dpeer.peer.worker_wake import WorkerWake
 from dpeer.peer.transport.client import Channels, NodeClient, PeerSender
 from dpeer.peer.transport.faults import FaultHook
 from dpeer.peer.transport.options import Security
@@ -72,8 +73,11 @@ class Daemon:
         self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready,
                                    lambda: self.leaving)
         self.node.chores.append(self.leader)
-        # chores stay frequent while a worker is watched or this node is not yet an active member
-        self.node.busy_checks.append(lambda: self.worker is not None or not self.joined or self.leaving)
+        # chores stay frequent while this node is not yet an active member, and while a worker
+        # runs without a doorbell (its reports are then only found by polling)
+        self._wake: WorkerWake | None = None
+        self.node.busy_checks.append(
+            lambda: (self.worker is not None and self._wake is None) or not self.joined or self.leaving)
         self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
                                self.leader.checkpoint_reported)
@@ -178,6 +182,8 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         self.node.chores.append(self._chores)
+        if self.worker is not None:
+            self._watch_worker(loop, self.worker)
         if self.config.join:
             self.node.join_seeds(self.config.join)
         try:
@@ -185,6 +191,15 @@ class Daemon:
         finally:
             await self._shutdown()
         return 0
+
+    def _watch_worker(self, loop: asyncio.AbstractEventLoop, worker: WorkerSupervisor) -> None:
+        """Run the chores at once when the worker rings its doorbell or exits."""
+        self._wake = WorkerWake.start(loop, str(worker.dir), lambda: self.node.poke(now_please=True))
+        if self._wake is None:
+            return
+        worker.on_spawn = self._wake.watch_exit
+        if worker.proc is not None:
+            self._wake.watch_exit(worker.proc.pid)
 
     def _chores(self, now: float) -> None:
         if self.worker is not None:
@@ -302,6 +317,8 @@ class Daemon:
             self.sender.send(addr, codec.encode(msg, self.node_id, self.addr))
 
     async def _shutdown(self) -> None:
+        if self._wake is not None:
+            self._wake.close()
         if self.worker is not None:
             self.worker.stop()
         for task in self._tasks + [t for t in (self._join_task, self._report_task) if t is not None]:

@@ -3,13 +3,17 @@
 The daemon (the view authority) writes each committed view atomically as
 ``views/view-<generation>.json`` and the newest committed checkpoint as ``checkpoint.json``; the worker appends its reports (waiting, progress, failure)
 to ``reports/<node>.jsonl``. Files survive either side restarting, need no port, and a torn
-last line is simply skipped. This module is peer's local API; the trainer imports it.
+last line is simply skipped. After any report but a step's progress the worker also rings a
+doorbell (a datagram to the daemon's abstract Unix socket), so the daemon reads the reports at
+once instead of polling them often. This module is peer's local API; the trainer imports it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass
 
@@ -96,6 +100,44 @@ def read_reports(directory: str, node_id: str) -> list[dict]:
     return read_jsonl(os.path.join(directory, "reports", f"{node_id}.jsonl"))
 
 
+def doorbell_address(directory: str) -> str:
+    """The abstract Unix socket (Linux) of the daemon that owns this channel directory: no file,
+    no path-length limit, gone with the daemon's process."""
+    digest = hashlib.sha256(os.path.realpath(directory).encode()).hexdigest()[:24]
+    return f"\0dpeer-doorbell-{digest}"
+
+
+class Doorbell:
+    """The daemon's end of the doorbell: a non-blocking datagram socket to watch for reads."""
+
+    def __init__(self, directory: str) -> None:
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        try:
+            self._sock.bind(doorbell_address(directory))
+        except OSError:
+            self._sock.close()
+            raise
+
+    def fileno(self) -> int:
+        """The descriptor an event loop watches."""
+        return self._sock.fileno()
+
+    def drain(self) -> int:
+        """Take every pending ring; returns how many there were."""
+        rings = 0
+        while True:
+            try:
+                self._sock.recv(64)
+            except (BlockingIOError, InterruptedError):
+                return rings
+            rings += 1
+
+    def close(self) -> None:
+        """Stop listening."""
+        self._sock.close()
+
+
 class DirViewSource:
     """``ViewSource`` over a directory: ``views/view-<gen>.json`` in, ``reports/<node>.jsonl`` out."""
 
@@ -107,6 +149,9 @@ class DirViewSource:
         os.makedirs(reports, exist_ok=True)
         os.makedirs(self._views, exist_ok=True)
         self._report_path = os.path.join(reports, f"{node_id}.jsonl")
+        self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._bell.setblocking(False)
+        self._bell_address = doorbell_address(directory)
 
     def _newest_generation(self) -> int:
         newest = -1
@@ -130,10 +175,20 @@ class DirViewSource:
                 return None
             time.sleep(POLL_INTERVAL_S)
 
-    def _append(self, record: dict) -> None:
+    def _append(self, record: dict, ring: bool = True) -> None:
         record["t"] = time.time()
         with open(self._report_path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if ring:
+            self._ring()
+
+    def _ring(self) -> None:
+        """Wake the daemon; nobody listening (no daemon, a test) or a full queue is fine, since
+        the daemon also reads the reports on its own schedule."""
+        try:
+            self._bell.sendto(b"!", self._bell_address)
+        except OSError:
+            pass
 
     def committed_checkpoint(self) -> tuple[int, str]:
         """(step, digest) of the newest committed checkpoint known to the daemon, (0, "") for none."""
@@ -143,7 +198,8 @@ class DirViewSource:
         self._append({"kind": "failure", "reason": reason, "gen": generation})
 
     def report_progress(self, step: int, samples: int, loss: float, params_digest: str) -> None:
-        self._append({"kind": "progress", "step": step, "samples": samples, "loss": loss, "digest": params_digest})
+        self._append({"kind": "progress", "step": step, "samples": samples, "loss": loss, "digest": params_digest},
+                     ring=False)
 
     def report_event(self, kind: str, **fields: object) -> None:
         """Extra diagnostics (joined, healed, switched) for tests; not part of the protocol."""

@@ -177,11 +177,12 @@ class Node:
         if self._waiter is not None and self._due() < self._sleep_until:
             _resolve(self._waiter)
 
-    def poke(self) -> None:
-        """Something chores may act on changed: keep them on their short period for a while."""
+    def poke(self, now_please: bool = False) -> None:
+        """Something chores may act on changed: keep them on their short period for a while, and
+        run them at once when now_please (the worker reported a failure, or exited)."""
         now = self.clock()
         self._busy_until = now + CHORES_BUSY_FOR
-        self._next_chores = min(self._next_chores, now + self._chore_period(now))
+        self._next_chores = min(self._next_chores, now if now_please else now + self._chore_period(now))
         self._wake_if_sooner()
 
     def _chore_period(self, now: float) -> float:
@@ -294,6 +295,7 @@ class Node:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(result.index, []).append((result.term, fut))
         self.drain()
+        self._wake_if_sooner()
         try:
             same_term, entry, applied = await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -311,6 +313,7 @@ class Node:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._reads[result.request_id] = fut
         self.drain()
+        self._wake_if_sooner()
         try:
             index = await asyncio.wait_for(fut, timeout)
             await self.wait_applied(index, timeout)

@@ -51,6 +51,7 @@ class WorkerSupervisor:
         self.ckpt_dir = data_dir / "checkpoints"
         self.on_failure = on_failure
         self.on_checkpoint: Callable[[int, str], None] | None = None
+        self.on_spawn: Callable[[int], None] | None = None  # told each new worker's pid
         self.proc: subprocess.Popen | None = None
         self.ready = False
         self.done = False
@@ -106,6 +107,8 @@ class WorkerSupervisor:
         self._last_report = self._stopped_since = None
         self.latest_step = 0
         log.info("started worker pid %d for job %s", self.proc.pid, self.job)
+        if self.on_spawn is not None:
+            self.on_spawn(self.proc.pid)
 
     def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""

@@ -8,9 +8,10 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from raft_helpers import CFG, Net
+from raft_helpers import CFG, Net, kv
 
 from dpeer.peer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
+from dpeer.statemachine.entry import EntryKind
 
 IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
                idle_learner_heartbeat_interval=2.0, idle_election_timeout=4.0)
@@ -141,3 +142,23 @@ def test_a_peer_seen_alive_again_is_beaten_at_once_and_learns_the_leader() -> No
     net.nodes["b"].peer_alive(net.now, "l")  # only the leader beats
     net.deliver()
     assert net.nodes["l"].leader == "a" and not net.sent("b", Heartbeat)
+
+
+def test_a_proposal_from_outside_a_tick_does_not_cut_the_check_quorum_window_short() -> None:
+    """The core's clock is stale when propose() comes from outside a step or tick, and the
+    driver may tick before the append's answer arrives: the check-quorum window under way must
+    not be judged early (it once was, and healthy leaders stepped down)."""
+    net = Net(["a", "b"], cfg=IDLE)
+    net.elect("a")
+    net.run(IDLE.election_timeout_max + 1.0)
+    a = net.nodes["a"]
+    for i in range(6):
+        net.now = a._quorum_check_due + 0.01  # just past a check: its flags were reset
+        net.tick("a")
+        net.queue.clear()  # and no answer has come since
+        net.advance(1.5)
+        a.propose(EntryKind.KV_PUT, kv(i))
+        net.flush("a")
+        net.tick("a")  # before b's answer is delivered
+        assert net.leaders() == ["a"], f"round {i}"
+        net.deliver()

@@ -66,10 +66,11 @@ class LeaderSide:
         return all(pr.match >= last for peer, pr in self.tracker.progress.items() if peer in voters)
 
     def _mark_active(self) -> None:
-        """Leave the idle period: busy beats and the busy check-quorum window from now on."""
+        """Leave the idle period: busy beats from now on. The check-quorum window under way
+        keeps its length (the busy one starts at the next check): pulling the check in would
+        judge a window in which idle beats had no reason to be answered yet."""
         self._active_at = self._now
         self._heartbeat_due = min(self._heartbeat_due, self._now + self.cfg.heartbeat_interval)
-        self._quorum_check_due = min(self._quorum_check_due, self._now + self.cfg.election_timeout_min)
 
     def peer_alive(self, now: float, node: str) -> None:
         """The failure detector sees `node` alive again (restarted, or back from a partition):
