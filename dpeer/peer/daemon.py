@@ -194,12 +194,17 @@ class Daemon:
 
     def _watch_worker(self, loop: asyncio.AbstractEventLoop, worker: WorkerSupervisor) -> None:
         """Run the chores at once when the worker rings its doorbell or exits."""
-        self._wake = WorkerWake.start(loop, str(worker.dir), lambda: self.node.poke(now_please=True))
+        self._wake = WorkerWake.start(loop, str(worker.dir), self.node.chores_now, self._worker_exited)
         if self._wake is None:
             return
         worker.on_spawn = self._wake.watch_exit
         if worker.proc is not None:
             self._wake.watch_exit(worker.proc.pid)
+
+    def _worker_exited(self) -> None:
+        """Notice the exit now, and keep the chores frequent so the restart comes on time."""
+        self.node.chores_now()
+        self.node.poke()
 
     def _chores(self, now: float) -> None:
         if self.worker is not None:

@@ -18,6 +18,9 @@ import time
 from dataclasses import asdict, dataclass
 
 POLL_INTERVAL_S = 0.005
+# A training worker peeks for a newer view every step; the folder is scanned only when its mtime
+# moved or PEEK_RESCAN_S passed (mtimes can be coarser than the gap between two renames).
+PEEK_RESCAN_S = 0.05
 CHECKPOINT_FILE = "checkpoint.json"
 
 
@@ -152,6 +155,8 @@ class DirViewSource:
         self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._bell.setblocking(False)
         self._bell_address = doorbell_address(directory)
+        self._reports = None  # kept open: a training worker reports every step
+        self._scanned: tuple[int, float] = (-1, -1.0)  # (views folder mtime_ns, monotonic time)
 
     def _newest_generation(self) -> int:
         newest = -1
@@ -162,9 +167,19 @@ class DirViewSource:
                     newest = max(newest, int(name[5:-5]))
         return newest
 
+    def _unchanged(self) -> bool:
+        """True when the views folder cannot hold a new view since the last scan (peeks only)."""
+        mtime, now = os.stat(self._views).st_mtime_ns, time.monotonic()
+        if mtime == self._scanned[0] and now - self._scanned[1] < PEEK_RESCAN_S:
+            return True
+        self._scanned = (mtime, now)
+        return False
+
     def wait_view(self, after_generation: int, timeout: float) -> View | None:
         if timeout > 0:
             self._append({"kind": "waiting", "after": after_generation})
+        elif self._unchanged():
+            return None
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             newest = self._newest_generation()
@@ -177,8 +192,9 @@ class DirViewSource:
 
     def _append(self, record: dict, ring: bool = True) -> None:
         record["t"] = time.time()
-        with open(self._report_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        if self._reports is None:
+            self._reports = open(self._report_path, "a", buffering=1)  # noqa: SIM115 (lives with the source)
+        self._reports.write(json.dumps(record) + "\n")
         if ring:
             self._ring()
 

@@ -51,6 +51,9 @@ Sender = Callable[[str, pb.Envelope], None]
 # CHORES_BUSY_FOR seconds (no membership change, applied entry or role change; see poke()) and no
 # busy check holds, chores run every IDLE_CHORES instead.
 LEADER_CHORES, FOLLOWER_CHORES, IDLE_CHORES = 0.02, 0.1, 1.0
+# Applied entries that give the chores nothing to react to (a training box commits a checkpoint
+# every few hundred steps; waking the chores for each kept a daemon busy beside its worker).
+_QUIET_KINDS = frozenset({EntryKind.CHECKPOINT, EntryKind.KV_PUT, EntryKind.NOOP})
 CHORES_BUSY_FOR = 1.0
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
 ApplyListener = Callable[[Entry, ApplyResult], None]
@@ -177,12 +180,16 @@ class Node:
         if self._waiter is not None and self._due() < self._sleep_until:
             _resolve(self._waiter)
 
-    def poke(self, now_please: bool = False) -> None:
-        """Something chores may act on changed: keep them on their short period for a while, and
-        run them at once when now_please (the worker reported a failure, or exited)."""
+    def poke(self) -> None:
+        """Something chores may act on changed: keep them on their short period for a while."""
         now = self.clock()
         self._busy_until = now + CHORES_BUSY_FOR
-        self._next_chores = min(self._next_chores, now if now_please else now + self._chore_period(now))
+        self._next_chores = min(self._next_chores, now + self._chore_period(now))
+        self._wake_if_sooner()
+
+    def chores_now(self) -> None:
+        """Run the chores at the next loop turn, once (the worker rang: a report to act on)."""
+        self._next_chores = min(self._next_chores, self.clock())
         self._wake_if_sooner()
 
     def _chore_period(self, now: float) -> float:
@@ -256,7 +263,7 @@ class Node:
             self._reads.clear()
 
     def _applied(self, done: list[tuple[Entry, ApplyResult]]) -> None:
-        if done:
+        if any(entry.kind not in _QUIET_KINDS for entry, _ in done):
             self.poke()
         for entry, result in done:
             if entry.kind is EntryKind.MEMBER_JOINED:

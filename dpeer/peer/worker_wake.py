@@ -17,17 +17,18 @@ log = logging.getLogger("dpeer.worker")
 
 
 class WorkerWake:
-    """Calls on_wake() from the event loop on each doorbell ring and when a watched pid exits."""
+    """Calls on_ring() from the event loop on each doorbell ring, on_exit() when a watched pid exits."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, bell: Doorbell, on_wake: Callable[[], None]) -> None:
-        self._loop, self._on_wake = loop, on_wake
+    def __init__(self, loop: asyncio.AbstractEventLoop, bell: Doorbell, on_ring: Callable[[], None],
+                 on_exit: Callable[[], None]) -> None:
+        self._loop, self._on_ring, self._on_exit = loop, on_ring, on_exit
         self._bell: Doorbell | None = bell
         self._exit_fds: set[int] = set()
         loop.add_reader(bell.fileno(), self._rang)
 
     @classmethod
-    def start(cls, loop: asyncio.AbstractEventLoop, directory: str,
-              on_wake: Callable[[], None]) -> WorkerWake | None:
+    def start(cls, loop: asyncio.AbstractEventLoop, directory: str, on_ring: Callable[[], None],
+              on_exit: Callable[[], None]) -> WorkerWake | None:
         """Listen on the channel's doorbell; None (the caller keeps polling often) when another
         live daemon already owns this data dir's doorbell."""
         try:
@@ -36,14 +37,14 @@ class WorkerWake:
             log.warning("no worker doorbell (%s): another daemon on %s? polling the worker instead",
                         exc, directory)
             return None
-        return cls(loop, bell, on_wake)
+        return cls(loop, bell, on_ring, on_exit)
 
     def watch_exit(self, pid: int) -> None:
         """Wake when process pid exits (a crash is noticed at once, not at the next poll)."""
         try:
             fd = os.pidfd_open(pid)
         except OSError:
-            self._on_wake()  # already gone: let the chores find out now
+            self._on_exit()  # already gone: let the chores find out now
             return
         self._exit_fds.add(fd)
         self._loop.add_reader(fd, self._exited, fd)
@@ -59,11 +60,11 @@ class WorkerWake:
 
     def _rang(self) -> None:
         if self._bell is not None and self._bell.drain():
-            self._on_wake()
+            self._on_ring()
 
     def _exited(self, fd: int) -> None:
         self._forget(fd)
-        self._on_wake()
+        self._on_exit()
 
     def _forget(self, fd: int) -> None:
         self._loop.remove_reader(fd)

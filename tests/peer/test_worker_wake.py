@@ -51,7 +51,7 @@ def test_worker_wake_calls_back_on_a_ring_and_on_the_workers_exit(tmp_path: Path
             woken.append("wake")
             event.set()
 
-        wake = WorkerWake.start(loop, str(tmp_path), on_wake)
+        wake = WorkerWake.start(loop, str(tmp_path), on_wake, on_wake)
         assert wake is not None
         try:
             DirViewSource(str(tmp_path), "n1").report_failure("x", 1)
@@ -64,7 +64,7 @@ def test_worker_wake_calls_back_on_a_ring_and_on_the_workers_exit(tmp_path: Path
             proc.stdin.close()
             await asyncio.wait_for(event.wait(), 30)
             proc.wait(timeout=30)
-            second = WorkerWake.start(loop, str(tmp_path), on_wake)
+            second = WorkerWake.start(loop, str(tmp_path), on_wake, on_wake)
             assert second is None  # this directory's doorbell is taken
         finally:
             wake.close()
