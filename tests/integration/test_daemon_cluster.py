@@ -63,6 +63,35 @@ def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:
     run(scenario())
 
 
+def test_an_idle_leader_killed_is_replaced_and_writes_commit_again(make_cluster) -> None:
+    """With nothing to replicate the leader beats slowly (6 s follower leases on lan), so the
+    survivors elect its successor through gossip's dead verdict (leader_lost), not a lease."""
+    cluster = make_cluster(3)
+    cluster.start_all()
+
+    async def scenario() -> None:
+        docs = await formed(cluster, 3)
+        old = cluster.node(next(iter(docs.values()))["leader"])
+        old_term = docs[old.node_id]["term"]
+
+        def idle_beats(docs: dict) -> bool:  # a leader idles election_timeout_max after its last entry
+            return all(d is not None and d["leader"] == old.node_id for d in docs.values())
+        await cluster.wait_for(idle_beats, TIMEOUT, "an undisturbed leader")
+        await asyncio.sleep(2.0)
+        cluster.kill(old, signal.SIGKILL)
+
+        def successor(docs: dict) -> bool:
+            live = [d for n, d in docs.items() if n != old.node_id and d is not None]
+            return len(live) == 2 and all(d["leader"] not in (None, old.node_id) and d["term"] > old_term
+                                          for d in live)
+        docs = await cluster.wait_for(successor, TIMEOUT, "a new leader after the idle leader's kill")
+        survivor = next(n for n in cluster.nodes if n is not old)
+        async with NodeClient(survivor.addr, timeout=20) as client:
+            assert (await client.kv_put("after", "kill")).committed
+
+    run(scenario())
+
+
 def test_restarted_node_fetches_only_what_it_missed(make_cluster) -> None:
     cluster = make_cluster(3)
     cluster.start_all()

@@ -38,3 +38,24 @@ def test_make_view_source_specs(tmp_path):
     assert isinstance(src, DirViewSource) and src.node_id == "b"
     with pytest.raises(ValueError):
         make_view_source("grpc:/tmp/x", "a")
+
+
+def test_a_peek_sees_a_view_published_with_an_unchanged_folder_mtime_within_the_rescan_period(tmp_path):
+    """Folder mtimes can be coarser than two renames: a peek trusts an unchanged mtime only for
+    PEEK_RESCAN_S, then scans anyway."""
+    import os
+
+    from dpeer.peer.local import PEEK_RESCAN_S
+
+    d = str(tmp_path)
+    src = DirViewSource(d, "a")
+    assert src.wait_view(-1, 0.0) is None
+    views = os.path.join(d, "views")
+    before = os.stat(views)
+    publish_view(d, View(1, ["a"], "127.0.0.1", 1234))
+    os.utime(views, ns=(before.st_atime_ns, before.st_mtime_ns))  # as if within one mtime tick
+    assert src.wait_view(-1, 0.0) is None  # trusted the mtime
+    time.sleep(PEEK_RESCAN_S + 0.01)
+    assert src.wait_view(-1, 0.0) == View(1, ["a"], "127.0.0.1", 1234)
+    publish_view(d, View(2, ["a"], "127.0.0.1", 1234))
+    assert src.wait_view(1, 0.0).generation == 2  # a moved mtime is seen at once
