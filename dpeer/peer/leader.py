@@ -15,7 +15,9 @@ from typing import Callable
 from dpeer.peer.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.peer.errors import PeerError
 from dpeer.peer.node import Node
-from dpeer.peer.views import Decision, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.peer.views import (
+    Decision, change_began, decide_view, plan_voters, reconcile_members, training_members,
+)
 from dpeer.statemachine.entry import EntryKind
 
 log = logging.getLogger("dpeer.leader")
@@ -88,7 +90,8 @@ class LeaderChores:
         if members != self._wanted:
             if self._wanted is not None:
                 log.info("training members now %s: %s", members, train.reason)
-            self._wanted, self._changed_at = members, now
+            self._changed_at = change_began(self._wanted, members, observed, now)
+            self._wanted = members
         ports = {n: state.members[n].store_port for n in members}
         failed = self.failed_generation if now - self._failed_at >= self.failure_grace else 0
         decision = decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)

@@ -155,6 +155,22 @@ def _group_failed(state: ClusterState, failed_generation: int) -> bool:
     return state.view is not None and failed_generation == state.view.generation
 
 
+def change_began(before: list[str] | None, after: list[str], observed: Mapping[str, Observed], now: float) -> float:
+    """When a change of the wanted members began, for decide_view's quiet window: the newest
+    gossip change among members dropped because gossip suspects them or holds them dead (a
+    suspect kept until its group failed has been still since then), else `now` (a newcomer, a
+    readiness change, a leave, or a gossip time this leader never saw)."""
+    if before is None or set(after) - set(before):
+        return now
+    times = []
+    for node_id in set(before) - set(after):
+        seen = observed.get(node_id)
+        if seen is None or seen.state not in ("suspect", "dead") or seen.since <= 0:
+            return now
+        times.append(seen.since)
+    return min(now, max(times)) if times else now
+
+
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
     store_port_of: Mapping[str, int], failed_generation: int = 0,

@@ -14,7 +14,8 @@ class FakeNode(SimpleNamespace):
     """The part of Node that LeaderChores reads: role, identity, applied state, gossip, clock."""
 
     def observed(self) -> dict[str, Observed]:
-        return {n: Observed(s, f"10.0.0.{i}:7100", 0.0) for i, (n, s) in enumerate(self.gossip.items(), 1)}
+        since = getattr(self, "since", {})
+        return {n: Observed(s, f"10.0.0.{i}:7100", since.get(n, 0.0)) for i, (n, s) in enumerate(self.gossip.items(), 1)}
 
     def poke(self) -> None:
         pass
@@ -61,4 +62,13 @@ def test_a_dead_member_is_declared_then_dropped_from_the_view() -> None:
                                     voters=state.voters, view=state.view)
     assert leader.decide(10.6) is None
     d = leader.decide(10.6 + leader.quiet + 0.01)
+    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+
+
+def test_the_quiet_window_after_a_failure_counts_from_when_gossip_suspected_the_member() -> None:
+    leader, node = chores("suspect")
+    node.since = {"b": 10.95}
+    assert leader.decide(10.96) is None  # kept while its group works
+    leader.group_failed(4, "connection reset by peer")
+    d = leader.decide(10.95 + leader.quiet + 0.001)
     assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]

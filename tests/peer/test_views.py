@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from dpeer.peer.views import Observed, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.peer.views import Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, Member, View
 
@@ -168,3 +168,18 @@ def test_a_failed_group_gets_a_new_generation_with_the_same_members() -> None:
 def test_the_last_voter_is_never_removed_even_when_it_left() -> None:
     d = plan_voters(state({"a": "left"}, ["a"]), seen(a="alive"), now=0.0, grace=30.0, max_voters=5)
     assert not d.propose
+
+
+@pytest.mark.parametrize("before, after, gossip, expected, why", [
+    (None, ["a"], {}, 10.0, "first decision: now"),
+    (["a", "b"], ["a"], {"b": ("suspect", 9.7)}, 9.7, "dropped suspect: since it was suspected"),
+    (["a", "b", "c"], ["a"], {"b": ("dead", 9.2), "c": ("suspect", 9.6)}, 9.6, "the newest of the drops"),
+    (["a", "b"], ["a"], {"b": ("alive", 9.0)}, 10.0, "dropped while alive (not ready): now"),
+    (["a", "b"], ["a"], {"b": ("suspect", 0.0)}, 10.0, "a gossip time never seen: now"),
+    (["a"], ["a", "b"], {"b": ("alive", 9.0)}, 10.0, "a newcomer: now"),
+    (["a", "b"], ["a", "c"], {"b": ("dead", 9.0), "c": ("alive", 9.5)}, 10.0, "a drop and a newcomer: now"),
+    (["a", "b"], ["a"], {}, 10.0, "unknown to gossip: now"),
+])
+def test_change_began_dates_a_gossip_drop_from_gossip(before, after, gossip, expected, why) -> None:
+    observed = {n: Observed(s, f"{n}:1", t) for n, (s, t) in gossip.items()}
+    assert change_began(before, after, observed, 10.0) == expected, why
