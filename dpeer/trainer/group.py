@@ -128,16 +128,27 @@ class GroupManager:
         raise GroupError(f"could not reach store {host}:{port}: {last}")
 
     def _rendezvous(self, prefix: dist.PrefixStore, view: View, superseded: Callable[[], bool], deadline: float) -> None:
-        """Wait until every member arrived, giving up as soon as a newer view exists."""
+        """Wait until every member arrived, giving up as soon as a newer view exists.
+
+        The outcome is sealed once, with compare_set: "go" by the first member to count every
+        arrival, "abandoned" by the first to give up. A member never gives up after another went
+        on to init (that one would wait out the init timeout on a rank that never comes); a group
+        formed on a superseded view switches to the newer one at its first step.
+        """
         world = len(view.members)
         arrived = prefix.add("arrived", 1)
         while arrived < world:
-            if superseded():
-                raise Superseded(f"generation {view.generation} superseded during rendezvous")
-            if time.monotonic() > deadline:
+            late = superseded()
+            if late or time.monotonic() > deadline:
+                if prefix.compare_set("sealed", "", "abandoned") == b"go":
+                    return
+                if late:
+                    raise Superseded(f"generation {view.generation} superseded during rendezvous")
                 raise GroupError(f"generation {view.generation}: {arrived}/{world} members arrived in time")
             time.sleep(RENDEZVOUS_POLL_S)
             arrived = prefix.add("arrived", 0)
+        if prefix.compare_set("sealed", "", "go") != b"go":
+            raise Superseded(f"generation {view.generation} was abandoned by a member before it formed")
 
     def form(self, view: View, superseded: Callable[[], bool] = lambda: False) -> Membership:
         """Destroy any current group and form the one of ``view`` (this node must be a member).

@@ -1,0 +1,48 @@
+"""The rendezvous before init is sealed once: no member gives up after another went on to init."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+import torch.distributed as dist
+
+from dpeer.trainer.group import GroupError, GroupManager, Superseded
+from dpeer.trainer.viewsource import View
+
+
+@pytest.fixture()
+def prefix() -> dist.PrefixStore:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=dt.timedelta(seconds=5))
+    return dist.PrefixStore("gen7", store)
+
+
+VIEW = View(7, ["a", "b"], "127.0.0.1", 1)
+
+
+def test_a_member_that_gave_up_makes_a_late_member_give_up_too(prefix: dist.PrefixStore) -> None:
+    gm = GroupManager("a")
+    with pytest.raises(Superseded):
+        gm._rendezvous(prefix, VIEW, lambda: True, time.monotonic() + 5)  # a saw a newer view
+    with pytest.raises(Superseded, match="abandoned"):
+        gm._rendezvous(prefix, VIEW, lambda: False, time.monotonic() + 5)  # b arrives: world counted, but sealed
+
+
+def test_a_member_that_counts_every_arrival_seals_go(prefix: dist.PrefixStore) -> None:
+    prefix.add("arrived", 1)  # b arrived first and waits
+    GroupManager("a")._rendezvous(prefix, VIEW, lambda: False, time.monotonic() + 5)
+    assert prefix.get("sealed") == b"go"
+
+
+def test_a_member_too_late_to_give_up_goes_on_to_init(prefix: dist.PrefixStore) -> None:
+    """It polled before the last arrival, then saw a newer view; meanwhile the last member
+    sealed go and is in init: giving up now would strand it, so it goes on too."""
+    prefix.set("sealed", "go")
+    GroupManager("a")._rendezvous(prefix, VIEW, lambda: True, time.monotonic() + 5)
+
+
+def test_a_timeout_before_anyone_sealed_is_a_group_error(prefix: dist.PrefixStore) -> None:
+    with pytest.raises(GroupError, match="1/2 members arrived"):
+        GroupManager("a")._rendezvous(prefix, VIEW, lambda: False, time.monotonic() + 0.05)
+    assert prefix.get("sealed") == b"abandoned"
