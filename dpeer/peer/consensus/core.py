@@ -315,7 +315,8 @@ class RaftNode(LeaderSide):
             self._on_heartbeat_response(src, msg)
 
     def _in_lease(self) -> bool:
-        """Heard from a live leader within the minimum election timeout (or we lead)."""
+        """Heard from a live leader within its lease (or we lead): election_timeout_min, or
+        idle_election_timeout after an idle beat; leader_lost() ends it."""
         if self.role is Role.LEADER:
             return True
         recent = self._now - self._leader_contact < self._lease
