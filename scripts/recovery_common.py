@@ -121,6 +121,15 @@ def loadavg() -> float:
     return os.getloadavg()[0]
 
 
+def steady_window(side: Any, survivor: str, window: float, res: dict) -> None:
+    """Train undisturbed for `window` (plus up to 1 s of jitter) before a trial's kill; add the
+    survivor's step intervals to res["steady"] and the load to res["load"]."""
+    w0 = time.time()
+    time.sleep(window + random.uniform(0, 1.0))
+    res["steady"] += step_times(side.steady_records(survivor), w0, time.time())
+    res["load"].append(loadavg())
+
+
 @contextmanager
 def pinned(core: int | None) -> Iterator[None]:
     """Run the block with this thread on `core` alone, so processes started in it (and all their

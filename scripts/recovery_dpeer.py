@@ -4,7 +4,6 @@ daemons, read through their workers' reports and ledgers, its kill/restart trial
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import time
 from collections.abc import Callable
@@ -19,10 +18,9 @@ from recovery_common import (
     SEED,
     STEPS,
     fmt_bd,
-    loadavg,
     pinned,
     read_jsonl,
-    step_times,
+    steady_window,
     wait_until,
 )
 
@@ -141,11 +139,7 @@ def run_dpeer(side: DpeerSide, trials: int, window: float, log: Callable[[str], 
     for i in range(trials):
         victim = NODES[(i + 1) % 3]
         survivors = [n for n in NODES if n != victim]
-        w0 = time.time()
-        time.sleep(window + random.uniform(0, 1.0))
-        w1 = time.time()
-        res["steady"] += step_times(side.steady_records(survivors[0]), w0, w1)
-        res["load"].append(loadavg())
+        steady_window(side, survivors[0], window, res)
         role = side.role(victim)
         res["victim_role"].append(role)
         marks = {n: len(side.ledger(n)) for n in survivors}

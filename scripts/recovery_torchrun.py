@@ -4,7 +4,6 @@ one ``torchrun`` agent per box running scripts/torchrun_demo.py, and its kill/re
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import time
@@ -22,10 +21,9 @@ from recovery_common import (
     STEPS,
     fmt_bd,
     kill_tree,
-    loadavg,
     pinned,
     read_jsonl,
-    step_times,
+    steady_window,
     wait_until,
 )
 
@@ -148,6 +146,18 @@ class TorchrunSide:
         return out
 
 
+def phase_breakdown(ph: dict[str, float], start_key: str, since: float, first_step_at: float) -> dict[str, float]:
+    """Where a torchrun recovery went: from `since` to the worker's start (named start_key),
+    import, build, group init, checkpoint load, first step; and how many workers started."""
+    return {start_key: ph.get("start", since) - since,
+            "import": ph.get("imported", 0) - ph.get("start", 0),
+            "build": ph.get("built", 0) - ph.get("imported", 0),
+            "init_group": ph.get("init", 0) - ph.get("built", 0),
+            "ckpt_load": ph.get("resumed", 0) - ph.get("init", 0),
+            "to_first_step": first_step_at - ph.get("resumed", 0),
+            "worker_starts": ph.get("worker_starts", 0)}
+
+
 def run_torchrun(side: TorchrunSide, trials: int, window: float, log: Callable[[str], None], res: dict) -> dict:
     """Kill and restart one box per trial (victims n2, n3, n1, ...); figures go into res."""
     res |= {"recover": [], "redone": [], "rejoin": [], "redone_rejoin": [], "steady": [],
@@ -160,11 +170,7 @@ def run_torchrun(side: TorchrunSide, trials: int, window: float, log: Callable[[
     for i in range(trials):
         victim = NODES[(i + 1) % 3]
         survivors = [n for n in NODES if n != victim]
-        w0 = time.time()
-        time.sleep(window + random.uniform(0, 1.0))
-        w1 = time.time()
-        res["steady"] += step_times(side.steady_records(survivors[0]), w0, w1)
-        res["load"].append(loadavg())
+        steady_window(side, survivors[0], window, res)
         t_kill = time.time()
         side.kill(victim)
         last = side.last_step_before(survivors, t_kill)
@@ -173,13 +179,7 @@ def run_torchrun(side: TorchrunSide, trials: int, window: float, log: Callable[[
         t_rec = max(r["t"] for r in firsts.values())
         resumed = min(r["step"] for r in firsts.values()) - 1
         ph = side.phases_after(survivors[0], t_kill)
-        bd = {"to_worker_start": ph.get("start", t_kill) - t_kill,
-              "import": ph.get("imported", 0) - ph.get("start", 0),
-              "build": ph.get("built", 0) - ph.get("imported", 0),
-              "init_group": ph.get("init", 0) - ph.get("built", 0),
-              "ckpt_load": ph.get("resumed", 0) - ph.get("init", 0),
-              "to_first_step": firsts[survivors[0]]["t"] - ph.get("resumed", 0),
-              "worker_starts": ph.get("worker_starts", 0)}
+        bd = phase_breakdown(ph, "to_worker_start", t_kill, firsts[survivors[0]]["t"])
         res["recover"].append(t_rec - t_kill)
         res["redone"].append(max(0, last - resumed))
         res["kill_breakdown"].append(bd)
@@ -195,13 +195,7 @@ def run_torchrun(side: TorchrunSide, trials: int, window: float, log: Callable[[
                      default=resumed)
         resumed2 = back[victim]["step"] - 1
         ph = side.phases_after(victim, t_start)
-        bd = {"agent_to_worker_start": ph.get("start", t_start) - t_start,
-              "import": ph.get("imported", 0) - ph.get("start", 0),
-              "build": ph.get("built", 0) - ph.get("imported", 0),
-              "init_group": ph.get("init", 0) - ph.get("built", 0),
-              "ckpt_load": ph.get("resumed", 0) - ph.get("init", 0),
-              "to_first_step": t_back - ph.get("resumed", 0),
-              "worker_starts": ph.get("worker_starts", 0)}
+        bd = phase_breakdown(ph, "agent_to_worker_start", t_start, t_back)
         res["rejoin"].append(t_back - t_start)
         res["redone_rejoin"].append(max(0, before - resumed2))
         res["rejoin_breakdown"].append(bd)
