@@ -41,6 +41,24 @@ def test_a_leader_with_nothing_in_flight_beats_slowly_and_marks_its_beats_idle()
     assert net.leaders() == ["a"] and not net.sent("b", VoteRequest) and not net.sent("c", VoteRequest)
 
 
+def test_an_idle_leader_beats_a_learner_that_lacks_entries_with_the_voters() -> None:
+    net = _idle_net()
+    net.cut |= {("a", "l")}
+    net.propose("a", 1)
+    net.run(IDLE.election_timeout_max + 0.5, nodes=["a", "b", "c"])
+    assert net.nodes["l"].commit_index < net.nodes["a"].commit_index
+    # run until the learners' own idle beat has just gone (lost on the cut)
+    assert any(_beats_in(net, 0.05)[0]["l"] for _ in range(60))
+    net.cut.clear()
+    # the next voters' beat reaches the learner too; its answer shows the gap, the leader fills it
+    beats, msgs = _beats_in(net, IDLE.idle_heartbeat_interval)
+    assert all(m.idle for m in msgs) and beats["l"] == beats["b"] == 1
+    assert net.nodes["l"].commit_index == net.nodes["a"].commit_index
+    # caught up, it is beaten at the learners' idle pace again
+    beats, _ = _beats_in(net, 4.0)
+    assert beats["l"] <= 2 and beats["b"] == 8
+
+
 def test_a_busy_leader_beats_at_the_busy_interval_without_the_idle_mark() -> None:
     net = Net(["a", "b", "c"], cfg=IDLE)
     net.elect("a")

@@ -75,28 +75,29 @@ class RaftConfig:
 # per follower per beat, measured in BENCHMARKS.md "Agreement") for no faster failover.
 # Learners are beaten every 1 s: with 12 learners that cuts the leader's idle messages by
 # 2/3 (BENCHMARKS.md "Membership", real processes) and changes no failover figure.
-# An idle LAN leader beats voters every 2 s and learners every 10 s: with 4 voters and 12
-# learners that is 20x fewer messages than 100 ms beats, and brings the leader's idle CPU to
+# An idle LAN leader beats voters every 4 s and learners every 30 s (a learner that lacks
+# entries is beaten with the voters, so its gap is filled within 4 s): with 4 voters and 12
+# learners that is 70x fewer messages than 100 ms beats, and brings the leader's idle CPU to
 # about a follower's (BENCHMARKS.md "Membership"). A killed leader is still replaced in about
 # 0.3 s, since gossip declares it dead in about 0.23 s (a refused connection) and leader_lost()
-# starts the election; a SIGSTOPped one once gossip declares it dead (about 2 s), or at the
-# latest after 6-9 s of silence (three lost idle beats).
+# starts the election; a SIGSTOPped one once gossip declares it dead (about 2.5 s), or at the
+# latest after 12-18 s of silence (three lost idle beats).
 LAN = RaftConfig(heartbeat_interval=0.1, election_timeout_min=0.3, election_timeout_max=0.6,
-                 learner_heartbeat_interval=1.0, idle_heartbeat_interval=2.0,
-                 idle_learner_heartbeat_interval=10.0, idle_election_timeout=6.0)
+                 learner_heartbeat_interval=1.0, idle_heartbeat_interval=4.0,
+                 idle_learner_heartbeat_interval=30.0, idle_election_timeout=12.0)
 
 # WAN / hybrid cloud: RTT 20-150 ms with jitter. Timeouts scale ~5x so a slow round trip or a
 # GC pause never looks like a dead leader; failover takes 1.5-3 s. Idle: voters every 5 s,
-# learners every 20 s, a silent leader replaced after 15-22 s (gossip declares a dead one sooner).
+# learners every 40 s, a silent leader replaced after 15-22 s (gossip declares a dead one sooner).
 WAN = RaftConfig(heartbeat_interval=0.25, election_timeout_min=1.5, election_timeout_max=3.0,
                  learner_heartbeat_interval=2.5, idle_heartbeat_interval=5.0,
-                 idle_learner_heartbeat_interval=20.0, idle_election_timeout=15.0)
+                 idle_learner_heartbeat_interval=40.0, idle_election_timeout=15.0)
 
 # Edge: flaky Wi-Fi/LTE links, loss bursts of seconds, slow SD-card fsync. Favour stability over
 # failover speed: a leader is replaced only after 4-8 s of silence. Idle: voters every 10 s,
-# learners every 40 s (metered links pay for every beat), a silent leader replaced after 30-45 s.
+# learners every 60 s (metered links pay for every beat), a silent leader replaced after 30-45 s.
 EDGE = RaftConfig(heartbeat_interval=0.5, election_timeout_min=4.0, election_timeout_max=8.0,
                   learner_heartbeat_interval=5.0, idle_heartbeat_interval=10.0,
-                  idle_learner_heartbeat_interval=40.0, idle_election_timeout=30.0)
+                  idle_learner_heartbeat_interval=60.0, idle_election_timeout=30.0)
 
 PRESETS: dict[str, RaftConfig] = {"lan": LAN, "wan": WAN, "edge": EDGE}

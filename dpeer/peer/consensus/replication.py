@@ -101,10 +101,12 @@ class LeaderSide:
                 self._send_append(peer, allow_empty)
 
     def _broadcast_heartbeat(self, learners: bool = True, idle: bool = False) -> None:
-        """Beat every voter, and the learners too when learners is True; idle marks slow beats."""
-        voters = self.membership.voters
+        """Beat every voter, and the learners too when learners is True; idle marks slow beats.
+        An idle leader beats a learner that lacks entries with the voters, so its answer shows
+        the gap at the voters' pace rather than the learners' slower one."""
+        voters, last = self.membership.voters, self.log.last_index()
         for peer, pr in sorted(self.tracker.progress.items()):
-            if peer != self.id and (learners or peer in voters):
+            if peer != self.id and (learners or peer in voters or (idle and pr.match < last)):
                 commit = min(pr.match, self.log.committed)
                 self._send(peer, Heartbeat(self.term, self.id, commit, self._read_seq, idle))
 

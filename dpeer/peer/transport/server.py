@@ -10,7 +10,13 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 import grpc
 
 from dpeer.peer import errors
-from dpeer.peer.transport.options import MAX_BATCH_MESSAGES, MAX_MESSAGE_BYTES, TOKEN_HEADER, Security
+from dpeer.peer.transport.options import (
+    HTTP2_OPTIONS,
+    MAX_BATCH_MESSAGES,
+    MAX_MESSAGE_BYTES,
+    TOKEN_HEADER,
+    Security,
+)
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
 
@@ -278,6 +284,7 @@ async def serve(listen: str, handler: PeerHandler, security: Security) -> PeerSe
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.so_reuseport", 0),
+            *HTTP2_OPTIONS,
         ],
     )
     servicer = _Servicer(handler)
