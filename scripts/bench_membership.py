@@ -272,7 +272,7 @@ def real_section(args: argparse.Namespace) -> None:
     trials = args.trials or (4 if args.quick else 9)
     t0 = time.time()
     try:
-        det = asyncio.run(real_detection(5, trials, 1.0))
+        det = None if args.idle_only else asyncio.run(real_detection(5, trials, 1.0))
         idle = asyncio.run(real_idle_cpu(args.idle_nodes, window, 3.0 if args.quick else 5.0))
     finally:
         ba._stop_everything()
@@ -289,6 +289,12 @@ def real_section(args: argparse.Namespace) -> None:
         if part:
             print(f"| {label}, median of {len(part)} (max) | {median(part):.2f} % ({max(part):.2f}) | {median(part):.2f}x |")
     print(f"| all {idle['nodes']} together | {idle['leader_pct'] + sum(f):.1f} % | |")
+    if det is not None:
+        _print_detection(det, trials)
+    print(f"\n<!-- real section: {time.time() - t0:.0f} s wall; raw: {det} {idle} -->")
+
+
+def _print_detection(det: dict, trials: int) -> None:
     print(f"\nFailure detection, 5 daemons, {trials} trials each (a follower is the victim; "
           f"status polled every {REAL_POLL * 1e3:.0f} ms per node; medians, max in brackets):\n")
     print("| signal | first node marks it dead | every other node marks it dead | target | median vs target |")
@@ -299,7 +305,6 @@ def real_section(args: argparse.Namespace) -> None:
         every = [r["all"] for r in rows]
         print(f"| SIG{kind.upper()} | {median(first):.3f} s ({max(first):.3f}) | {median(every):.3f} s "
               f"({max(every):.3f}) | {target:.0f} s | {median(every) / target:.2f}x |")
-    print(f"\n<!-- real section: {time.time() - t0:.0f} s wall; raw: {det} {idle} -->")
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -349,6 +354,7 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="also run the real-process section (daemons on loopback)")
     parser.add_argument("--no-sim", action="store_true", help="skip the simulated section")
     parser.add_argument("--idle-nodes", type=int, default=17, help="daemons for the idle CPU figure (16 peers each)")
+    parser.add_argument("--idle-only", action="store_true", help="real section: idle CPU only, no detection trials")
     parser.add_argument("--idle-window", type=float, help="seconds of idle CPU measurement (default 30, quick 15)")
     parser.add_argument("--trials", type=int, help="SIGKILL and SIGSTOP trials each, 5 nodes (default 9, quick 4)")
     args = parser.parse_args()
