@@ -55,6 +55,9 @@ LEADER_CHORES, FOLLOWER_CHORES, IDLE_CHORES = 0.02, 0.1, 1.0
 # every few hundred steps; waking the chores for each kept a daemon busy beside its worker).
 _QUIET_KINDS = frozenset({EntryKind.CHECKPOINT, EntryKind.KV_PUT, EntryKind.NOOP})
 CHORES_BUSY_FOR = 1.0
+# An input that moves the next deadline later by more than this re-arms the sleeping loop's
+# alarm instead of letting it fire for nothing; smaller moves are not worth a new timer.
+REARM_SLACK = 0.005
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
 ApplyListener = Callable[[Entry, ApplyResult], None]
 
@@ -94,6 +97,7 @@ class Node:
         self._reads: dict[int, asyncio.Future] = {}
         self._applied_waiters: list[tuple[int, asyncio.Future]] = []
         self._waiter: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._sleep_until = math.inf
         self._next_chores = now
         self._busy_until = now + CHORES_BUSY_FOR
@@ -160,13 +164,17 @@ class Node:
             now = self.clock()
             due = self._due()
             if due > now:
-                self._sleep_until = due
                 self._waiter = waiter = loop.create_future()
-                timer = loop.call_later(min(due - now, 1.0), _resolve, waiter)
+                self._arm(due, now)
                 await waiter
-                timer.cancel()
+                self._timer.cancel()
                 self._waiter, self._sleep_until = None, math.inf
             self.step_timers()
+
+    def _arm(self, due: float, now: float) -> None:
+        """Set the sleeping loop's alarm for `due` (at most a second away)."""
+        self._sleep_until = due
+        self._timer = asyncio.get_running_loop().call_later(min(due - now, 1.0), _resolve, self._waiter)
 
     def _due(self) -> float:
         swim_due = self.swim.next_tick()
@@ -177,8 +185,16 @@ class Node:
             _resolve(self._waiter)
 
     def _wake_if_sooner(self) -> None:
-        if self._waiter is not None and self._due() < self._sleep_until:
+        """After an input: wake the loop if its next deadline came forward; move the alarm
+        out if the deadline went later (an ack answered a probe), so the loop sleeps through."""
+        if self._waiter is None:
+            return
+        due = self._due()
+        if due < self._sleep_until:
             _resolve(self._waiter)
+        elif due > self._sleep_until + REARM_SLACK and self._timer is not None:
+            self._timer.cancel()
+            self._arm(due, self.clock())
 
     def poke(self) -> None:
         """Something chores may act on changed: keep them on their short period for a while."""

@@ -87,6 +87,16 @@ def test_ack_keeps_member_alive_and_health_good() -> None:
     assert m.state_of(ping.target) is ALIVE and m.health_score == 0
 
 
+def test_an_acked_probe_does_not_ask_for_a_tick_at_its_timeout() -> None:
+    m = core()
+    t, dst, ping = first_ping(m)
+    cfg = lan()
+    assert m.next_tick() == t + cfg.probe_timeout  # unanswered: the timeout is the next work
+    m.receive(t + 0.001, Ack(ping.seq, hb(ping.target, now=t)))
+    assert m.next_tick() == t + cfg.probe_interval  # answered: the next probe round
+    assert not any(isinstance(msg, PingReq) for _, msg in m.tick(t + cfg.probe_timeout))
+
+
 def test_nacks_mean_target_failure_not_ours() -> None:
     m = core()
     t0, _, ping = first_ping(m)

@@ -166,7 +166,12 @@ class Membership(Dissemination):
         return out
 
     def next_tick(self) -> float | None:
-        """When tick() next has work (possibly early: a spurious tick is harmless)."""
+        """When tick() next has work (possibly early: a spurious tick is harmless).
+
+        Timers that can no longer act (an acked probe's timeout, an answered relay) are dropped
+        first, so a healthy node is not woken for them: most probes are acked well inside
+        their timeout."""
+        self._drop_stale_timers()
         gossip = self._next_gossip if len(self._queue) else NEVER
         soonest = min(self._next_probe, gossip, self._next_push_pull, self._next_reconnect)
         if self._timers:
@@ -224,6 +229,19 @@ class Membership(Dissemination):
         timeout = min(self._awareness.scale(self.config.probe_timeout), self._next_probe - now)
         self._timer(now + timeout, "probe_timeout", seq)
         self._timer(self._next_probe, "probe_deadline", seq)
+
+    def _drop_stale_timers(self) -> None:
+        while self._timers and self._stale(self._timers[0][2], self._timers[0][3]):
+            heapq.heappop(self._timers)
+
+    def _stale(self, kind: str, key: object) -> bool:
+        """True when the timer's firing would do nothing (see _on_timer)."""
+        if kind == "relay":
+            return key not in self._relays
+        if kind in ("probe_timeout", "probe_deadline"):
+            probe = self._probe
+            return probe is None or probe.seq != key or probe.acked
+        return False
 
     def _on_timer(self, now: float, kind: str, key: object, out: list[Outgoing]) -> None:
         if kind == "suspicion":
