@@ -50,12 +50,14 @@ class View:
                    int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")))
 
 
-def _atomic_write(path: str, text: str) -> None:
+def _atomic_write(path: str, text: str, durable: bool = True) -> None:
+    """Replace path with text in one rename; durable also syncs the text before the rename."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -67,9 +69,14 @@ def publish_view(directory: str, view: View) -> None:
 
 
 def publish_checkpoint(directory: str, step: int, digest: str) -> None:
-    """Atomically record the newest committed checkpoint where a starting worker reads it."""
+    """Atomically record the newest committed checkpoint where a starting worker reads it.
+
+    Not synced: the log holds the committed checkpoint durably and the daemon publishes it
+    again at every start, so a power loss can only leave a stale or empty hint, which the
+    worker reads as "none" until then (see read_committed_checkpoint)."""
     os.makedirs(directory, exist_ok=True)
-    _atomic_write(os.path.join(directory, CHECKPOINT_FILE), json.dumps({"step": step, "digest": digest}))
+    text = json.dumps({"step": step, "digest": digest})
+    _atomic_write(os.path.join(directory, CHECKPOINT_FILE), text, durable=False)
 
 
 def read_committed_checkpoint(directory: str) -> tuple[int, str]:

@@ -11,6 +11,7 @@ import pytest
 from raft_helpers import CFG, Net, kv
 
 from dpeer.peer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
+from dpeer.peer.consensus.replication import IDLE_AFTER_BEATS
 from dpeer.statemachine.entry import EntryKind
 
 IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
@@ -59,22 +60,33 @@ def test_an_idle_leader_beats_a_learner_that_lacks_entries_with_the_voters() -> 
     assert beats["l"] <= 2 and beats["b"] == 8
 
 
-def test_a_busy_leader_beats_at_the_busy_interval_without_the_idle_mark() -> None:
+def test_a_new_leader_beats_at_the_busy_interval_without_the_idle_mark() -> None:
     net = Net(["a", "b", "c"], cfg=IDLE)
     net.elect("a")
-    beats, msgs = _beats_in(net, 0.5)
-    assert beats["b"] == 5 and not any(m.idle for m in msgs)
+    beats, msgs = _beats_in(net, IDLE_AFTER_BEATS * IDLE.heartbeat_interval - 0.01)
+    assert beats["b"] >= IDLE_AFTER_BEATS - 1 and not any(m.idle for m in msgs)
 
 
 def test_a_new_entry_ends_the_idle_period_at_once() -> None:
     net = _idle_net()
     net.propose("a", 1)
     assert all(net.nodes[n].commit_index == net.nodes["a"].commit_index for n in "bcl")
-    beats, msgs = _beats_in(net, 0.5)
-    assert beats["b"] >= 5 and not any(m.idle for m in msgs)
-    # election_timeout_max after the last activity it is idle again
+    busy = IDLE_AFTER_BEATS * IDLE.heartbeat_interval
+    beats, msgs = _beats_in(net, busy - 0.01)
+    assert beats["b"] >= IDLE_AFTER_BEATS - 1 and not any(m.idle for m in msgs)
+    # two beats after the last activity it is idle again
     beats, msgs = _beats_in(net, 4.0)
-    assert msgs[-1].idle and beats["b"] < 4.0 / IDLE.heartbeat_interval - 10
+    assert msgs[-1].idle and beats["b"] <= 4.0 / IDLE.idle_heartbeat_interval + IDLE_AFTER_BEATS
+
+
+def test_a_leader_appending_every_beat_stays_busy() -> None:
+    net = _idle_net()
+    before = len(net.sent("a", Heartbeat))
+    for i in range(5):
+        net.propose("a", i)
+        net.run(IDLE.heartbeat_interval, nodes=["a"])
+    msgs = [m for dst, m in net.sent("a", Heartbeat)[before:] if dst == "b"]
+    assert len(msgs) >= 4 and not any(m.idle for m in msgs)
 
 
 def test_a_voter_that_lags_keeps_the_leader_busy() -> None:
@@ -132,7 +144,7 @@ def test_an_idle_leader_cut_off_from_its_voters_steps_down_within_two_idle_windo
     net = _idle_net()
     net.isolate("a")
     net.run(2 * IDLE.idle_election_timeout + 0.1, nodes=["a"])
-    assert net.nodes["a"].role.value == "follower"
+    assert net.nodes["a"].role.value != "leader"
 
 
 def test_an_idle_leader_answered_by_its_voters_keeps_leading() -> None:

@@ -24,6 +24,14 @@ from dpeer.statemachine.errors import Compacted
 log = logging.getLogger("dpeer.peer.consensus.core")
 
 
+# Busy beats an idle leader keeps sending after its last entry, commit or read. A commit
+# reaches followers at once (the leader broadcasts the new commit index), and a follower
+# that lacks entries keeps the leader busy anyway, so the busy beats after the last entry
+# only hold the short lease a little longer. A training cluster appends a checkpoint entry
+# every second or so; with election_timeout_max (6 beats) its leader never went idle.
+IDLE_AFTER_BEATS = 2
+
+
 class LeaderSide:
     """Leader-only behaviour of RaftNode."""
 
@@ -56,11 +64,11 @@ class LeaderSide:
         return self.cfg.heartbeat_interval, self.cfg.learner_heartbeat_interval
 
     def _idle(self) -> bool:
-        """Nothing appended, committed or read for election_timeout_max, every voter holding the
-        whole log: the leader may beat slowly (RaftConfig's idle settings)."""
+        """Nothing appended, committed or read for IDLE_AFTER_BEATS heartbeats, every voter
+        holding the whole log: the leader may beat slowly (RaftConfig's idle settings)."""
         if not self.cfg.idle_heartbeat_interval or self._pending_reads:
             return False
-        if self._now - self._active_at < self.cfg.election_timeout_max:
+        if self._now - self._active_at < IDLE_AFTER_BEATS * self.cfg.heartbeat_interval:
             return False
         last, voters = self.log.last_index(), self.membership.voters
         return all(pr.match >= last for peer, pr in self.tracker.progress.items() if peer in voters)
