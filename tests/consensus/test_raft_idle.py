@@ -147,6 +147,23 @@ def test_an_idle_leader_cut_off_from_its_voters_steps_down_within_two_idle_windo
     assert net.nodes["a"].role.value != "leader"
 
 
+def test_an_idle_leader_told_a_majority_died_steps_down_within_a_busy_window() -> None:
+    net = _idle_net()
+    net.cut |= {("a", "b"), ("b", "a"), ("a", "c"), ("c", "a")}
+    for dead in ("b", "c"):
+        net.nodes["a"].leader_lost(net.now, dead)
+    net.run(IDLE.election_timeout_min + 0.05, nodes=["a"])
+    assert net.nodes["a"].role.value != "leader"
+
+
+def test_a_wrong_verdict_about_a_voter_costs_an_idle_leader_nothing() -> None:
+    net = _idle_net()
+    term = net.nodes["a"].term
+    net.nodes["a"].leader_lost(net.now, "b")
+    net.run(2 * IDLE.election_timeout_min)
+    assert net.leaders() == ["a"] and net.nodes["a"].term == term
+
+
 def test_an_idle_leader_answered_by_its_voters_keeps_leading() -> None:
     net = _idle_net()
     net.run(3 * IDLE.idle_election_timeout)

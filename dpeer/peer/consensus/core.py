@@ -124,10 +124,15 @@ class RaftNode(LeaderSide):
         """The failure detector declared `node` dead (or gone): if it is our leader, drop its
         lease and campaign after half a heartbeat (time for the other voters' detectors to reach
         the same verdict and drop the lease too) plus a random part of election_timeout_min, so
-        the survivors rarely split the vote. Only timers move: a wrong verdict costs a rejected
+        the survivors rarely split the vote. A leader that loses a voter checks its quorum
+        afresh (see recheck_quorum). Only timers move: a wrong verdict costs a rejected
         pre-vote, since the voters that still hear the leader keep its lease."""
         self._now = now
-        if self.role is Role.LEADER or node != self.leader:
+        if self.role is Role.LEADER:
+            if node in self.membership.voters and node != self.id:
+                self.recheck_quorum(now)
+            return
+        if node != self.leader:
             return
         self._leader_contact = -math.inf
         soon = now + self.cfg.heartbeat_interval / 2 + self._rng.uniform(0.0, self.cfg.election_timeout_min)

@@ -80,6 +80,21 @@ class LeaderSide:
         self._active_at = self._now
         self._heartbeat_due = min(self._heartbeat_due, self._now + self.cfg.heartbeat_interval)
 
+    def recheck_quorum(self, now: float) -> None:
+        """Judge the quorum on a fresh busy window: forget who answered, beat every voter now and
+        step down at the window's end unless a quorum answers. A leader idle when a majority
+        died would otherwise lead on for up to idle_election_timeout; live voters answer the
+        beat at once, so a wrong verdict costs a busy beat or two."""
+        self._now = now
+        if self.role.value != "leader":
+            return
+        for peer, pr in self.tracker.progress.items():
+            pr.recent_active = peer == self.id
+        self._mark_active()
+        self._quorum_check_due = now + self.cfg.election_timeout_min
+        self._heartbeat_due = now + self.cfg.heartbeat_interval
+        self._broadcast_heartbeat(learners=False)
+
     def peer_alive(self, now: float, node: str) -> None:
         """The failure detector sees `node` alive again (restarted, or back from a partition):
         as leader, beat it now, so it learns the leader without waiting for an idle beat."""
