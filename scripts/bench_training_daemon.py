@@ -1,0 +1,83 @@
+"""CPU of the dpeer daemons beside a training job: two boxes of the demo job on loopback, unpinned.
+
+Prints, per box, the daemon's and the worker's CPU in ms per second of steady training, and the
+steps per second, for each checkpoint interval given: the daemon's share is what dpeer costs a
+training box beyond the job itself. Run it from two checkouts to compare builds.
+
+    python scripts/bench_training_daemon.py --ckpt-every 100,1000000 --window 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recovery_dpeer import DpeerSide  # noqa: E402
+
+SETTLE_LIMIT_S = 120.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, in seconds."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / 100
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of pid (a daemon's worker)."""
+    return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def measure(ckpt_every: int, window: float) -> dict:
+    """Start two boxes, wait until both train together, and measure `window` seconds."""
+    root = Path(tempfile.mkdtemp(prefix="dpeer-daemon-cpu-"))
+    side = DpeerSide(root, ckpt_every, nodes=["n1", "n2"])
+    try:
+        side.start_all()
+        t0 = time.time()
+        while not side.settled(t0):
+            if time.time() - t0 > SETTLE_LIMIT_S:
+                raise RuntimeError(f"the two boxes did not train together within {SETTLE_LIMIT_S:.0f} s; "
+                                   f"logs under {root}")
+            time.sleep(0.5)
+        time.sleep(3.0)
+        boxes = {n: (pid, children(pid)) for n, pid in side.tops().items()}
+        before = {n: (cpu_seconds(p), sum(map(cpu_seconds, kids))) for n, (p, kids) in boxes.items()}
+        step0 = side.steady_records("n1")[-1][1]
+        time.sleep(window)
+        after = {n: (cpu_seconds(p), sum(map(cpu_seconds, kids))) for n, (p, kids) in boxes.items()}
+        steps = side.steady_records("n1")[-1][1] - step0
+        roles = {n: side.role(n) for n in boxes}
+    finally:
+        side.cluster.stop_all()
+    shutil.rmtree(root, ignore_errors=True)
+    return {n: {"daemon_ms_s": 1e3 * (after[n][0] - before[n][0]) / window,
+                "worker_ms_s": 1e3 * (after[n][1] - before[n][1]) / window, "role": roles[n]}
+            for n in boxes} | {"steps_per_s": steps / window}
+
+
+def main() -> None:
+    """Measure each checkpoint interval in turn and print a markdown table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ckpt-every", default="100,1000000", help="checkpoint intervals in steps, comma-separated")
+    ap.add_argument("--window", type=float, default=20.0, help="seconds measured per interval")
+    args = ap.parse_args()
+    print("| checkpoint every | box | role | daemon ms/s | worker ms/s | steps/s |")
+    print("|---|---|---|---|---|---|")
+    for every in (int(x) for x in args.ckpt_every.split(",")):
+        res = measure(every, args.window)
+        for n in ("n1", "n2"):
+            r = res[n]
+            print(f"| {every} | {n} | {r['role']} | {r['daemon_ms_s']:.1f} | {r['worker_ms_s']:.1f} | "
+                  f"{res['steps_per_s']:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
