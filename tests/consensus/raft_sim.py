@@ -75,9 +75,9 @@ DETECT_AFTER = 0.25  # gossip's SIGKILL-to-dead time on loopback (BENCHMARKS.md 
 class Cluster:
     """n bootstrapped voters on a Simulator, driven by a seeded chaos schedule.
 
-    With detector=True a failure-detector model stands in for gossip: a node whose leader has
-    been crashed, paused or cut off from it (either way) for DETECT_AFTER is told leader_lost,
-    as the daemon does when gossip declares the leader dead.
+    With detector=True a failure-detector model stands in for gossip: a node whose leader (or,
+    as leader, one of its voters) has been crashed, paused or cut off from it (either way) for
+    DETECT_AFTER is told leader_lost, as the daemon does when gossip declares a member dead.
     """
 
     def __init__(self, seed: int, n: int, cfg: RaftConfig = LAN, compact_every: int = 0,
@@ -133,22 +133,28 @@ class Cluster:
         self.sim.emit(nid, self.actor(nid).drain())
 
     def _detect(self) -> None:
-        """One look of the failure-detector model; it reports each lost leader once."""
+        """One look of the failure-detector model: a follower is told once of its lost leader,
+        a leader once of each lost voter (the daemon tells Raft of every member gossip buries)."""
         sim, net = self.sim, self.sim.network
         for nid in sim.live():
             node = self.actor(nid).node
-            lead = node.leader
-            cut = lead is not None and lead != nid and (
-                lead not in sim.live() or net.is_blocked(nid, lead) or net.is_blocked(lead, nid))
-            if not cut:
-                self._cut_since.pop((nid, lead), None)
-                continue
-            since = self._cut_since.setdefault((nid, lead), sim.now)
-            if sim.now - since >= DETECT_AFTER:
-                node.leader_lost(sim.now, lead)
-                self._cut_since[(nid, lead)] = float("inf")
-                sim.emit(nid, self.actor(nid).drain())
+            for other in self._watched(nid):
+                key = (nid, other)
+                if other in sim.live() and not net.is_blocked(nid, other) and not net.is_blocked(other, nid):
+                    self._cut_since.pop(key, None)
+                    continue
+                since = self._cut_since.setdefault(key, sim.now)
+                if sim.now - since >= DETECT_AFTER:
+                    node.leader_lost(sim.now, other)
+                    self._cut_since[key] = float("inf")
+                    sim.emit(nid, self.actor(nid).drain())
         sim.at(sim.now + DETECT_EVERY, self._detect)
+
+    def _watched(self, nid: str) -> list[str]:
+        node = self.actor(nid).node
+        if node.role.value == "leader":
+            return [v for v in sorted(node.membership.voters) if v != nid]
+        return [] if node.leader in (None, nid) else [node.leader]
 
     # -- faults -----------------------------------------------------------------------------
     def chaos(self) -> None:
