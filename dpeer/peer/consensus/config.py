@@ -18,8 +18,9 @@ class RaftConfig:
     commits and elections reach them at once anyway); 0 means every heartbeat_interval.
 
     Idle leaders (0 disables): once nothing was appended, committed or read for two
-    heartbeat_intervals and every voter holds the whole log, the leader beats voters every idle_heartbeat_interval and
-    learners every idle_learner_heartbeat_interval, marking the beats idle. A follower that
+    heartbeat_intervals and every voter holds the whole log, the leader beats voters every
+    idle_heartbeat_interval and learners every idle_learner_heartbeat_interval (a learner
+    that lacks entries with the voters), marking the beats idle. A follower that
     gets an idle beat holds the leader's lease and waits idle_election_timeout (randomised up
     to 1.5x) before campaigning. A dead leader is found sooner through RaftNode.leader_lost(),
     which the driver calls when its failure detector declares the leader dead; any new entry
