@@ -295,6 +295,7 @@ def real_section(args: argparse.Namespace) -> None:
 
 
 def _print_detection(det: dict, trials: int) -> None:
+    """The SIGKILL and SIGSTOP detection table."""
     print(f"\nFailure detection, 5 daemons, {trials} trials each (a follower is the victim; "
           f"status polled every {REAL_POLL * 1e3:.0f} ms per node; medians, max in brackets):\n")
     print("| signal | first node marks it dead | every other node marks it dead | target | median vs target |")

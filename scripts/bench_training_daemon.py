@@ -18,21 +18,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from recovery_common import cpu_seconds, descendants  # noqa: E402
 from recovery_dpeer import DpeerSide  # noqa: E402
 
 SETTLE_LIMIT_S = 120.0
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process, in seconds."""
-    raw = Path(f"/proc/{pid}/stat").read_text()
-    fields = raw[raw.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / 100
-
-
-def children(pid: int) -> list[int]:
-    """The direct children of pid (a daemon's worker)."""
-    return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+def tree_cpu(pids: list[int]) -> float:
+    """CPU seconds of the processes still running among pids."""
+    return sum(c for c in map(cpu_seconds, pids) if c is not None)
 
 
 def measure(ckpt_every: int, window: float) -> dict:
@@ -48,11 +42,11 @@ def measure(ckpt_every: int, window: float) -> dict:
                                    f"logs under {root}")
             time.sleep(0.5)
         time.sleep(3.0)
-        boxes = {n: (pid, children(pid)) for n, pid in side.tops().items()}
-        before = {n: (cpu_seconds(p), sum(map(cpu_seconds, kids))) for n, (p, kids) in boxes.items()}
+        boxes = {n: (pid, descendants(pid)[1:]) for n, pid in side.tops().items()}
+        before = {n: (tree_cpu([p]), tree_cpu(kids)) for n, (p, kids) in boxes.items()}
         step0 = side.steady_records("n1")[-1][1]
         time.sleep(window)
-        after = {n: (cpu_seconds(p), sum(map(cpu_seconds, kids))) for n, (p, kids) in boxes.items()}
+        after = {n: (tree_cpu([p]), tree_cpu(kids)) for n, (p, kids) in boxes.items()}
         steps = side.steady_records("n1")[-1][1] - step0
         roles = {n: side.role(n) for n in boxes}
     finally:
@@ -69,9 +63,15 @@ def main() -> None:
     ap.add_argument("--ckpt-every", default="100,1000000", help="checkpoint intervals in steps, comma-separated")
     ap.add_argument("--window", type=float, default=20.0, help="seconds measured per interval")
     args = ap.parse_args()
+    try:
+        intervals = [int(x) for x in args.ckpt_every.split(",")]
+    except ValueError:
+        ap.error(f"--ckpt-every takes whole step counts separated by commas, not {args.ckpt_every!r}")
+    if any(i <= 0 for i in intervals) or args.window <= 0:
+        ap.error("--ckpt-every intervals and --window must be positive")
     print("| checkpoint every | box | role | daemon ms/s | worker ms/s | steps/s |")
     print("|---|---|---|---|---|---|")
-    for every in (int(x) for x in args.ckpt_every.split(",")):
+    for every in intervals:
         res = measure(every, args.window)
         for n in ("n1", "n2"):
             r = res[n]
