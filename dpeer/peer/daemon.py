@@ -27,6 +27,7 @@ from dpeer.peer.service import Service
 from dpeer.peer.status import document
 from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.supervisor import WorkerSupervisor
+from dpeer.peer.worker_health import missed_view
 from dpeer.peer.worker_wake import WorkerWake
 from dpeer.peer.transport.client import Channels, NodeClient, PeerSender
 from dpeer.peer.transport.faults import FaultHook
@@ -40,6 +41,7 @@ log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
+MISSED_VIEW_REPORT_EVERY = 1.0
 CHECKPOINT_REPORT_EVERY, CHECKPOINT_REPORT_TRIES = 1.0, 30
 
 
@@ -92,6 +94,7 @@ class Daemon:
         self.leaving = False
         self._tasks: list[asyncio.Task] = []
         self._held: Held | None = None
+        self._next_missed_report = 0.0
         self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
 
@@ -119,6 +122,20 @@ class Daemon:
         self._tasks = [t for t in self._tasks if not t.done()]
         report = self._tell_leader("the failed group", lambda c: c.group_failed(self.node_id, generation, reason))
         self._tasks.append(asyncio.get_running_loop().create_task(report))
+
+    def _report_missed_view(self, now: float) -> None:
+        """While our worker waits on a committed view it was never handed, report that group failed
+        (again each second: the report is lost while no leader is known), so a new generation
+        re-forms it; after a full power loss or a lone box's worker crash nothing else would."""
+        assert self.worker is not None
+        view = self.store.state.view
+        if view is None or now < self._next_missed_report:
+            return
+        verdict = missed_view(view.generation, self.node_id in view.members, self.worker.ready,
+                              self.worker.given_generation)
+        if verdict.hung:
+            self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
+            self._group_failed(view.generation, verdict.reason)
 
     def _checkpoint_written(self, step: int, digest: str) -> None:
         """The worker wrote the checkpoint of `step`: report it until the log records one as new."""
@@ -210,6 +227,7 @@ class Daemon:
         if self.worker is not None:
             self._fence(now)
             self.worker.poll(now)
+            self._report_missed_view(now)
             self._report_checkpoint(now)
         self._sync_membership(now)
         member = self.store.state.members.get(self.node_id)

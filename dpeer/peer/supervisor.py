@@ -68,6 +68,7 @@ class WorkerSupervisor:
         self.hangs = 0
         self._last_report: float | None = None
         self._stopped_since: float | None = None
+        self.given_generation = 0
 
     def status(self) -> dict[str, Any]:
         """The worker's process state for the status document."""
@@ -106,6 +107,7 @@ class WorkerSupervisor:
         self._restart_at = None
         self._last_report = self._stopped_since = None
         self.latest_step = 0
+        self.given_generation = 0
         log.info("started worker pid %d for job %s", self.proc.pid, self.job)
         if self.on_spawn is not None:
             self.on_spawn(self.proc.pid)
@@ -115,6 +117,8 @@ class WorkerSupervisor:
         host, _, port = view.store_host.rpartition(":")
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
         publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest))
+        if self.proc is not None:
+            self.given_generation = view.generation
 
     def publish_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Record the newest committed checkpoint for the worker, which resumes from it at start

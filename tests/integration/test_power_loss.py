@@ -24,6 +24,13 @@ def committed_checkpoint(docs: dict) -> int:
     return max(((d or {}).get("checkpoint") or {}).get("step", 0) for d in docs.values())
 
 
+def held_by_several(docs: dict) -> bool:
+    """The newest committed checkpoint is at step 2 x EVERY or later and has two holders or more
+    (one recorded while the first worker ready trained alone has one)."""
+    newest = max(((d or {}).get("checkpoint") or {} for d in docs.values()), key=lambda c: c.get("step", 0))
+    return newest.get("step", 0) >= 2 * EVERY and len(newest.get("holders", [])) >= 2
+
+
 def test_full_power_loss_resumes_from_the_committed_checkpoint(make_cluster) -> None:
     cluster = make_cluster(3, job="demo", config=CONFIG)
     cluster.start_all()
@@ -31,8 +38,8 @@ def test_full_power_loss_resumes_from_the_committed_checkpoint(make_cluster) -> 
 
     async def until_recorded() -> dict:
         await training(cluster, nodes, 3, past=0)
-        return await cluster.wait_for(lambda docs: committed_checkpoint(docs) >= 2 * EVERY, TIMEOUT,
-                                      f"a committed checkpoint at step {2 * EVERY} or later")
+        return await cluster.wait_for(held_by_several, TIMEOUT,
+                                      f"a committed checkpoint at step {2 * EVERY} or later with two holders")
 
     run(until_recorded())
     for node in cluster.nodes:

@@ -150,3 +150,27 @@ def test_a_hung_worker_is_restarted_by_its_daemon_and_heals(make_cluster) -> Non
     assert docs["n3"]["worker"]["hangs"] == 1 and docs["n3"]["worker"]["restarts"] >= 1, docs["n3"]["worker"]
     assert any("hangs (stopped by a signal" in line for line in cluster.tail(cluster.node("n3"), 400).splitlines())
     assert_exact(cluster, STEPS, nodes)
+
+
+def test_a_lone_box_whose_worker_crashes_trains_on_under_a_new_generation(make_cluster) -> None:
+    """SIGKILL only the worker of a one-box cluster: the committed view still names the box, but
+    the new worker never formed that group, so the daemon has it re-formed under a new generation
+    (the same members would otherwise never make the leader propose one)."""
+    config = {"training": {**CONFIG["training"], "steps": 400}}
+    cluster = make_cluster(1, job="demo", config=config)
+    cluster.start_all()
+
+    async def scenario() -> dict:
+        docs = await training(cluster, ["n1"], 1, past=10)
+        worker_pid, generation = docs["n1"]["worker"]["pid"], docs["n1"]["group"]["generation"]
+        os.kill(worker_pid, signal.SIGKILL)
+        docs = await cluster.wait_for(
+            lambda d: d["n1"] and (d["n1"].get("group") or {}).get("generation", 0) > generation
+            and d["n1"]["worker"]["pid"] not in (None, worker_pid),
+            TIMEOUT, "the restarted worker in a new group")
+        await finished(cluster)
+        return docs
+
+    docs = run(scenario())
+    assert docs["n1"]["worker"]["restarts"] == 1, docs["n1"]["worker"]
+    assert_exact(cluster, 400, ["n1"])

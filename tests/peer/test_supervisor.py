@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpeer.peer.config import TrainingConfig
+import subprocess
+import sys
+
 import pytest
 
+from dpeer.peer.config import TrainingConfig
 from dpeer.peer.supervisor import TrainStatus, WorkerSupervisor
-from dpeer.peer.worker_health import judge_worker
+from dpeer.peer.worker_health import judge_worker, missed_view
+from dpeer.statemachine.state import View
 
 
 def write(data_dir: Path, *records: dict) -> None:
@@ -80,3 +84,29 @@ def test_the_status_pairs_a_step_with_its_own_digest(tmp_path: Path) -> None:
     write(tmp_path, {"kind": "progress", "t": 2.2, "step": 6, "samples": 384, "loss": 0.6, "digest": "d6"})
     sup.poll(0.0)
     assert sup.train == TrainStatus(6, 384, 0.6, "d6")
+
+
+@pytest.mark.parametrize(
+    "in_view, ready, given, missed, why",
+    [
+        (True, True, 0, True, "started after generation 3 was handed out"),
+        (True, True, 2, True, "started after generation 3"),
+        (True, True, 3, False, "was given generation 3"),
+        (True, False, 0, False, "not waiting"),
+        (False, True, 0, False, "not waiting"),
+    ],
+)
+def test_missed_view(in_view, ready, given, missed, why) -> None:
+    verdict = missed_view(3, in_view, ready, given)
+    assert verdict.hung is missed and why in verdict.reason
+
+
+def test_a_view_counts_as_given_only_to_the_running_worker_process(tmp_path: Path) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: None)
+    view = View(2, ("n1",), "127.0.0.1:7000")
+    sup.publish(view)
+    assert sup.given_generation == 0  # no worker runs: its start clears the file
+    sup.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    sup.proc.wait()
+    sup.publish(view)
+    assert sup.given_generation == 2
