@@ -1,9 +1,10 @@
 """The leader's chores: keep committed membership, voters and the training view in line with gossip.
 
 Runs on every node every chore interval and acts only while the node leads, one proposal in
-flight at a time, in priority order: admit itself, reconcile member statuses, adjust voters,
-then the next view once the wanted members have held still for the quiet window, and last
-the newest checkpoint a majority of the group reported holding.
+flight at a time, in priority order: admit itself, the next view once the wanted members have
+held still for the quiet window (training waits on it; the wanted members already follow
+gossip, so a dead member's committed status can come after), reconcile member statuses, adjust
+voters, and last the newest checkpoint a majority of the group reported holding.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dpeer.peer.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.peer.errors import PeerError
 from dpeer.peer.node import Node
 from dpeer.peer.views import (
-    Decision, change_began, decide_view, plan_voters, reconcile_members, training_members,
+    Decision, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members,
 )
 from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.state import ClusterState
 
 log = logging.getLogger("dpeer.leader")
 
@@ -80,24 +82,31 @@ class LeaderChores:
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
         observed = node.observed()
         for decision in (
+            self._view_decision(state, observed, now),
             reconcile_members(state, observed),
             plan_voters(state, observed, now, self.grace, node.raft_config.max_voters),
         ):
             if decision.propose:
                 return decision
+        return self._checkpoint_decision()
+
+    def _view_decision(self, state: ClusterState, observed: dict[str, Observed], now: float) -> Decision:
+        """The next view, from the wanted members and when they last changed. A new leader
+        compares them with the committed view, so a member gossip dropped before the election
+        does not wait out the quiet window again."""
         train = training_members(state, observed, self.failed_generation)
         members = train.members
         if members != self._wanted:
             if self._wanted is not None:
                 log.info("training members now %s: %s", members, train.reason)
-            self._changed_at = change_began(self._wanted, members, observed, now)
+            before = self._wanted
+            if before is None and state.view is not None:
+                before = list(state.view.members)
+            self._changed_at = change_began(before, members, observed, now)
             self._wanted = members
         ports = {n: state.members[n].store_port for n in members}
         failed = self.failed_generation if now - self._failed_at >= self.failure_grace else 0
-        decision = decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)
-        if decision.propose:
-            return decision
-        return self._checkpoint_decision()
+        return decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)
 
     def checkpoint_reported(self, node_id: str, step: int, digest: str) -> int:
         """A node holds the checkpoint of `step`; returns the committed checkpoint's step."""

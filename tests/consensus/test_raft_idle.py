@@ -18,8 +18,9 @@ IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
                idle_learner_heartbeat_interval=2.0, idle_election_timeout=4.0)
 
 
-def _idle_net() -> Net:
-    net = Net(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"], cfg=IDLE)
+def _idle_net(voters: int = 3) -> Net:
+    names = list("abcde"[:voters])
+    net = Net([*names, "l"], voters=names, learners=["l"], cfg=IDLE)
     net.elect("a")
     net.run(IDLE.election_timeout_max + 0.5, nodes=["a"])
     return net
@@ -111,14 +112,26 @@ def test_an_idle_follower_keeps_the_lease_against_a_disruptive_pre_vote() -> Non
     assert net.leaders() == ["a"]
 
 
-def test_leader_lost_starts_an_election_within_half_a_beat_and_the_minimum_timeout() -> None:
+def test_leader_lost_makes_the_first_successor_campaign_within_half_a_beat_and_the_next_a_slot_later() -> None:
     net = _idle_net()
     net.isolate("a")
-    for n in "bc":
+    slot = IDLE.election_timeout_min / 2
+    for n, place in (("b", 0), ("c", 1)):
         net.nodes[n].leader_lost(net.now, "a")
-        assert net.nodes[n].next_deadline() <= net.now + IDLE.heartbeat_interval / 2 + IDLE.election_timeout_min
-    net.run(IDLE.election_timeout_min + 0.2, nodes=["b", "c"])
-    assert len([n for n in "bc" if net.nodes[n].role.value == "leader"]) == 1
+        wait = net.nodes[n].next_deadline() - net.now
+        assert IDLE.heartbeat_interval / 2 + place * slot <= wait <= IDLE.heartbeat_interval / 2 + (place + 0.25) * slot
+    net.run(IDLE.heartbeat_interval / 2 + slot / 4 + 0.05, nodes=["b", "c"])
+    assert [n for n in "bc" if net.nodes[n].role.value == "leader"] == ["b"]
+
+
+def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
+    net = _idle_net(5)
+    net.isolate("a")
+    net.isolate("b")
+    for n in "cde":
+        net.nodes[n].leader_lost(net.now, "a")
+    net.run(IDLE.heartbeat_interval / 2 + 1.25 * IDLE.election_timeout_min / 2 + 0.05, nodes=["c", "d", "e"])
+    assert [n for n in "cde" if net.nodes[n].role.value == "leader"] == ["c"]
 
 
 def test_leader_lost_for_another_node_or_on_the_leader_changes_nothing() -> None:

@@ -72,3 +72,38 @@ def test_the_quiet_window_after_a_failure_counts_from_when_gossip_suspected_the_
     leader.group_failed(4, "connection reset by peer")
     d = leader.decide(10.95 + leader.quiet + 0.001)
     assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+
+
+def test_a_member_gossip_holds_dead_leaves_the_view_before_its_status_is_committed() -> None:
+    """Training waits on the view, not on the member record: the view goes first once the
+    quiet window since gossip's verdict has passed, the committed status right after."""
+    leader, node = chores("alive")
+    leader.decide(10.0)
+    node.gossip["b"], node.since = "dead", {"b": 10.2}
+    d = leader.decide(10.2 + leader.quiet + 0.01)
+    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+    state = node.store.state
+    node.store.state = ClusterState(members=state.members, voters=state.voters, view=View(5, ("a",), "10.0.0.1:7101"))
+    d = leader.decide(10.2 + leader.quiet + 0.02)
+    assert d is not None and d.kind is EntryKind.MEMBER_DEAD and d.payload["node_id"] == "b"
+
+
+def test_a_new_leader_dates_a_drop_from_gossip_against_the_committed_view() -> None:
+    """The member died with the old leader: gossip's verdict came before this node led, so the
+    quiet window has passed at its first decision."""
+    leader, node = chores("dead")
+    node.since = {"b": 10.0}
+    d = leader.decide(10.0 + leader.quiet + 0.01)
+    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+
+
+def test_a_new_leader_waits_the_quiet_window_for_a_newcomer() -> None:
+    leader, node = chores("alive")
+    members = {**node.store.state.members, "c": Member("10.0.0.3:7100", "active", 3, 7301, True)}
+    b_ready = Member("10.0.0.2:7100", "active", 2, 7201, True)
+    node.store.state = ClusterState(members=MappingProxyType({**members, "b": b_ready}), voters=("a", "b", "c"),
+                                    view=node.store.state.view)
+    node.gossip["c"] = "alive"
+    assert leader.decide(20.0) is None
+    d = leader.decide(20.0 + leader.quiet + 0.01)
+    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a", "b", "c"]

@@ -1,8 +1,11 @@
-"""The rendezvous before init is sealed once: no member gives up after another went on to init."""
+"""The rendezvous before init is sealed once: no member gives up after another went on to init;
+a member that reaches the store before its host listens waits for it."""
 
 from __future__ import annotations
 
 import datetime as dt
+import socket
+import threading
 import time
 
 import pytest
@@ -46,3 +49,36 @@ def test_a_timeout_before_anyone_sealed_is_a_group_error(prefix: dist.PrefixStor
     with pytest.raises(GroupError, match="1/2 members arrived"):
         GroupManager("a")._rendezvous(prefix, VIEW, lambda: False, time.monotonic() + 0.05)
     assert prefix.get("sealed") == b"abandoned"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_member_that_reaches_the_store_before_its_host_listens_connects_once_it_does() -> None:
+    port, hosted = free_port(), []
+
+    def host_later() -> None:
+        time.sleep(0.2)
+        hosted.append(dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                                    timeout=dt.timedelta(seconds=5)))
+
+    thread = threading.Thread(target=host_later)
+    thread.start()
+    store = GroupManager("b")._client_store("127.0.0.1", port, time.monotonic() + 20, lambda: False)
+    thread.join()
+    store.set("k", "v")
+    assert hosted[0].get("k") == b"v"
+
+
+def test_a_newer_view_ends_the_wait_for_a_store_that_never_listens() -> None:
+    views = iter([False, False, True])
+    with pytest.raises(Superseded, match="while connecting to store"):
+        GroupManager("b")._client_store("127.0.0.1", free_port(), time.monotonic() + 20, lambda: next(views))
+
+
+def test_a_store_that_never_listens_is_a_group_error_at_the_deadline() -> None:
+    with pytest.raises(GroupError, match="does not accept connections yet"):
+        GroupManager("b")._client_store("127.0.0.1", free_port(), time.monotonic() + 0.1, lambda: False)

@@ -122,11 +122,10 @@ class RaftNode(LeaderSide):
 
     def leader_lost(self, now: float, node: str) -> None:
         """The failure detector declared `node` dead (or gone): if it is our leader, drop its
-        lease and campaign after half a heartbeat (time for the other voters' detectors to reach
-        the same verdict and drop the lease too) plus a random part of election_timeout_min, so
-        the survivors rarely split the vote. A leader that loses a voter checks its quorum
-        afresh (see recheck_quorum). Only timers move: a wrong verdict costs a rejected
-        pre-vote, since the voters that still hear the leader keep its lease."""
+        lease and campaign at our place among its successors (see successor_delay). A leader
+        that loses a voter checks its quorum afresh (see recheck_quorum). Only timers move: a
+        wrong verdict costs a rejected pre-vote, since the voters that still hear the leader
+        keep its lease."""
         self._now = now
         if self.role is Role.LEADER:
             if node in self.membership.voters and node != self.id:
@@ -135,8 +134,19 @@ class RaftNode(LeaderSide):
         if node != self.leader:
             return
         self._leader_contact = -math.inf
-        soon = now + self.cfg.heartbeat_interval / 2 + self._rng.uniform(0.0, self.cfg.election_timeout_min)
-        self._election_deadline = min(self._election_deadline, soon)
+        self._election_deadline = min(self._election_deadline, now + self.successor_delay(node))
+
+    def successor_delay(self, lost: str) -> float:
+        """Seconds from a dead leader's verdict to our campaign: half a heartbeat (time for the
+        other voters' detectors to agree and drop its lease), then one slot of half
+        election_timeout_min per surviving voter before us in id order, plus a quarter slot of
+        jitter. Every survivor ranks the same voters, so the first campaigns alone at once
+        instead of all waiting out random timeouts, and the next follows a slot later if the
+        first cannot win (dead too, cut off, or behind)."""
+        successors = sorted(v for v in self.membership.voters if v != lost)
+        place = successors.index(self.id) if self.id in successors else len(successors)
+        slot = self.cfg.election_timeout_min / 2
+        return self.cfg.heartbeat_interval / 2 + place * slot + self._rng.uniform(0.0, slot / 4)
 
     def step(self, now: float, src: str, msg: Message) -> None:
         """Handle one message from peer src; raises InvalidMessage on absurd fields."""
