@@ -95,7 +95,9 @@ def decode_entry(index: int, value: bytes) -> Entry:
     """Decode and verify a stored value; raises CorruptEntry with the index on any mismatch."""
     try:
         term, kind, payload, crc = msgpack.unpackb(value, raw=False, strict_map_key=True)
-        crc_ok = value[0] == 0x94 and zlib.crc32(memoryview(value)[1 : -_int_len(crc)], _CRC_93) == crc
+        tail = _crc_trailer(crc)
+        crc_ok = (value[0] == 0x94 and bytes(value[-len(tail):]) == tail
+                  and zlib.crc32(memoryview(value)[1 : -len(tail)], _CRC_93) == crc)
     except Exception as exc:  # msgpack and unpacking raise several unrelated types on bad input
         raise CorruptEntry(f"entry {index}: value is not msgpack [term, kind, payload, crc32] ({exc!r})") from exc
     if not crc_ok:
@@ -108,11 +110,13 @@ def decode_entry(index: int, value: bytes) -> Entry:
     return Entry(index, term, kind_enum, payload)
 
 
-def _int_len(n: int) -> int:
-    """Bytes msgpack uses for a non-negative int below 2**32 (the stored CRC)."""
+def _crc_trailer(n: int) -> bytes:
+    """The bytes encode_entry writes for the CRC: msgpack's shortest form of a u32. A stored
+    trailer in any other form (int32 instead of uint32, say) is damage even though it decodes to
+    the same number, so every flipped byte of a value is detected."""
     if type(n) is not int or not 0 <= n < 1 << 32:
         raise ValueError(f"crc {n!r} is not a u32")
-    return 1 if n < 128 else 2 if n < 256 else 3 if n < 65536 else 5
+    return msgpack.packb(n)
 
 
 def entry_to_wire(entry: Entry) -> tuple[int, int, str, bytes]:

@@ -124,3 +124,13 @@ def test_decode_names_the_index() -> None:
 ])
 def test_payload_schemas(kind: EntryKind, payload: dict, ok: bool) -> None:
     assert payload_ok(kind, payload) is ok
+
+
+def test_a_crc_trailer_rewritten_in_another_int_form_is_detected() -> None:
+    """Found by the property above: uint32 0xce -> int32 0xd2 keeps the number and the data."""
+    e = Entry(1, 90021, EntryKind.VIEW, {"\x86Î": None, "\U000f4c8b": [-129, -43598, b"", 0.0]})
+    value = bytearray(encode_entry(e))
+    assert value[-5] == 0xCE
+    value[-5] = 0xD2
+    with pytest.raises(CorruptEntry, match="CRC mismatch"):
+        decode_entry(1, bytes(value))
