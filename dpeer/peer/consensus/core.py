@@ -48,6 +48,7 @@ from dpeer.peer.consensus.ready import (
     SoftState,
 )
 from dpeer.peer.consensus.storage import Snapshot, Storage
+from dpeer.peer.consensus.succession import successor_delay
 from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ class RaftNode(LeaderSide):
 
     def leader_lost(self, now: float, node: str) -> None:
         """The failure detector declared `node` dead (or gone): if it is our leader, drop its
-        lease and campaign at our place among its successors (see successor_delay). A leader
+        lease and campaign at our place among its successors (see succession.py). A leader
         that loses a voter checks its quorum afresh (see recheck_quorum). Only timers move: a
         wrong verdict costs a rejected pre-vote, since the voters that still hear the leader
         keep its lease."""
@@ -134,19 +135,9 @@ class RaftNode(LeaderSide):
         if node != self.leader:
             return
         self._leader_contact = -math.inf
-        self._election_deadline = min(self._election_deadline, now + self.successor_delay(node))
-
-    def successor_delay(self, lost: str) -> float:
-        """Seconds from a dead leader's verdict to our campaign: half a heartbeat (time for the
-        other voters' detectors to agree and drop its lease), then one slot of half
-        election_timeout_min per surviving voter before us in id order, plus a quarter slot of
-        jitter. Every survivor ranks the same voters, so the first campaigns alone at once
-        instead of all waiting out random timeouts, and the next follows a slot later if the
-        first cannot win (dead too, cut off, or behind)."""
-        successors = sorted(v for v in self.membership.voters if v != lost)
-        place = successors.index(self.id) if self.id in successors else len(successors)
-        slot = self.cfg.election_timeout_min / 2
-        return self.cfg.heartbeat_interval / 2 + place * slot + self._rng.uniform(0.0, slot / 4)
+        self._election_deadline = min(self._election_deadline, now + successor_delay(
+            self.membership.voters, self.id, node, self.cfg.heartbeat_interval, self.cfg.election_timeout_min,
+            self._rng.random()))
 
     def step(self, now: float, src: str, msg: Message) -> None:
         """Handle one message from peer src; raises InvalidMessage on absurd fields."""
