@@ -101,11 +101,11 @@ def test_missed_view(in_view, ready, given, missed, why) -> None:
     assert verdict.hung is missed and why in verdict.reason
 
 
-def test_a_view_counts_as_given_only_to_the_running_worker_process(tmp_path: Path) -> None:
+def test_a_view_counts_as_given_only_once_a_worker_process_was_started(tmp_path: Path) -> None:
     sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: None)
     view = View(2, ("n1",), "127.0.0.1:7000")
     sup.publish(view)
-    assert sup.given_generation == 0  # no worker runs: its start clears the file
+    assert sup.given_generation == 0  # no worker process yet: its start clears the file
     sup.proc = subprocess.Popen([sys.executable, "-c", "pass"])
     sup.proc.wait()
     sup.publish(view)
