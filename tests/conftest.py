@@ -1,10 +1,17 @@
-"""Shared test setup: the slow marker runs only with DPEER_SLOW=1."""
+"""Shared test setup: the slow marker runs only with DPEER_SLOW=1; property tests draw the same
+examples on every run (so a red run is a regression, not an unlucky draw) unless DPEER_EXPLORE=1
+asks for fresh ones."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("repeatable", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("explore" if os.environ.get("DPEER_EXPLORE") == "1" else "repeatable")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
