@@ -9,10 +9,12 @@ import subprocess
 import sys
 
 from dpeer.peer.cluster import LocalCluster
+from dpeer.peer.config import NodeConfig
 from dpeer.peer.transport.client import NodeClient
 from tests.integration.conftest import run
 
 TIMEOUT = 60.0
+DEFAULT_MAX_VOTERS = NodeConfig.model_fields["max_voters"].default
 
 
 def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
@@ -26,7 +28,8 @@ def states_by(docs: dict, observer: str) -> dict[str, str]:
 
 
 async def formed(cluster: LocalCluster, size: int) -> dict:
-    """Wait until every running node sees `size` alive members and one shared leader."""
+    """Wait until every running node sees `size` alive members, one shared leader, a group of
+    `size` and the voters filled up to the default cap (the leader may commit the group first)."""
     def ok(docs: dict) -> bool:
         live = [d for d in docs.values() if d is not None]
         if len(live) != len([n for n in cluster.nodes if n.running]):
@@ -34,7 +37,8 @@ async def formed(cluster: LocalCluster, size: int) -> dict:
         leaders = {d["leader"] for d in live}
         return (len(leaders) == 1 and None not in leaders
                 and all(sum(m["state"] == "alive" for m in d["members"]) == size for d in live)
-                and all(d["group"] is not None and d["group"]["world_size"] == size for d in live))
+                and all(d["group"] is not None and d["group"]["world_size"] == size for d in live)
+                and all(len(d["voters"]) == min(size, DEFAULT_MAX_VOTERS) for d in live))
     return await cluster.wait_for(ok, TIMEOUT, f"{size} members with one leader")
 
 

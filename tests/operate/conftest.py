@@ -21,11 +21,13 @@ import pytest
 
 from dpeer.peer import errors
 from dpeer.peer.cluster import free_port_block
+from dpeer.peer.config import NodeConfig
 from dpeer.peer.transport.client import NodeClient
 from dpeer.peer.transport.options import Security
 
 DPEER = [sys.executable, "-m", "dpeer.peer.cli"]
 WAIT = 60.0
+DEFAULT_MAX_VOTERS = NodeConfig.model_fields["max_voters"].default
 """Bound on any wait for a cluster to form or settle (the machine is shared and slow)."""
 
 
@@ -223,9 +225,11 @@ def alive_ids(doc: dict[str, Any]) -> set[str]:
 
 
 def formed(addr: str, node_ids: set[str], security: Security | None = None, timeout: float = WAIT) -> dict[str, Any]:
-    """Wait until addr sees exactly node_ids alive and committed active, a leader and a group of them."""
+    """Wait until addr sees exactly node_ids alive and committed active, a leader, a group of them
+    and the voters filled up to the default cap (the leader may commit the group first)."""
     def ok(doc: dict[str, Any]) -> bool:
         active = {m["node_id"] for m in doc["members"] if m.get("committed") == "active"}
         return (alive_ids(doc) == node_ids and active == node_ids and doc["leader"] is not None
-                and doc["group"] is not None and set(doc["group"]["members"]) == node_ids)
+                and doc["group"] is not None and set(doc["group"]["members"]) == node_ids
+                and len(doc["voters"]) == min(len(node_ids), DEFAULT_MAX_VOTERS))
     return wait_status(addr, ok, f"{sorted(node_ids)} formed as seen from {addr}", timeout, security)
