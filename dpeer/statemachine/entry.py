@@ -95,9 +95,9 @@ def decode_entry(index: int, value: bytes) -> Entry:
     """Decode and verify a stored value; raises CorruptEntry with the index on any mismatch."""
     try:
         term, kind, payload, crc = msgpack.unpackb(value, raw=False, strict_map_key=True)
-        tail = _crc_trailer(crc)
-        crc_ok = (value[0] == 0x94 and bytes(value[-len(tail):]) == tail
-                  and zlib.crc32(memoryview(value)[1 : -len(tail)], _CRC_93) == crc)
+        tail, view = _crc_trailer(crc), memoryview(value)
+        crc_ok = (value[0] == 0x94 and view[-len(tail):] == tail
+                  and zlib.crc32(view[1 : -len(tail)], _CRC_93) == crc)
     except Exception as exc:  # msgpack and unpacking raise several unrelated types on bad input
         raise CorruptEntry(f"entry {index}: value is not msgpack [term, kind, payload, crc32] ({exc!r})") from exc
     if not crc_ok:
