@@ -62,12 +62,15 @@ class TrainingConfig(Strict):
 
 
 class SecurityConfig(Strict):
-    """Mutual TLS between peers and a shared cluster token; all off by default on loopback."""
+    """Mutual TLS between peers and a shared cluster token (make them with `dpeer certs`): required
+    off loopback unless `insecure`; optional on loopback."""
 
-    tls_cert: Path | None = Field(None, description="this node's certificate (PEM)")
+    tls_cert: Path | None = Field(None, description="this node's certificate (PEM), naming dpeer://node/NODE_ID")
     tls_key: Path | None = Field(None, description="this node's private key (PEM)")
     tls_ca: Path | None = Field(None, description="CA that signs every peer's certificate (PEM)")
     cluster_token_file: Path | None = Field(None, description="file holding the shared cluster token")
+    insecure: bool = Field(False, description="run off loopback without mutual TLS and token (--insecure); "
+                           "logged as a warning at every start and shown in status")
 
     @field_validator("tls_cert", "tls_key", "tls_ca", "cluster_token_file")
     @classmethod
@@ -124,6 +127,13 @@ class NodeConfig(Strict):
     def advertise_addr(self) -> str:
         """The address peers should dial."""
         return self.advertise or self.listen
+
+    @property
+    def data_plane_host(self) -> str:
+        """The address the worker's rendezvous store and Gloo bind: the listen host, or the advertised
+        host when listen is a wildcard (0.0.0.0, ::)."""
+        host = parse_hostport(self.listen)[0]
+        return parse_hostport(self.advertise_addr)[0] if host in ("0.0.0.0", "::") else host
 
     @property
     def effective_store_port(self) -> int:

@@ -69,6 +69,7 @@ class WorkerSupervisor:
         self._last_report: float | None = None
         self._stopped_since: float | None = None
         self.given_generation = 0
+        self.bind_host = ""  # the address the worker's data plane binds (the daemon's configured host)
 
     def status(self) -> dict[str, Any]:
         """The worker's process state for the status document."""
@@ -116,7 +117,8 @@ class WorkerSupervisor:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
         host, _, port = view.store_host.rpartition(":")
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
-        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest))
+        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest,
+                                         view.secret, self.bind_host))
         if self.proc is not None:
             self.given_generation = view.generation
 
