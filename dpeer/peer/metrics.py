@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
+JOB_STATES = ("waiting", "training", "failed", "finished")
 
 
 class Metrics:
@@ -31,12 +32,21 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         ).labels(**labels)
         self.invalid = Gauge("dpeer_invalid_messages", "Peer messages refused as malformed", ["node"], registry=r).labels(**labels)
+        self.job = Gauge("dpeer_job_state", "1 for the job's state as this node reports it in status",
+                         ["node", "state"], registry=r)
+        self.failures = Counter("dpeer_job_failures", "Failures this node's worker reported (groups and builds)",
+                                ["node"], registry=r).labels(**labels)
         self._node = node_id
 
     def set_members(self, counts: dict[str, int]) -> None:
         """Members by gossip state; states absent from counts read 0."""
         for state in MEMBER_STATES:
             self.members.labels(node=self._node, state=state).set(counts.get(state, 0))
+
+    def set_job(self, state: str | None) -> None:
+        """The job's state (status `job.state`): 1 for it, 0 for the others; all 0 without a job."""
+        for name in JOB_STATES:
+            self.job.labels(node=self._node, state=name).set(1 if name == state else 0)
 
     def serve(self, listen: str) -> None:
         """Serve /metrics on HOST:PORT from a background thread."""

@@ -70,6 +70,12 @@ class PeerHandler(Protocol):
     async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
         """A linearizable read of a setting."""
 
+    async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
+        """An operator's job command (retry a failed job), committed through the leader."""
+
+    def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
+        """Stream a checkpoint file this node holds, from request.offset on."""
+
 
 class TokenCheck(grpc.aio.ServerInterceptor):
     """Refuses, and logs, every call that lacks the cluster token."""
@@ -235,6 +241,17 @@ class _Servicer(pbg.PeerServicer):
             await self._refuse(context, request)
         return await _unary(context, self._h.kv_get(request))
 
+    async def JobControl(self, request: pb.JobControlRequest, context: grpc.aio.ServicerContext) -> pb.JobControlReply:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        return await _unary(context, self._h.job_control(request))
+
+    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
+        if isinstance(request, Malformed):
+            await self._refuse(context, request)
+        async for item in _stream(context, self._h.fetch_checkpoint(request)):
+            yield item
+
 
 _UU, _US, _SU = (grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler,
                   grpc.stream_unary_rpc_method_handler)
@@ -247,6 +264,8 @@ _TYPES = {
     "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, _UU),
     "Force": (pb.ForceRequest, pb.ForceReply, _UU),
     "ReportCheckpoint": (pb.CheckpointReport, pb.CheckpointReply, _UU),
+    "JobControl": (pb.JobControlRequest, pb.JobControlReply, _UU),
+    "FetchCheckpoint": (pb.FetchCheckpointRequest, pb.CheckpointChunk, _US),
 }
 
 
