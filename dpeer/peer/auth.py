@@ -107,7 +107,8 @@ def principal_from_uris(uris: Iterable[str]) -> Principal:
 NEEDS: dict[str, Need] = {
     "Deliver": Need.PEER, "Stream": Need.PEER, "Join": Need.PEER, "GroupFailed": Need.PEER,
     "ReportCheckpoint": Need.PEER, "FetchEntries": Need.LOG, "FetchSnapshot": Need.LOG,
-    "Force": Need.OPERATOR, "KvPut": Need.OPERATOR, "Status": Need.READ, "KvGet": Need.READ,
+    "FetchCheckpoint": Need.LOG, "Force": Need.OPERATOR, "KvPut": Need.OPERATOR, "JobControl": Need.OPERATOR,
+    "Status": Need.READ, "KvGet": Need.READ,
     "Leave": Need.OPERATOR,  # but a node may commit its own leave through the leader (authorize)
 }
 

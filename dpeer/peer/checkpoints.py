@@ -22,10 +22,12 @@ DIGEST_HEX = 64
 
 @dataclass(frozen=True)
 class Held:
-    """The newest checkpoint one node reported: its step and the parameters' sha256 hex."""
+    """The newest checkpoint one node reported: its step, the parameters' sha256 hex, and whether
+    it is the job's last step."""
 
     step: int
     digest: str
+    final: bool = False
 
 
 def valid_digest(digest: str) -> bool:
@@ -40,7 +42,8 @@ def quorum(group_size: int) -> int:
 
 def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decision:
     """The newest step newer than the committed checkpoint that a majority of the current
-    view's members hold with one digest, as a checkpoint entry; or none, with the reason."""
+    view's members hold with one digest, as a checkpoint entry (final when it is the job's last
+    step, which finishes the job); or none, with the reason."""
     if state.view is None:
         return Decision(None, None, "no view is committed, so there is no group to hold a checkpoint")
     committed = state.checkpoint.step if state.checkpoint is not None else 0
@@ -58,7 +61,8 @@ def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decis
             notes.append(f"step {step} has {len(digests)} different digests (replicas diverged)")
         for digest, holders in sorted(digests.items(), key=lambda kv: -len(kv[1])):
             if len(holders) >= need:
-                payload = {"step": step, "digest": digest, "holders": sorted(holders)}
+                final = any(reports[n].final for n in holders)
+                payload = {"step": step, "digest": digest, "holders": sorted(holders), "final": final}
                 reason = f"{len(holders)} of {len(state.view.members)} members hold step {step}"
                 return Decision(EntryKind.CHECKPOINT, payload, "; ".join([reason, *notes]))
     newest = max(by_step)

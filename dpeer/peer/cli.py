@@ -344,8 +344,8 @@ def start_worker_early(config: cfg.NodeConfig) -> Any:
         return None
     from dpeer.peer.supervisor import WorkerSupervisor
 
-    worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training, lambda g, r: None)
-    worker.bind_host = config.data_plane_host
+    worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training, lambda g, r: None,
+                              store_bind=config.store_bind)
     worker.start(0.0)
     return worker
 

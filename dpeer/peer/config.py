@@ -56,6 +56,9 @@ class TrainingConfig(Strict):
                               "(it writes one every step and every second while idle) before it is restarted")
     stopped_after: float = Field(5.0, gt=0, description="seconds a worker may stay stopped by a signal "
                                  "(SIGSTOP, a debugger) before it is restarted")
+    failure_repeats: int = Field(3, ge=2, le=100, description="a job whose same exception comes back at the "
+                                 "same step this many times in a row (or whose build fails this many times) is "
+                                 "halted as broken, with that reason in `dpeer status`; `dpeer job retry` restarts it")
     digest_every: int = Field(10, ge=1, description="steps between sha256 digests of the parameters (also the "
                               "last step and each group's first); the status reports the newest digested step")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
@@ -92,7 +95,9 @@ class NodeConfig(Strict):
     job: str | None = Field(None, description="demo or MODULE:FUNCTION; none runs a daemon only")
     metrics_listen: str | None = Field(None, description="HOST:PORT for Prometheus metrics")
     store_port: int | None = Field(None, ge=1, le=65535,
-                                   description="port of the rendezvous store this node hosts as rank 0; default listen port + 1")
+                                   description="port of the rendezvous store this node's worker hosts as rank 0 "
+                                   "(bound on the advertised host when the worker starts); default: any free port, "
+                                   "so it can never collide with another daemon's port")
     max_voters: int = Field(5, ge=1, le=9, description="voting members; the rest are learners")
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
@@ -129,16 +134,10 @@ class NodeConfig(Strict):
         return self.advertise or self.listen
 
     @property
-    def data_plane_host(self) -> str:
-        """The address the worker's rendezvous store and Gloo bind: the listen host, or the advertised
-        host when listen is a wildcard (0.0.0.0, ::)."""
-        host = parse_hostport(self.listen)[0]
-        return parse_hostport(self.advertise_addr)[0] if host in ("0.0.0.0", "::") else host
-
-    @property
-    def effective_store_port(self) -> int:
-        """The rendezvous store's port: store_port, else the listen port + 1."""
-        return self.store_port or parse_hostport(self.listen)[1] + 1
+    def store_bind(self) -> tuple[str, int]:
+        """Where the worker binds the rendezvous store: the advertised host, on store_port (0: any
+        free port, which the worker reports and the committed member record carries)."""
+        return parse_hostport(self.advertise_addr)[0], self.store_port or 0
 
 
 def _format(err: ValidationError, source: str) -> str:
@@ -200,11 +199,14 @@ def read_file(path: Path) -> dict[str, Any]:
 
 
 def from_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    """DPEER_NODE_ID, DPEER_TRAINING__STEPS, ...: '__' separates nested keys."""
+    """DPEER_NODE_ID, DPEER_TRAINING__STEPS, ...: '__' separates nested keys. Only names whose
+    first part is a config key are read (a wrong nested key is still an error); other DPEER_*
+    names (DPEER_ADDR for the client commands, DPEER_SLOW for the tests) are not config."""
     flat = {}
     for name, value in environ.items():
-        if name.startswith("DPEER_") and name not in ("DPEER_SLOW",):
-            flat[name[len("DPEER_"):].lower().replace("__", ".")] = value
+        key = name[len("DPEER_"):].lower()
+        if name.startswith("DPEER_") and key.split("__")[0] in NodeConfig.model_fields:
+            flat[key.replace("__", ".")] = value
     return _nest(flat)
 
 

@@ -16,6 +16,8 @@ from typing import Any, Awaitable, Callable
 
 from dpeer.peer import codec, errors, exposure, logs
 from dpeer.peer.checkpoints import Held
+from dpeer.peer.failures import FailurePhase, FailureReport
+from dpeer.peer.final_state import fetch_final, holds
 from dpeer.peer.config import NodeConfig
 from dpeer.peer.consensus import bootstrap
 from dpeer.peer.leader import LeaderChores
@@ -33,8 +35,10 @@ from dpeer.peer.transport.client import Channels, NodeClient, PeerSender
 from dpeer.peer.transport.faults import FaultHook
 from dpeer.peer.transport.options import Security
 from dpeer.peer.transport.server import serve
+from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
+from dpeer.statemachine.state import JobState
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.daemon")
@@ -43,6 +47,7 @@ LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
 MISSED_VIEW_REPORT_EVERY = 1.0
 CHECKPOINT_REPORT_EVERY, CHECKPOINT_REPORT_TRIES = 1.0, 30
+FETCH_RETRY = 5.0
 
 
 class Daemon:
@@ -72,8 +77,10 @@ class Daemon:
             worker.on_checkpoint = self._checkpoint_written
             if store.state.checkpoint is not None:
                 worker.publish_checkpoint(store.state.checkpoint)
-        self.leader = LeaderChores(self.node, config.preset, config.effective_store_port, self._ready,
-                                   lambda: self.leaving)
+            if store.state.job.state is JobState.FAILED:
+                worker.halt(store.state.job.error)
+        self.leader = LeaderChores(self.node, config.preset, self._store_port, self._ready,
+                                   lambda: self.leaving, config.training.failure_repeats)
         self.node.chores.append(self.leader)
         # chores stay frequent while this node is not yet an active member, and while a worker
         # runs without a doorbell (its reports are then only found by polling)
@@ -82,7 +89,7 @@ class Daemon:
             lambda: (self.worker is not None and self._wake is None) or not self.joined or self.leaving)
         self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
-                               self.leader.checkpoint_reported)
+                               self.leader.checkpoint_reported, config.data_dir / "checkpoints")
         self.notifier = Notifier()
         self.started = time.monotonic()
         self.joined = False
@@ -97,15 +104,27 @@ class Daemon:
         self._next_missed_report = 0.0
         self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
+        self._fetch_task: asyncio.Task | None = None
+        self._next_fetch = 0.0
 
     def _refused(self, addr: str) -> None:
         self.node.refused(addr)
+
+    def _store_port(self) -> int:
+        """The port the worker bound for the rendezvous store it hosts as rank 0 (0: no worker)."""
+        return self.worker.store_port if self.worker is not None else 0
 
     def _ready(self) -> bool:
         """Whether this node can train now: no job, or a worker that built it and waits."""
         return self.worker is None or self.worker.ready
 
     def _on_apply(self, entry: Any, result: Any) -> None:
+        if self.worker is not None and entry.kind is EntryKind.JOB and result.accepted:
+            job = self.store.state.job
+            if job.state is JobState.FAILED:
+                self.worker.halt(job.error)
+            else:
+                self.worker.resume(self.node.clock())
         if self.worker is not None and entry.kind is EntryKind.CHECKPOINT and result.accepted:
             self.worker.publish_checkpoint(self.store.state.checkpoint)
         if self.worker is not None and entry.kind is EntryKind.VIEW and result.accepted:
@@ -113,15 +132,20 @@ class Daemon:
             if view is not None and view.generation == entry.payload["generation"]:
                 self.worker.publish(view, self.store.state.checkpoint)
 
-    def _group_failed(self, generation: int, reason: str) -> None:
-        """The worker's group failed: tell the leader (directly when it is us)."""
-        log.info("worker reports generation %d failed: %s", generation, reason)
+    def _group_failed(self, generation: int, report: FailureReport) -> None:
+        """The worker's group (or its job's build) failed: tell the leader (directly when it is us)."""
+        log.info("worker reports a %s failure (generation %d, step %d): %s", report.phase.value, generation,
+                 report.step, report.error)
+        self.metrics.failures.inc()
         if self.node.role == "leader":
-            self.leader.group_failed(generation, f"{self.node_id}: {reason}")
+            self.leader.group_failed(generation, report)
             return
         self._tasks = [t for t in self._tasks if not t.done()]
-        report = self._tell_leader("the failed group", lambda c: c.group_failed(self.node_id, generation, reason))
-        self._tasks.append(asyncio.get_running_loop().create_task(report))
+        request = pb.GroupFailedRequest(node_id=self.node_id, generation=generation, reason=report.error,
+                                        phase=report.phase.value, step=report.step, error=report.error,
+                                        attempt=report.attempt)
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self._tell_leader("the failure", lambda c: c.group_failed(request))))
 
     def _report_missed_view(self, now: float) -> None:
         """While our worker waits on a committed view it was never handed, report that group failed
@@ -135,13 +159,39 @@ class Daemon:
                               self.worker.given_generation)
         if verdict.hung:
             self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
-            self._group_failed(view.generation, verdict.reason)
+            self._group_failed(view.generation, FailureReport(self.node_id, FailurePhase.GROUP, 0, verdict.reason,
+                                                              view.generation))
 
-    def _checkpoint_written(self, step: int, digest: str) -> None:
-        """The worker wrote the checkpoint of `step`: report it until the log records one as new."""
-        if self._held is None or step > self._held.step:
-            self._held = Held(step, digest)
+    def _checkpoint_written(self, held: Held) -> None:
+        """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""
+        if self._held is None or held.step > self._held.step:
+            self._held = held
             self._next_report, self._reports_left = 0.0, CHECKPOINT_REPORT_TRIES
+
+    def _take_final_state(self, now: float) -> None:
+        """The job finished while this box was away: fetch the final checkpoint from a holder (again
+        every FETCH_RETRY seconds while none serves it), then restart the worker to load it."""
+        assert self.worker is not None
+        job, ckpt = self.store.state.job, self.store.state.checkpoint
+        if job.state is not JobState.FINISHED or ckpt is None or self.worker.done or now < self._next_fetch:
+            return
+        if self._fetch_task is not None and not self._fetch_task.done():
+            return
+        ckpt_dir = self.config.data_dir / "checkpoints"
+        if holds(ckpt_dir, job.step, job.digest):
+            return
+        self._next_fetch = now + FETCH_RETRY
+        sources = [(n, self.store.state.members[n].addr) for n in ckpt.holders
+                   if n != self.node_id and n in self.store.state.members]
+        self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_final(job.step, job.digest, sources))
+
+    async def _fetch_final(self, step: int, digest: str, sources: list[tuple[str, str]]) -> None:
+        assert self.worker is not None
+        log.info("the job finished at step %d while this box was away: fetching that state from %s",
+                 step, ", ".join(n for n, _ in sources) or "nobody (no other holder)")
+        source = await fetch_final(step, digest, sources, self.config.data_dir / "checkpoints", self.channels)
+        if source is not None:
+            self.worker.restart(self.node.clock(), f"load the final state of step {step} fetched from {source}")
 
     def _report_checkpoint(self, now: float) -> None:
         """While the held checkpoint is newer than the committed one, tell the leader (again)."""
@@ -157,10 +207,10 @@ class Daemon:
         self._reports_left -= 1
         self._next_report = now + CHECKPOINT_REPORT_EVERY
         if self.node.role == "leader":
-            self.leader.checkpoint_reported(self.node_id, held.step, held.digest)
+            self.leader.checkpoint_reported(self.node_id, held)
         elif self._report_task is None or self._report_task.done():
-            report = self._tell_leader(f"the checkpoint of step {held.step}",
-                                       lambda c: c.report_checkpoint(self.node_id, held.step, held.digest))
+            report = self._tell_leader(f"the checkpoint of step {held.step}", lambda c: c.report_checkpoint(
+                self.node_id, held.step, held.digest, held.final))
             self._report_task = asyncio.get_running_loop().create_task(report)
 
     async def _tell_leader(self, what: str, call: Callable[[NodeClient], Awaitable[object]]) -> None:
@@ -181,6 +231,7 @@ class Daemon:
             "train": None if train is None else {"step": train.step, "samples": train.samples,
                                                  "loss": train.loss, "params_digest": train.params_digest,
                                                  "latest_step": self.worker.latest_step},
+            "job": self.job_status(),
             "worker": self.worker.status() if self.worker is not None else None,
             "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
             "uptime_s": round(time.monotonic() - self.started, 3),
@@ -194,6 +245,20 @@ class Daemon:
         server = getattr(self, "server", None)
         return {"mode": self.security.mode.value, "insecure": self.config.security.insecure,
                 "refused": sum(server.refusals.values()) if server is not None else 0}
+
+    def job_status(self) -> dict[str, Any] | None:
+        """The status's `job`: waiting, training, failed (with the reason) or finished (with the
+        final step and digest); None when this node runs no job."""
+        if self.worker is None:
+            return None
+        job, view = self.store.state.job, self.store.state.view
+        if job.state is JobState.FAILED:
+            return {"state": "failed", "error": job.error, "node": job.node, "step": job.step}
+        if job.state is JobState.FINISHED:
+            return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
+        formed = (view is not None and self.node_id in view.members and self.worker.proc is not None
+                  and self.worker.given_generation == view.generation)
+        return {"state": "training" if formed else "waiting", "error": None}
 
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -242,6 +307,7 @@ class Daemon:
             self.worker.poll(now)
             self._report_missed_view(now)
             self._report_checkpoint(now)
+            self._take_final_state(now)
         self._sync_membership(now)
         member = self.store.state.members.get(self.node_id)
         if not self.joined and member is not None and member.status == "active":
@@ -284,6 +350,8 @@ class Daemon:
             for seconds in self.worker.take_recoveries():
                 m.recovery.observe(seconds)
         m.generation.set(store.state.view.generation if store.state.view else 0)
+        job = self.job_status()
+        m.set_job(job["state"] if job is not None else None)
         if self.notifier.enabled and watchdog_interval() is not None:
             self.notifier.watchdog()
 
@@ -309,7 +377,7 @@ class Daemon:
         if self._join_task is not None and not self._join_task.done():
             return
         member = self.store.state.members.get(self.node_id)
-        wanted = ("active", self.addr, self.config.effective_store_port, self._ready())
+        wanted = ("active", self.addr, self._store_port(), self._ready())
         if member is not None and (member.status, member.addr, member.store_port, member.ready) == wanted:
             return
         self._next_join = now + JOIN_RETRY
@@ -321,7 +389,7 @@ class Daemon:
         for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
             try:
                 async with NodeClient(addr, self.security, timeout=5.0) as client:
-                    reply = await client.join(self.node_id, self.addr, self.config.effective_store_port, ready)
+                    reply = await client.join(self.node_id, self.addr, self._store_port(), ready)
             except errors.PeerError as exc:
                 log.info("membership update through %s failed: %s", addr, exc)
                 continue
@@ -358,7 +426,7 @@ class Daemon:
             self._wake.close()
         if self.worker is not None:
             self.worker.stop()
-        for task in self._tasks + [t for t in (self._join_task, self._report_task) if t is not None]:
+        for task in self._tasks + [t for t in (self._join_task, self._report_task, self._fetch_task) if t is not None]:
             task.cancel()
         await self.server.stop(grace=0.5)
         await self.sender.close()

@@ -16,12 +16,13 @@ from typing import Callable
 
 from dpeer.peer.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.peer.errors import PeerError
+from dpeer.peer.failures import REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_failure, reform_delay
 from dpeer.peer.node import Node
 from dpeer.peer.views import (
     Decision, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members,
 )
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState
+from dpeer.statemachine.state import ClusterState, JobState
 
 log = logging.getLogger("dpeer.leader")
 
@@ -35,14 +36,17 @@ DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
 FAILURE_GRACE = {"lan": 0.5, "wan": 2.0, "edge": 5.0}
 PROPOSAL_TIMEOUT = 5.0
 RETRY_AFTER_FAILURE = 0.1
+# A group failure more than this long after the previous one, or at a later step, starts the
+# re-form backoff again: the job made progress in between.
+PROGRESS_RESET = 30.0
 
 
 class LeaderChores:
     """Callable chore; see the module docstring."""
 
     def __init__(
-        self, node: Node, preset: str, self_store_port: int, self_ready: Callable[[], bool],
-        self_leaving: Callable[[], bool],
+        self, node: Node, preset: str, self_store_port: Callable[[], int], self_ready: Callable[[], bool],
+        self_leaving: Callable[[], bool], repeat_limit: int = REPEAT_LIMIT,
     ) -> None:
         self.node = node
         self.quiet = QUIET_WINDOW[preset]
@@ -60,6 +64,11 @@ class LeaderChores:
         self._last_failure = ""
         self.checkpoints: dict[str, Held] = {}
         self._last_checkpoint_note = ""
+        self.repeat_limit = repeat_limit
+        self.streak = Streak()
+        self._halt: Decision | None = None
+        self.failures_in_a_row = 0
+        self._last_failure_step = -1
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
@@ -77,10 +86,14 @@ class LeaderChores:
         """The next entry this leader should propose, or None."""
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
-        wanted = ("active", node.addr, self.self_store_port, self.self_ready())
+        wanted = ("active", node.addr, self.self_store_port(), self.self_ready())
         if (me is None or (me.status, me.addr, me.store_port, me.ready) != wanted) and not self.self_leaving():
             payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3]}
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
+        if self._halt is not None:
+            if state.job.state is JobState.RUNNING:
+                return self._halt
+            self._halt = None
         observed = node.observed()
         for decision in (
             self._view_decision(state, observed, now),
@@ -106,16 +119,17 @@ class LeaderChores:
             self._changed_at = change_began(before, members, observed, now)
             self._wanted = members
         ports = {n: state.members[n].store_port for n in members}
-        failed = self.failed_generation if now - self._failed_at >= self.failure_grace else 0
+        delay = reform_delay(self.failures_in_a_row, self.failure_grace)
+        failed = self.failed_generation if now - self._failed_at >= delay else 0
         return decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)
 
-    def checkpoint_reported(self, node_id: str, step: int, digest: str) -> int:
-        """A node holds the checkpoint of `step`; returns the committed checkpoint's step."""
+    def checkpoint_reported(self, node_id: str, held: Held) -> int:
+        """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""
         committed = self.node.store.state.checkpoint
         committed_step = committed.step if committed is not None else 0
-        held = self.checkpoints.get(node_id)
-        if step > committed_step and (held is None or step >= held.step):
-            self.checkpoints[node_id] = Held(step, digest)
+        before = self.checkpoints.get(node_id)
+        if held.step > committed_step and (before is None or held.step >= before.step):
+            self.checkpoints[node_id] = held
         return committed_step
 
     def _checkpoint_decision(self) -> Decision | None:
@@ -131,13 +145,29 @@ class LeaderChores:
                 log.error("checkpoint reports disagree: %s", decision.reason)
         return decision if decision.propose else None
 
-    def group_failed(self, generation: int, reason: str) -> None:
-        """A worker reports the group of `generation` failed; the next view re-forms it."""
+    def group_failed(self, generation: int, report: FailureReport) -> None:
+        """A box reports its group of `generation` failed, or its job's build did: judge whether the
+        job is broken (halt it) and re-form a failed current group, backing off while it keeps failing."""
+        verdict = judge_failure(self.streak, report, self.repeat_limit)
+        self.streak = verdict.streak
+        if verdict.halt and self._halt is None and self.node.store.state.job.state is JobState.RUNNING:
+            log.error("halting the job: %s", verdict.reason)
+            payload = {"state": JobState.FAILED.value, "error": verdict.reason, "node": report.node, "step": report.step}
+            self._halt = Decision(EntryKind.JOB, payload, f"the job cannot train: {verdict.reason}")
+            self.node.poke()
+            return
         view = self.node.store.state.view
-        if view is not None and generation == view.generation and generation != self.failed_generation:
-            log.info("group of generation %d failed (%s); re-forming", generation, reason)
+        if report.phase is FailurePhase.BUILD or view is None or generation != view.generation:
+            return
+        if generation != self.failed_generation:
+            now = self.node.clock()
+            progressed = report.step > self._last_failure_step or now - self._failed_at > PROGRESS_RESET
+            self.failures_in_a_row = 1 if progressed else self.failures_in_a_row + 1
+            self._last_failure_step = report.step
+            log.info("group of generation %d failed (%s: %s); re-forming in %.1fs", generation, report.node,
+                     report.error, reform_delay(self.failures_in_a_row, self.failure_grace))
             self.failed_generation = generation
-            self._failed_at = self.node.clock()
+            self._failed_at = now
             self.node.poke()
 
     async def _carry_out(self, decision: Decision) -> None:

@@ -223,8 +223,16 @@ class DirViewSource:
         """(step, digest) of the newest committed checkpoint known to the daemon, (0, "") for none."""
         return read_committed_checkpoint(self.directory)
 
-    def report_failure(self, reason: str, generation: int) -> None:
-        self._append({"kind": "failure", "reason": reason, "gen": generation})
+    def report_failure(self, reason: str, generation: int, phase: str = "group", step: int = 0,
+                       error: str = "") -> None:
+        """The group of `generation` failed at `step`: phase "group" (a collective) or "train"
+        (the job's code raised), `error` the exception as one line."""
+        self._append({"kind": "failure", "reason": reason, "gen": generation, "phase": phase, "step": step,
+                      "error": error or reason})
+
+    def report_job_error(self, error: str) -> None:
+        """The job's build raised `error` (one line); the worker exits next."""
+        self._append({"kind": "job_error", "phase": "build", "step": 0, "error": error})
 
     def report_progress(self, step: int, samples: int, loss: float, params_digest: str) -> None:
         self._append({"kind": "progress", "step": step, "samples": samples, "loss": loss, "digest": params_digest},

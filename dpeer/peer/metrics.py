@@ -7,6 +7,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
+JOB_STATES = ("waiting", "training", "failed", "finished")
 
 
 class Metrics:
@@ -38,6 +39,10 @@ class Metrics:
         self.refused = Counter("dpeer_refused_requests", "Calls refused: no credential, wrong role, another "
                                "node's id, or an invalid request", ["node", "method", "reason"], registry=r)
         self._refused_counted: dict[tuple[str, str], int] = {}
+        self.job = Gauge("dpeer_job_state", "1 for the job's state as this node reports it in status",
+                         ["node", "state"], registry=r)
+        self.failures = Counter("dpeer_job_failures", "Failures this node's worker reported (groups and builds)",
+                                ["node"], registry=r).labels(**labels)
         self._node = node_id
 
     def count_refusals(self, refusals: dict[tuple[str, Any], int]) -> None:
@@ -53,6 +58,11 @@ class Metrics:
         """Members by gossip state; states absent from counts read 0."""
         for state in MEMBER_STATES:
             self.members.labels(node=self._node, state=state).set(counts.get(state, 0))
+
+    def set_job(self, state: str | None) -> None:
+        """The job's state (status `job.state`): 1 for it, 0 for the others; all 0 without a job."""
+        for name in JOB_STATES:
+            self.job.labels(node=self._node, state=name).set(1 if name == state else 0)
 
     def serve(self, listen: str) -> None:
         """Serve /metrics on HOST:PORT from a background thread."""

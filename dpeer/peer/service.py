@@ -6,24 +6,34 @@ leader; any other node forwards them there, so an operator can talk to whichever
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import zlib
-from typing import Any, AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from dpeer.peer import auth, codec
-from dpeer.peer.checkpoints import valid_digest
-from dpeer.peer.errors import BadRequest, Behind, Unavailable
+from dpeer.peer.checkpoint_files import checkpoint_path
+from dpeer.peer.checkpoints import Held, valid_digest
+from dpeer.peer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
+from dpeer.peer.failures import FailurePhase, FailureReport, one_line
 from dpeer.peer.node import Node
 from dpeer.peer.transport.client import Channels, NodeClient
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.errors import Compacted
+from dpeer.statemachine.state import JobState
 
 log = logging.getLogger("dpeer.service")
+T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
 SNAPSHOT_CHUNK = 1 << 20
+CHECKPOINT_CHUNK = 1 << 20
 COMMAND_TIMEOUT = 10.0
+# A command forwarded to a leader that is gone (or not yet known) is tried again this often,
+# re-reading who leads, until COMMAND_TIMEOUT: a leader change costs a retry, not an error.
+FORWARD_RETRY = 0.1
 MAX_KEY, MAX_VALUE = 256, 64 * 1024
 MAX_STEP = 1 << 62
 
@@ -38,8 +48,8 @@ class Service:
 
     def __init__(
         self, node: Node, channels: Channels, status: Callable[[], dict[str, Any]],
-        on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, str], None],
-        on_checkpoint: Callable[[str, int, str], int],
+        on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, FailureReport], None],
+        on_checkpoint: Callable[[str, Held], int], checkpoint_dir: Path,
     ) -> None:
         self.node = node
         self.channels = channels
@@ -47,6 +57,7 @@ class Service:
         self._on_leave = on_leave
         self.on_group_failed = on_group_failed
         self.on_checkpoint = on_checkpoint
+        self.checkpoint_dir = checkpoint_dir
 
     # -- peers ----------------------------------------------------------------------------
     def note_malformed(self, method: str) -> None:
@@ -98,10 +109,24 @@ class Service:
         addr = self.node.addrs.get(leader) if leader else None
         if addr is None or leader == self.node.id:
             raise Unavailable("no leader is known right now (election under way or no quorum); try again")
-        return NodeClient(addr, channels=self.channels, timeout=COMMAND_TIMEOUT, on_behalf_of=auth.vouch(auth.CALLER.get()))
+        # the caller this node authenticated travels along: the leader judges the command as theirs
+        return NodeClient(addr, channels=self.channels, timeout=COMMAND_TIMEOUT,
+                          on_behalf_of=auth.vouch(auth.CALLER.get()))
 
     def _leading(self) -> bool:
         return self.node.role == "leader"
+
+    async def _via_leader(self, here: Callable[[], Awaitable[T]], there: Callable[[NodeClient], Awaitable[T]]) -> T:
+        """Run a command here when this node leads, else on the leader. While no leader is known,
+        or the one known is unreachable (it just left or died), try again until COMMAND_TIMEOUT."""
+        deadline = self.node.clock() + COMMAND_TIMEOUT
+        while True:
+            try:
+                return await (here() if self._leading() else there(self._leader_client()))
+            except (Unavailable, Unreachable):
+                if self.node.clock() + FORWARD_RETRY >= deadline:
+                    raise
+            await asyncio.sleep(FORWARD_RETRY)
 
     async def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         """Admit a node: commit member_joined (idempotent) and answer with the members to gossip with."""
@@ -112,8 +137,11 @@ class Service:
             raise BadRequest(str(exc)) from None
         if request.store_port > 65535:
             raise BadRequest(f"store_port {request.store_port} is not a port")
-        if not self._leading():
-            return await self._leader_client().join(request.node_id, request.addr, request.store_port, request.ready)
+        return await self._via_leader(
+            lambda: self._admit(request),
+            lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready))
+
+    async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
         member = self.node.store.state.members.get(request.node_id)
         wanted = ("active", request.addr, request.store_port, request.ready)
         if member is None or (member.status, member.addr, member.store_port, member.ready) != wanted:
@@ -127,34 +155,44 @@ class Service:
         """Leave gracefully: this node (node_id empty or ours) commits member_left and exits."""
         if request.forwarded:
             _check_id(request.node_id, "node_id")
-            if not self._leading():
-                await self._leader_client().leave(request.node_id, forwarded=True)
-            elif getattr(self.node.store.state.members.get(request.node_id), "status", None) == "active":
-                await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": request.node_id}, COMMAND_TIMEOUT)
+            await self._via_leader(lambda: self._commit_leave(request.node_id),
+                                   lambda c: c.leave(request.node_id, forwarded=True))
             return pb.LeaveReply(accepted=True)
         if request.node_id and request.node_id != self.node.id:
             raise BadRequest("a node can only be asked to leave itself; call the leaving node")
         await self.leave_cluster()
         return pb.LeaveReply(accepted=True)
 
+    async def _commit_leave(self, node_id: str) -> None:
+        """On the leader: commit member_left for node_id unless it is no longer active."""
+        if getattr(self.node.store.state.members.get(node_id), "status", None) == "active":
+            await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": node_id}, COMMAND_TIMEOUT)
+
     async def leave_cluster(self) -> None:
         """Commit member_left for this node (through the leader), then start the daemon's exit."""
-        payload = {"node_id": self.node.id}
-        member = self.node.store.state.members.get(self.node.id)
-        if member is not None and member.status == "active":
-            if self._leading():
-                await self.node.propose(EntryKind.MEMBER_LEFT, payload, COMMAND_TIMEOUT)
-            else:
-                await self._leader_client().leave(self.node.id, forwarded=True)
+        await self._via_leader(lambda: self._commit_leave(self.node.id),
+                               lambda c: c.leave(self.node.id, forwarded=True))
         await self._on_leave()
 
     async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
-        """Record that a group failed so the leader re-forms it under a new generation."""
+        """Record that a group (or a job's build) failed: the leader re-forms the group under a new
+        generation, or halts a job whose identical failure keeps coming back."""
         _check_id(request.node_id, "node_id")
-        if not self._leading():
-            return await self._leader_client().group_failed(request.node_id, request.generation, request.reason)
-        self.on_group_failed(request.generation, f"{request.node_id}: {request.reason[:200]}")
-        return pb.GroupFailedReply()
+        try:
+            phase = FailurePhase(request.phase or FailurePhase.GROUP.value)
+        except ValueError:
+            raise BadRequest(f"phase must be one of {[p.value for p in FailurePhase]}") from None
+        if request.step >= MAX_STEP:
+            raise BadRequest(f"step must be below {MAX_STEP}")
+        error = one_line(request.error or request.reason) or "unknown failure"
+        attempt = request.attempt if phase is FailurePhase.BUILD else request.generation
+        report = FailureReport(request.node_id, phase, request.step, error, attempt)
+
+        async def here() -> pb.GroupFailedReply:
+            self.on_group_failed(request.generation, report)
+            return pb.GroupFailedReply()
+
+        return await self._via_leader(here, lambda c: c.group_failed(request))
 
     async def report_checkpoint(self, request: pb.CheckpointReport) -> pb.CheckpointReply:
         """Note that a node holds a checkpoint; the leader records it once a majority does."""
@@ -165,9 +203,13 @@ class Service:
             raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
         if getattr(self.node.store.state.members.get(request.node_id), "status", None) != "active":
             raise BadRequest(f"{request.node_id!r} is not an active member of this cluster")
-        if not self._leading():
-            return await self._leader_client().report_checkpoint(request.node_id, request.step, request.digest)
-        return pb.CheckpointReply(committed_step=self.on_checkpoint(request.node_id, request.step, request.digest))
+        held = Held(request.step, request.digest, request.final)
+
+        async def here() -> pb.CheckpointReply:
+            return pb.CheckpointReply(committed_step=self.on_checkpoint(request.node_id, held))
+
+        return await self._via_leader(
+            here, lambda c: c.report_checkpoint(request.node_id, request.step, request.digest, request.final))
 
     async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
         """Shrink the voters to the survivors named by an operator who lost a majority for good."""
@@ -194,20 +236,64 @@ class Service:
         """Commit key=value; the reply comes once the entry is applied here (on the leader)."""
         if not request.key or len(request.key) > MAX_KEY or len(request.value) > MAX_VALUE:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} bytes")
-        if not self._leading():
-            return await self._leader_client().kv_put(request.key, request.value)
-        entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
-                                           COMMAND_TIMEOUT)
-        return pb.KvPutReply(committed=True, index=entry.index, leader_id=self.node.id)
+
+        async def here() -> pb.KvPutReply:
+            entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
+                                               COMMAND_TIMEOUT)
+            return pb.KvPutReply(committed=True, index=entry.index, leader_id=self.node.id)
+
+        return await self._via_leader(here, lambda c: c.kv_put(request.key, request.value))
 
     async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
         """A linearizable read (ReadIndex on the leader)."""
         if not request.key or len(request.key) > MAX_KEY:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters")
-        if not self._leading():
-            return await self._leader_client().kv_get(request.key)
-        index = await self.node.read_barrier(COMMAND_TIMEOUT)
-        value = self.node.store.state.kv.get(request.key)
-        if value is None:
-            return pb.KvGetReply(found=False, read_index=index)
-        return pb.KvGetReply(found=True, value=value, read_index=index)
+
+        async def here() -> pb.KvGetReply:
+            index = await self.node.read_barrier(COMMAND_TIMEOUT)
+            value = self.node.store.state.kv.get(request.key)
+            if value is None:
+                return pb.KvGetReply(found=False, read_index=index)
+            return pb.KvGetReply(found=True, value=value, read_index=index)
+
+        return await self._via_leader(here, lambda c: c.kv_get(request.key))
+
+    async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
+        """`retry`: commit the job as running again after the leader halted it as failed."""
+        if request.action != "retry":
+            raise BadRequest("the job action must be 'retry'")
+
+        async def here() -> pb.JobControlReply:
+            job = self.node.store.state.job
+            if job.state is not JobState.FAILED:
+                return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
+            entry, result = await self.node.propose(EntryKind.JOB, {"state": JobState.RUNNING.value}, COMMAND_TIMEOUT)
+            if not result.accepted:
+                return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
+            log.warning("the job was retried by an operator after: %s", job.error)
+            return pb.JobControlReply(accepted=True, reason=f"retrying after: {job.error}", index=entry.index)
+
+        return await self._via_leader(here, lambda c: c.job_control(request.action))
+
+    async def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
+        """A checkpoint file this node holds, in chunks (a box that returns after the job ended
+        takes the final state from a holder instead of training alone)."""
+        if not 0 < request.step < MAX_STEP:
+            raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
+        path = checkpoint_path(str(self.checkpoint_dir), request.step)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                if request.offset > size:
+                    raise BadRequest(f"offset {request.offset} is past the checkpoint's {size} bytes")
+                f.seek(request.offset)
+                offset = request.offset
+                while True:
+                    data = f.read(CHECKPOINT_CHUNK)
+                    done = offset + len(data) >= size
+                    yield pb.CheckpointChunk(step=request.step, offset=offset, data=data, total_size=size, done=done)
+                    offset += len(data)
+                    if done:
+                        return
+        except FileNotFoundError:
+            raise NotFound(f"this node holds no checkpoint of step {request.step}") from None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState
+from dpeer.statemachine.state import ClusterState, JobState
 
 
 @dataclass(frozen=True)
@@ -184,6 +184,10 @@ def decide_view(
     """
     current = state.view
     failed = _group_failed(state, failed_generation)
+    if state.job.state is JobState.FAILED:
+        return _none(f"the job failed ({state.job.error}); `dpeer job retry` once it is fixed")
+    if state.job.state is JobState.FINISHED:
+        return _none(f"the job finished at step {state.job.step}")
     if current is not None and list(current.members) == members and not failed:
         return _none(f"generation {current.generation} already has these members")
     if not members:

@@ -34,10 +34,12 @@ class EntryKind(str, enum.Enum):
     CONTROL = "control"
     NOOP = "noop"
     CONFIG_CHANGE = "config_change"
+    JOB = "job"
 
 
 _KINDS: dict[str, EntryKind] = {k.value: k for k in EntryKind}
 CONTROL_ACTIONS: tuple[str, ...] = ("pause", "resume", "drain")
+JOB_STATES: tuple[str, ...] = ("running", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,12 +196,16 @@ _SCHEMAS: dict[EntryKind, Any] = {
     and _is_str(p.get("secret", "")),
     EntryKind.CHECKPOINT: lambda p: _is_int(p.get("step"))
     and _is_str(p.get("digest"), nonempty=True)
-    and _is_ids(p.get("holders")),
+    and _is_ids(p.get("holders"))
+    and type(p.get("final", False)) is bool,
     EntryKind.KV_PUT: lambda p: _is_str(p.get("key"), nonempty=True) and _is_str(p.get("value")),
     EntryKind.KV_DELETE: lambda p: _is_str(p.get("key"), nonempty=True),
     EntryKind.CONTROL: lambda p: p.get("action") in CONTROL_ACTIONS,
     EntryKind.NOOP: lambda p: True,
     EntryKind.CONFIG_CHANGE: _config_ok,
+    EntryKind.JOB: lambda p: p.get("state") in JOB_STATES
+    and _is_str(p.get("error", "")) and _is_str(p.get("node", "")) and _is_int(p.get("step", 0))
+    and _is_str(p.get("digest", "")),
 }
 
 PAYLOAD_FIELDS: dict[EntryKind, tuple[str, ...]] = {
@@ -213,6 +219,7 @@ PAYLOAD_FIELDS: dict[EntryKind, tuple[str, ...]] = {
     EntryKind.CONTROL: ("action",),
     EntryKind.NOOP: (),
     EntryKind.CONFIG_CHANGE: ("voters", "learners"),
+    EntryKind.JOB: ("state",),
 }
 
 

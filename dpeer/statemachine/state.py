@@ -7,6 +7,7 @@ applied to one private working copy, so replay costs about a microsecond per ent
 from __future__ import annotations
 
 import zlib
+import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
@@ -49,11 +50,36 @@ class View:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """The last committed checkpoint: training step, content digest and the nodes holding it."""
+    """The last committed checkpoint: training step, content digest and the nodes holding it;
+    `final` when it holds the job's last step (the job is then finished)."""
 
     step: int
     digest: str
     holders: tuple[str, ...]
+    final: bool = False
+
+
+class JobState(str, enum.Enum):
+    """The committed state of the cluster's job: training goes on, halted as broken, or done."""
+
+    RUNNING = "running"
+    FAILED = "failed"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """The job's committed state. FAILED: `error` (one line), the box and step it came from;
+    FINISHED: the final step and its parameter digest; RUNNING: after an operator's retry."""
+
+    state: JobState
+    error: str = ""
+    node: str = ""
+    step: int = 0
+    digest: str = ""
+
+
+RUNNING_JOB = Job(JobState.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +95,7 @@ class ClusterState:
     checkpoint: Checkpoint | None = None
     kv: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     control: str = "running"
+    job: Job = RUNNING_JOB
 
 
 class ApplyResult(NamedTuple):
@@ -83,7 +110,7 @@ class ApplyResult(NamedTuple):
 class _Work:
     """A private mutable copy of a ClusterState, used while a batch is applied."""
 
-    __slots__ = ("index", "term", "members", "voters", "learners", "view", "ckpt", "kv", "control")
+    __slots__ = ("index", "term", "members", "voters", "learners", "view", "ckpt", "kv", "control", "job")
 
     def __init__(self, s: ClusterState) -> None:
         self.index, self.term = s.applied_index, s.applied_term
@@ -92,12 +119,13 @@ class _Work:
         self.view, self.ckpt = s.view, s.checkpoint
         self.kv = dict(s.kv)
         self.control = s.control
+        self.job = s.job
 
     def freeze(self) -> ClusterState:
         """Wrap the working copy as an immutable ClusterState (the dicts are not shared again)."""
         return ClusterState(
             self.index, self.term, MappingProxyType(self.members), self.voters, self.learners,
-            self.view, self.ckpt, MappingProxyType(self.kv), self.control,
+            self.view, self.ckpt, MappingProxyType(self.kv), self.control, self.job,
         )
 
 
@@ -163,7 +191,9 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
 def _checkpoint(w: _Work, p: dict[str, Any], index: int) -> str:
     if w.ckpt is not None and p["step"] <= w.ckpt.step:
         return f"checkpoint step {p['step']} is not after step {w.ckpt.step}"
-    w.ckpt = Checkpoint(p["step"], p["digest"], tuple(p["holders"]))
+    w.ckpt = Checkpoint(p["step"], p["digest"], tuple(p["holders"]), p.get("final", False))
+    if w.ckpt.final and w.job.state is JobState.RUNNING:
+        w.job = Job(JobState.FINISHED, step=p["step"], digest=p["digest"])
     return ""
 
 
@@ -178,6 +208,20 @@ def _kv_delete(w: _Work, p: dict[str, Any], index: int) -> str:
 
 def _control(w: _Work, p: dict[str, Any], index: int) -> str:
     w.control = _CONTROL[p["action"]]
+    return ""
+
+
+def _job(w: _Work, p: dict[str, Any], index: int) -> str:
+    """failed ends a running job; running (an operator's retry) restarts a failed one. A job
+    finishes with its final checkpoint (see _checkpoint), not through this entry."""
+    new, old = JobState(p["state"]), w.job.state
+    if old is JobState.FINISHED:
+        return "the job has already finished"
+    if new is JobState.RUNNING and old is not JobState.FAILED:
+        return "only a failed job can be retried"
+    if new is JobState.FAILED and old is JobState.FAILED:
+        return "the job has already failed"
+    w.job = Job(new, p.get("error", ""), p.get("node", ""), p.get("step", 0), p.get("digest", ""))
     return ""
 
 
@@ -197,6 +241,7 @@ _RULES: dict[EntryKind, Callable[[_Work, dict[str, Any], int], str]] = {
     EntryKind.CONTROL: _control,
     EntryKind.NOOP: lambda w, p, i: "",
     EntryKind.CONFIG_CHANGE: _config,
+    EntryKind.JOB: _job,
 }
 
 
@@ -213,9 +258,10 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
                                              s.view.secret],
         "checkpoint": None
         if s.checkpoint is None
-        else [s.checkpoint.step, s.checkpoint.digest, list(s.checkpoint.holders)],
+        else [s.checkpoint.step, s.checkpoint.digest, list(s.checkpoint.holders), s.checkpoint.final],
         "kv": dict(s.kv),
         "control": s.control,
+        "job": [s.job.state.value, s.job.error, s.job.node, s.job.step, s.job.digest],
     }
 
 
@@ -257,16 +303,24 @@ def _from_dict(d: Any) -> ClusterState:
         view = View(gen, _ids(vmembers), host, secret)
     ckpt = None
     if d["checkpoint"] is not None:
-        step, digest, holders = d["checkpoint"]
-        _need(type(step) is int and step >= 0 and type(digest) is str, "checkpoint")
-        ckpt = Checkpoint(step, digest, _ids(holders))
+        step, digest, holders, final = d["checkpoint"]
+        _need(type(step) is int and step >= 0 and type(digest) is str and type(final) is bool, "checkpoint")
+        ckpt = Checkpoint(step, digest, _ids(holders), final)
     kv = d["kv"]
     _need(type(kv) is dict and all(type(k) is str and type(v) is str for k, v in kv.items()), "kv")
     _need(d["control"] in CONTROL_MODES, "control mode")
     return ClusterState(
         idx, term, MappingProxyType(members), _ids(d["voters"]), _ids(d["learners"]),
-        view, ckpt, MappingProxyType(dict(kv)), d["control"],
+        view, ckpt, MappingProxyType(dict(kv)), d["control"], _job_from(d["job"]),
     )
+
+
+def _job_from(v: Any) -> Job:
+    """The job record of state_to_dict's form."""
+    state, error, node, step, digest = v
+    _need(state in {s.value for s in JobState} and type(error) is str and type(node) is str
+          and type(step) is int and step >= 0 and type(digest) is str, "job")
+    return Job(JobState(state), error, node, step, digest)
 
 
 def encode_state(s: ClusterState) -> bytes:

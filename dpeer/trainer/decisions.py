@@ -131,3 +131,30 @@ def plan_resume(local_steps: list[int], committed_step: int) -> ResumePlan:
     if newer:
         reason += f"; ignoring {len(newer)} newer local checkpoint(s) no majority recorded"
     return ResumePlan(usable, committed_step, reason)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed generation as the worker reports it: where it came from, the step, one line."""
+
+    phase: str  # a peer.failures.FailurePhase value: "group" or "train"
+    step: int
+    error: str
+
+
+_COLLECTIVE_FRAMES = ("torch/distributed/", "dpeer/trainer/group.py")
+
+
+def classify_failure(exc: BaseException, step: int, group_error: bool) -> Failure:
+    """A collective or the group's formation failing (a dead, hung or late peer) is transient:
+    "group". Anything raised outside a collective (the job's forward, loss or optimizer, or a bug
+    in the runtime around them) is "train", a candidate for a broken job when it repeats. Told
+    apart by where it was raised: a frame of torch.distributed or of the group code."""
+    error = f"{type(exc).__name__}: {' '.join(str(exc).split())}".strip().rstrip(":")
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename.replace("\\", "/"))
+        tb = tb.tb_next
+    collective = group_error or any(marker in f for f in frames for marker in _COLLECTIVE_FRAMES)
+    return Failure("group" if collective else "train", step, error[:300])

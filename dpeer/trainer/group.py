@@ -116,6 +116,17 @@ def _listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_store_socket(host: str, port: int) -> socket.socket:
+    """The listening socket of the rendezvous store this worker hosts when it is rank 0, bound at
+    start so its port (any free one for port 0) is known before any view names it and nothing
+    else can take it; OSError with one sentence naming the address when it cannot be bound."""
+    try:
+        return _listen_socket(host, port)
+    except OSError as exc:
+        raise OSError(f"cannot bind the rendezvous store's port {host}:{port} ({exc.strerror or exc}); "
+                      "free it or set store_port in the config (0 picks a free port)") from None
+
+
 class GroupManager:
     """Forms the torch.distributed group of each committed view, reusing one store per address."""
 
@@ -126,6 +137,7 @@ class GroupManager:
         init_timeout: float = 30.0,
         connect_timeout: float = 10.0,
         abort_timeout: float = 10.0,
+        store_socket: socket.socket | None = None,
     ) -> None:
         self.node_id = node_id
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -134,6 +146,7 @@ class GroupManager:
         self.abort_timeout = abort_timeout
         self.membership: Membership | None = None
         self._hosted: dict[tuple[str, int], tuple[socket.socket, dist.TCPStore]] = {}
+        self._bound = store_socket  # bound at start (bind_store_socket); used when a view names its port
         self._clients: dict[tuple[str, int], dist.TCPStore] = {}
         self._collective_timeout = init_timeout
 
@@ -148,7 +161,7 @@ class GroupManager:
         key = (host, port)
         if key not in self._hosted:
             try:
-                sock = _listen_socket(host, port)
+                sock = self._take_bound(port) or _listen_socket(host, port)
             except OSError as exc:
                 raise GroupError(f"cannot host the store on {host}:{port}: {exc.strerror or exc}") from None
             store = dist.TCPStore(
@@ -157,6 +170,13 @@ class GroupManager:
             )
             self._hosted[key] = (sock, store)
         return self._hosted[key][1]
+
+    def _take_bound(self, port: int) -> socket.socket | None:
+        """The socket bound at start when the view names its port (it is then hosted for good)."""
+        if self._bound is None or self._bound.getsockname()[1] != port:
+            return None
+        sock, self._bound = self._bound, None
+        return sock
 
     def _client_store(self, host: str, port: int, deadline: float, superseded: Callable[[], bool]) -> dist.TCPStore:
         key = (host, port)
@@ -292,6 +312,9 @@ class GroupManager:
         for sock, _store in self._hosted.values():
             sock.close()
         self._hosted.clear()
+        if self._bound is not None:
+            self._bound.close()
+            self._bound = None
 
 
 def _reset_group_names() -> None:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan, plan_heal
 from dpeer.trainer.sampler import shard_bounds
-from dpeer.trainer.state import StateBlob, StateError
+from dpeer.trainer.state import StateBlob, StateError, tensor_bytes
 
 
 # TEST HOOK, inert unless set: TEST_DPEER_PLANT_BUG=skip_heal plants a deliberate bug so that
@@ -70,7 +70,7 @@ def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: torch.devi
         buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     if buf.numel():
         dist.broadcast(buf, src)
-    return bytes(buf.cpu().numpy().tobytes())
+    return tensor_bytes(buf)
 
 
 def _tag(key: bytes, header: bytes) -> bytes:
@@ -86,7 +86,7 @@ def verify_digests(digest: str, world: int, device: torch.device = torch.device(
     mine = torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8).to(device)
     out = [torch.zeros(32, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(out, mine)
-    digests = [bytes(t.cpu().numpy().tobytes()).hex() for t in out]
+    digests = [tensor_bytes(t).hex() for t in out]
     if len(set(digests)) != 1:
         raise HealError(f"replicas disagree after heal: {sorted(set(d[:12] for d in digests))}")
     return digests

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gc
 import json
+import math
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, TextIO
@@ -20,9 +22,9 @@ import torch
 
 from dpeer.trainer import state as st
 from dpeer.trainer.allreduce import allreduce_step
-from dpeer.trainer.decisions import collective_timeout, plan_resume, should_switch
+from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
-from dpeer.trainer.heal import HealError, heal
+from dpeer.trainer.heal import heal
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batches, shard
 from dpeer.trainer.viewsource import View, ViewSource
 
@@ -92,12 +94,15 @@ class LoopConfig:
 class Trainer:
     """Runs a ``TrainSpec`` on this node across however many group generations it takes."""
 
-    def __init__(self, spec: TrainSpec, source: ViewSource, node_id: str, config: LoopConfig | None = None) -> None:
+    def __init__(
+        self, spec: TrainSpec, source: ViewSource, node_id: str, config: LoopConfig | None = None,
+        store_socket: socket.socket | None = None,
+    ) -> None:
         self.spec = spec
         self.source = source
         self.node_id = node_id
         self.cfg = config or LoopConfig()
-        self.group = GroupManager(node_id, init_timeout=self.cfg.init_timeout)
+        self.group = GroupManager(node_id, init_timeout=self.cfg.init_timeout, store_socket=store_socket)
         self.sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
         self.params = [p for p in spec.model.parameters() if p.requires_grad]
         self.step = 0
@@ -217,14 +222,16 @@ class Trainer:
     def _checkpoint(self, digest: str) -> None:
         """Write the checkpoint of this step when one is due; `digest` is the step's parameter
         digest when train_step already took it ("" otherwise)."""
-        if self.cfg.ckpt_dir and self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0:
+        final = self.step == self.spec.steps  # always written: a box back after the end fetches it
+        due = final or (self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0)
+        if self.cfg.ckpt_dir and due:
             blob = self.capture()
             params = digest or self.digest()
             blob.header["params_digest"] = params
             _, file_digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, blob.to_bytes())
             st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep, protect=self._committed_hint()[0])
             self._event("checkpoint", step=self.step, digest=file_digest, params_digest=params,
-                        rank=self.group.membership.rank)
+                        rank=self.group.membership.rank, final=final)
 
     def train_step(self) -> bool:
         """Run and commit one step in the current group; True when the group agreed to switch."""
@@ -256,8 +263,12 @@ class Trainer:
         self._checkpoint(digest)
         return should_switch(m.generation, red.newest_seen_by_rank).switch
 
-    def _run_generation(self, view: View) -> str | None:
-        """Form, heal and train in ``view``; returns a failure reason or None (done or switching)."""
+    def _run_generation(self, view: View) -> Failure | None:
+        """Form, heal and train in ``view``; returns the failure, or None (done or switching).
+
+        Any exception ends the generation, not the worker: a collective's is transient (a peer
+        died or hung), and one from the job's code is reported so the leader can tell a broken
+        job (the same error at the same step again and again) from bad luck."""
         failure = None
         try:
             t0 = time.monotonic()
@@ -281,10 +292,11 @@ class Trainer:
             torch.distributed.barrier()
         except Superseded:
             failure = None
-        except (RuntimeError, GroupError, HealError, st.StateError) as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure is reported; the traceback is dropped here
             t_caught = time.time()
-            failure = f"generation {view.generation} at step {self.step}: {type(exc).__name__}: {str(exc)[:300]}"
-            self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught)
+            failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
+            self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught,
+                        phase=failure.phase, error=failure.error)
         return failure
 
     def run(self) -> int:
@@ -298,6 +310,7 @@ class Trainer:
         gc.collect(1)
         gc.freeze()
         idle_since = time.monotonic()
+        started_at = self.step
         try:
             while self.step < self.spec.steps:
                 view = self.source.wait_view(self.generation, self.cfg.view_wait)
@@ -318,7 +331,11 @@ class Trainer:
                     self._event("destroyed", seconds=time.monotonic() - t_destroy)
                 idle_since = time.monotonic()
                 if failure is not None:
-                    self.source.report_failure(failure, view.generation)
+                    self.source.report_failure(f"generation {view.generation} at step {failure.step}: {failure.error}",
+                                               view.generation, phase=failure.phase, step=failure.step,
+                                               error=failure.error)
+            if started_at == self.step:  # resumed at the last step (a box back after the end)
+                self.source.report_progress(self.step, self.sampler.cursor_after(self.step), math.nan, self.digest())
         finally:
             self.group.close()
             if self._ledger is not None:

@@ -9,31 +9,53 @@ or a disk. The payload is the raw bytes of every tensor, in order, so it can be 
 from __future__ import annotations
 
 import base64
+import ctypes
 import hashlib
+import importlib
 import json
 import os
 import random
-import struct
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-try:
-    import numpy as _np
-except ImportError:  # numpy is optional: its RNG state is captured only when present
-    _np = None
+from dpeer.peer.checkpoint_files import (  # noqa: F401 (the checkpoint file API, re-exported for the trainer)
+    STATE_FORMAT_VERSION,
+    STATE_MAGIC,
+    STATE_PREFIX,
+    StateError,
+    checkpoint_path,
+    list_checkpoints,
+    load_latest_checkpoint,
+    prune_checkpoints,
+    read_checkpoint,
+    write_checkpoint,
+)
 
-MAGIC = b"DPST"
-FORMAT_VERSION = 1
-_PREFIX = struct.Struct("<4sIQ")
-CKPT_MAGIC = b"DPCK"
-CKPT_PREFIX = "ckpt-"
-CKPT_SUFFIX = ".bin"
+MAGIC, FORMAT_VERSION, _PREFIX = STATE_MAGIC, STATE_FORMAT_VERSION, STATE_PREFIX
 
 
-class StateError(ValueError):
-    """A state buffer or checkpoint is malformed or fails its digest."""
+def _numpy() -> Any:
+    """numpy when the job (or torch) has imported it, else None: dpeer itself never needs it, so
+    its arrays and RNG state can only exist in a process that loaded it."""
+    return sys.modules.get("numpy")
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU uint8 tensor, without a copy and without numpy (which
+    ``Tensor.numpy()`` needs but dpeer does not depend on). Keep ``t`` alive while it is used."""
+    if t.dtype != torch.uint8 or t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("byte_view takes a contiguous CPU uint8 tensor")
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview((ctypes.c_ubyte * t.numel()).from_address(t.data_ptr())).cast("B")
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """A copy of a tensor's raw bytes (any dtype, any device)."""
+    return bytes(byte_view(_as_bytes_view(t)))
 
 
 def _encode(obj: Any, tensors: list[torch.Tensor]) -> Any:
@@ -48,11 +70,12 @@ def _encode(obj: Any, tensors: list[torch.Tensor]) -> Any:
         return [_encode(v, tensors) for v in obj]
     if isinstance(obj, bytes):
         return {"__b__": base64.b64encode(obj).decode()}
-    if _np is not None and isinstance(obj, _np.ndarray):
-        return {"__np__": obj.dtype.str, "v": obj.tolist()}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    if _np is not None and isinstance(obj, _np.generic):
+    np = _numpy()
+    if np is not None and isinstance(obj, np.ndarray):
+        return {"__np__": obj.dtype.str, "v": obj.tolist()}
+    if np is not None and isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"cannot encode {type(obj).__name__} in a training state header")
 
@@ -71,10 +94,17 @@ def _decode(obj: Any, tensors: list[torch.Tensor]) -> Any:
     if "__b__" in obj:
         return base64.b64decode(obj["__b__"])
     if "__np__" in obj:
-        if _np is None:
-            raise StateError("state holds a numpy array but numpy is not installed")
-        return _np.asarray(obj["v"], dtype=_np.dtype(obj["__np__"]))
+        np = _import_numpy("a numpy array")
+        return np.asarray(obj["v"], dtype=np.dtype(obj["__np__"]))
     raise StateError(f"unknown tagged object with keys {sorted(obj)}")
+
+
+def _import_numpy(what: str) -> Any:
+    """numpy for a state that holds `what` (only a process with numpy can have written it)."""
+    try:
+        return importlib.import_module("numpy")
+    except ImportError:
+        raise StateError(f"the state holds {what} but numpy is not installed here") from None
 
 
 def _as_bytes_view(t: torch.Tensor) -> torch.Tensor:
@@ -83,15 +113,16 @@ def _as_bytes_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def capture_rng() -> dict[str, Any]:
-    """RNG states of torch (and CUDA when available), numpy (when importable) and ``random``."""
+    """RNG states of torch (and CUDA when available), numpy (when the job loaded it) and ``random``."""
     rng: dict[str, Any] = {
-        "torch": bytes(torch.get_rng_state().numpy().tobytes()),
+        "torch": tensor_bytes(torch.get_rng_state()),
         "python": random.getstate(),
     }
-    if _np is not None:
-        rng["numpy"] = _np.random.get_state()
+    np = _numpy()
+    if np is not None:
+        rng["numpy"] = np.random.get_state()
     if torch.cuda.is_available():
-        rng["cuda"] = [bytes(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+        rng["cuda"] = [tensor_bytes(s) for s in torch.cuda.get_rng_state_all()]
     return rng
 
 
@@ -100,8 +131,8 @@ def restore_rng(rng: dict[str, Any]) -> None:
     torch.set_rng_state(torch.frombuffer(bytearray(rng["torch"]), dtype=torch.uint8))
     version, internal, gauss = rng["python"]
     random.setstate((version, tuple(internal), gauss))
-    if _np is not None and "numpy" in rng:
-        _np.random.set_state(tuple(rng["numpy"]))
+    if "numpy" in rng:
+        _import_numpy("numpy's RNG state").random.set_state(tuple(rng["numpy"]))
     if "cuda" in rng and torch.cuda.is_available():
         states = [torch.frombuffer(bytearray(s), dtype=torch.uint8) for s in rng["cuda"]]
         torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
@@ -120,7 +151,7 @@ class StateBlob:
 
     def payload_digest(self) -> str:
         """sha256 hex of the payload bytes."""
-        return hashlib.sha256(self.payload.numpy()).hexdigest()
+        return hashlib.sha256(byte_view(self.payload)).hexdigest()
 
     def header_bytes(self) -> bytes:
         """The header as canonical UTF-8 JSON."""
@@ -129,7 +160,7 @@ class StateBlob:
     def to_bytes(self) -> bytes:
         """One contiguous buffer: magic, version, header length, header, payload."""
         head = self.header_bytes()
-        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head + self.payload.numpy().tobytes()
+        return _PREFIX.pack(MAGIC, FORMAT_VERSION, len(head)) + head + bytes(byte_view(self.payload))
 
     @classmethod
     def from_parts(cls, header_bytes: bytes, payload: torch.Tensor) -> "StateBlob":
@@ -230,77 +261,5 @@ def params_digest(model: torch.nn.Module) -> str:
     """sha256 hex over the parameters' raw bytes in ``parameters()`` order (equal on every replica)."""
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(_as_bytes_view(p).numpy())
+        h.update(byte_view(_as_bytes_view(p)))
     return h.hexdigest()
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def checkpoint_path(directory: str, step: int) -> str:
-    """The final file name of the checkpoint of ``step`` in ``directory``."""
-    return os.path.join(directory, f"{CKPT_PREFIX}{step:012d}{CKPT_SUFFIX}")
-
-
-def write_checkpoint(directory: str, step: int, data: bytes) -> tuple[str, str]:
-    """Write atomically (temp file, fsync, rename, fsync dir); returns (path, sha256 hex of data)."""
-    os.makedirs(directory, exist_ok=True)
-    digest = hashlib.sha256(data).hexdigest()
-    final = checkpoint_path(directory, step)
-    tmp = os.path.join(directory, f".{os.path.basename(final)}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(CKPT_MAGIC + digest.encode() + data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(directory)
-    return final, digest
-
-
-def read_checkpoint(path: str, expected_digest: str | None = None) -> bytes:
-    """Read a checkpoint, verifying its embedded (and, if given, the expected) digest."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 4 + 64 or raw[:4] != CKPT_MAGIC:
-        raise StateError(f"{path}: not a dpeer checkpoint")
-    digest, data = raw[4:68].decode(errors="replace"), raw[68:]
-    actual = hashlib.sha256(data).hexdigest()
-    if actual != digest or (expected_digest is not None and actual != expected_digest):
-        raise StateError(f"{path}: digest mismatch")
-    return data
-
-
-def list_checkpoints(directory: str) -> list[tuple[int, str]]:
-    """(step, path) of finished checkpoint files, newest first; temp files are ignored."""
-    if not os.path.isdir(directory):
-        return []
-    found = []
-    for name in os.listdir(directory):
-        if name.startswith(CKPT_PREFIX) and name.endswith(CKPT_SUFFIX):
-            core = name[len(CKPT_PREFIX) : -len(CKPT_SUFFIX)]
-            if core.isdigit():
-                found.append((int(core), os.path.join(directory, name)))
-    return sorted(found, reverse=True)
-
-
-def load_latest_checkpoint(directory: str) -> tuple[int, bytes] | None:
-    """The newest checkpoint that verifies, as (step, data); corrupt files are skipped."""
-    for step, path in list_checkpoints(directory):
-        try:
-            return step, read_checkpoint(path)
-        except (StateError, OSError):
-            continue
-    return None
-
-
-def prune_checkpoints(directory: str, keep: int, protect: int = 0) -> None:
-    """Delete all but the ``keep`` newest checkpoints and the one of step ``protect`` (the newest
-    committed checkpoint, which a restart after a full power loss resumes from)."""
-    for step, path in list_checkpoints(directory)[keep:]:
-        if step != protect:
-            os.remove(path)

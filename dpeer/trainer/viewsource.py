@@ -22,8 +22,10 @@ class ViewSource(Protocol):
     def wait_view(self, after_generation: int, timeout: float) -> View | None:
         """Block up to ``timeout`` seconds for the newest committed view with a higher generation."""
 
-    def report_failure(self, reason: str, generation: int) -> None:
-        """Tell the daemon this worker's group of ``generation`` failed (a dead or hung peer, a failed heal)."""
+    def report_failure(self, reason: str, generation: int, phase: str = "group", step: int = 0,
+                       error: str = "") -> None:
+        """Tell the daemon this worker's group of ``generation`` failed at ``step``: phase "group"
+        (a collective: a dead or hung peer) or "train" (the job's code raised ``error``)."""
 
     def report_progress(self, step: int, samples: int, loss: float, params_digest: str) -> None:
         """Tell the daemon a step was committed (``step`` steps done, ``samples`` consumed); the

@@ -3,22 +3,35 @@
 
 The job is imported and built before the first view is requested, so peers already training never
 wait on this process's ``import torch``. Exit codes: 0 all steps done, 1 gave up (no usable view
-within the idle limit), 2 bad usage, 75 the NCCL abort watchdog fired (restart me).
+within the idle limit, or the daemon that started it is gone), 2 bad usage, 3 the job's build
+raised (reported to the daemon first), 75 the NCCL abort watchdog fired (restart me).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import os
+import signal
+import socket
 import sys
 import time
+import traceback
+import warnings
 from typing import Callable
 
-import torch
+# dpeer does not depend on numpy; torch warns at import when it is absent, which says nothing useful
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec
-from dpeer.trainer.viewsource import make_view_source
+import torch  # noqa: E402
+
+from dpeer.trainer.group import bind_store_socket  # noqa: E402
+from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec  # noqa: E402
+from dpeer.trainer.viewsource import make_view_source  # noqa: E402
+
+EXIT_GAVE_UP, EXIT_USAGE, EXIT_BUILD_FAILED = 1, 2, 3
+_PR_SET_PDEATHSIG = 1
 
 
 def load_job(name: str) -> Callable[[JobContext], TrainSpec]:
@@ -31,6 +44,14 @@ def load_job(name: str) -> Callable[[JobContext], TrainSpec]:
     if not sep or not module or not func:
         raise ValueError(f"job must be 'demo' or MODULE:FUNCTION, got {name!r}")
     return getattr(importlib.import_module(module), func)
+
+
+def _job_spec(text: str) -> str:
+    """``demo`` or ``MODULE:FUNCTION`` (checked as usage; whether it imports is the build's business)."""
+    module, sep, func = text.partition(":")
+    if text != "demo" and (not sep or not module or not func):
+        raise argparse.ArgumentTypeError(f"job must be 'demo' or MODULE:FUNCTION, got {text!r}")
+    return text
 
 
 def _parse_opts(pairs: list[str]) -> dict[str, str]:
@@ -55,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="python -m dpeer.trainer.worker", description=__doc__.splitlines()[0])
     p.add_argument("--node-id", default=env("DPEER_NODE_ID"))
-    p.add_argument("--job", default=env("DPEER_JOB", "demo"))
+    p.add_argument("--job", type=_job_spec, default=env("DPEER_JOB", "demo"))
     p.add_argument("--views", default=env("DPEER_VIEWS"), help="dir:PATH or py:MODULE:FACTORY[:ARG]")
     p.add_argument("--job-opt", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--ledger", default=env("DPEER_LEDGER"))
@@ -68,10 +89,46 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout-mult", type=float, default=5.0)
     p.add_argument("--idle-limit", type=float, default=600.0)
     p.add_argument("--final-out", default=None, help="write the final model state_dict here (torch.save)")
+    p.add_argument("--store-bind", default=None, metavar="HOST:PORT",
+                   help="bind the rendezvous store's socket now (port 0: any free port) and report the port")
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process (the daemon) is gone")
     args = p.parse_args(argv)
     if not args.node_id or not args.views:
         p.error("--node-id and --views (or DPEER_NODE_ID and DPEER_VIEWS) are required")
     return args
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send SIGTERM when the daemon that started this worker dies (Linux), and exit
+    now if it is already gone: a worker never outlives its daemon."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        sys.exit(EXIT_GAVE_UP)
+
+
+def _store_socket(spec: str | None) -> socket.socket | None:
+    if spec is None:
+        return None
+    host, _, port = spec.rpartition(":")
+    return bind_store_socket(host.strip("[]"), int(port))
+
+
+def _build(args: argparse.Namespace, source: object, imported_cpu: float) -> tuple[TrainSpec, socket.socket | None]:
+    """Bind the store, import and build the job; report the store's port with the build."""
+    store = _store_socket(args.store_bind)
+    options = _parse_opts(args.job_opt)
+    job = load_job(args.job)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    t_build = time.monotonic()
+    spec = job(JobContext(args.node_id, device, options))
+    report = getattr(source, "report_event", None)
+    if report is not None:
+        report("built", import_cpu_s=imported_cpu, build_cpu_s=time.process_time() - imported_cpu,
+               build_s=time.monotonic() - t_build, store_port=store.getsockname()[1] if store else 0)
+    return spec, store
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,29 +136,32 @@ def main(argv: list[str] | None = None) -> int:
     imported_cpu = time.process_time()  # interpreter start and every import, torch's included
     try:
         args = parse_args(argv)
-        options = _parse_opts(args.job_opt)
-        job = load_job(args.job)
-    except (ValueError, ImportError, AttributeError) as exc:
+        if args.parent_pid is not None:
+            die_with_parent(args.parent_pid)
+        source = make_view_source(args.views, args.node_id)
+    except ValueError as exc:
         print(f"dpeer worker: {exc}", file=sys.stderr)
-        return 2
-    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    t_build = time.monotonic()
-    spec = job(JobContext(args.node_id, device, options))
-    source = make_view_source(args.views, args.node_id)
-    report = getattr(source, "report_event", None)
-    if report is not None:
-        report("built", import_cpu_s=imported_cpu, build_cpu_s=time.process_time() - imported_cpu,
-               build_s=time.monotonic() - t_build)
+        return EXIT_USAGE
+    try:
+        spec, store = _build(args, source, imported_cpu)
+    except Exception as exc:  # noqa: BLE001 - whatever the job's build raises, the daemon must hear it
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        traceback.print_exc()
+        report = getattr(source, "report_job_error", None)
+        if report is not None:
+            report(error)
+        print(f"dpeer worker {args.node_id}: the job could not be built: {error}", file=sys.stderr)
+        return EXIT_BUILD_FAILED
     cfg = LoopConfig(
         init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
         idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
         digest_every=args.digest_every,
     )
     try:
-        Trainer(spec, source, args.node_id, cfg).run()
+        Trainer(spec, source, args.node_id, cfg, store_socket=store).run()
     except TimeoutError as exc:
         print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_GAVE_UP
     if args.final_out:
         torch.save(spec.model.state_dict(), args.final_out)
     return 0

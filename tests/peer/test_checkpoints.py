@@ -39,7 +39,7 @@ def test_decide_checkpoint(members, committed, reports, step, holders, why) -> N
         assert not d.propose
     else:
         assert d.kind is EntryKind.CHECKPOINT
-        assert d.payload == {"step": step, "digest": reports[holders[0]].digest, "holders": holders}
+        assert d.payload == {"step": step, "digest": reports[holders[0]].digest, "holders": holders, "final": False}
 
 
 def test_no_view_no_checkpoint() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import MappingProxyType, SimpleNamespace
 
+from dpeer.peer.failures import FailurePhase, FailureReport
 from dpeer.peer.leader import LeaderChores
 from dpeer.peer.views import Observed
 from dpeer.statemachine.entry import EntryKind
@@ -27,13 +28,17 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
                          view=View(4, ("a", "b"), "10.0.0.1:7101"))
     node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state),
                     raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
-    return LeaderChores(node, "lan", 7101, lambda: True, lambda: False), node
+    return LeaderChores(node, "lan", lambda: 7101, lambda: True, lambda: False), node
+
+
+def collective_failed(error: str, step: int = 7) -> FailureReport:
+    return FailureReport("b", FailurePhase.GROUP, step, error, 4)
 
 
 def test_a_suspect_member_stays_until_its_group_fails_then_goes_without_the_failure_grace() -> None:
     leader, _ = chores("suspect")
     assert leader.decide(10.0) is None and leader.decide(11.0) is None
-    leader.group_failed(4, "allreduce timed out")
+    leader.group_failed(4, collective_failed("allreduce timed out"))
     assert leader.decide(11.0) is None  # the wanted members changed: the quiet window starts
     d = leader.decide(11.0 + leader.quiet + 0.01)
     assert d is not None and d.kind is EntryKind.VIEW
@@ -44,7 +49,7 @@ def test_a_suspect_member_stays_until_its_group_fails_then_goes_without_the_fail
 def test_a_failed_group_with_live_members_reforms_with_them_after_the_failure_grace() -> None:
     leader, _ = chores("alive")
     leader.decide(10.0)
-    leader.group_failed(4, "allreduce failed")
+    leader.group_failed(4, collective_failed("allreduce failed"))
     assert leader.decide(11.0 + leader.quiet + 0.01) is None
     d = leader.decide(11.0 + leader.failure_grace)
     assert d is not None and d.payload["members"] == ["a", "b"] and d.payload["generation"] == 5
@@ -69,7 +74,7 @@ def test_the_quiet_window_after_a_failure_counts_from_when_gossip_suspected_the_
     leader, node = chores("suspect")
     node.since = {"b": 10.95}
     assert leader.decide(10.96) is None  # kept while its group works
-    leader.group_failed(4, "connection reset by peer")
+    leader.group_failed(4, collective_failed("connection reset by peer"))
     d = leader.decide(10.95 + leader.quiet + 0.001)
     assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
 

@@ -36,7 +36,7 @@ def test_reports_drive_readiness_progress_failures_reforms_and_recovery_times(tm
           {"kind": "formed", "t": 3.2, "gen": 2},
           {"kind": "progress", "t": 3.25, "step": 6, "samples": 384, "loss": 0.4, "digest": "cd"})
     sup.poll(0.0)
-    assert failed == [(1, "Connection reset by peer"), (1, "again")]
+    assert [(g, r.phase.value, r.error) for g, r in failed] == [(1, "group", "Connection reset by peer"), (1, "group", "again")]
     assert sup.train is not None and (sup.train.step, sup.train.params_digest) == (6, "cd")
     assert sup.reforms == 2
     assert [round(s, 3) for s in sup.take_recoveries()] == [0.25]

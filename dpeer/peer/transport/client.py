@@ -331,14 +331,28 @@ class NodeClient:
         """Force the node to make `voters` the whole voting configuration (unsafe; see README)."""
         return await self._call("Force", pb.ForceRequest(voters=voters, confirm=True))
 
-    async def group_failed(self, node_id: str, generation: int, reason: str) -> pb.GroupFailedReply:
-        """Tell the node (forwarded to the leader) that the group of `generation` failed."""
-        request = pb.GroupFailedRequest(node_id=node_id, generation=generation, reason=reason[:500])
+    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+        """Tell the node (forwarded to the leader) that a group failed or a job's build did."""
         return await self._call("GroupFailed", request)
 
-    async def report_checkpoint(self, node_id: str, step: int, digest: str) -> pb.CheckpointReply:
+    async def report_checkpoint(self, node_id: str, step: int, digest: str, final: bool = False) -> pb.CheckpointReply:
         """Tell the node (forwarded to the leader) that node_id holds the checkpoint of step."""
-        return await self._call("ReportCheckpoint", pb.CheckpointReport(node_id=node_id, step=step, digest=digest))
+        report = pb.CheckpointReport(node_id=node_id, step=step, digest=digest, final=final)
+        return await self._call("ReportCheckpoint", report)
+
+    async def job_control(self, action: str) -> pb.JobControlReply:
+        """An operator's job command (`retry`), committed through the leader."""
+        return await self._call("JobControl", pb.JobControlRequest(action=action))
+
+    async def fetch_checkpoint(self, step: int, offset: int = 0, timeout: float = 120.0) -> AsyncIterator[pb.CheckpointChunk]:
+        """Stream the node's checkpoint file of `step` from offset on."""
+        request = pb.FetchCheckpointRequest(step=step, offset=offset)
+        call = self._channels.stub(self.addr).FetchCheckpoint(request, timeout=timeout, metadata=self._channels.metadata)
+        try:
+            async for chunk in call:
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, self.addr) from None
 
     async def leave(self, node_id: str = "", forwarded: bool = False) -> pb.LeaveReply:
         """Ask the node to leave (node_id empty); forwarded: commit node_id's leave on the leader."""

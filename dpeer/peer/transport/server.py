@@ -71,6 +71,12 @@ class PeerHandler(Protocol):
     async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
         """A linearizable read of a setting."""
 
+    async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
+        """An operator's job command (retry a failed job), committed through the leader."""
+
+    def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
+        """Stream a checkpoint file this node holds, from request.offset on."""
+
 
 class Guard:
     """Admits or refuses each call before its handler runs: the cluster token, the caller's role from
@@ -142,7 +148,8 @@ def _safe(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], ob
 
 _HANDLERS = {"Deliver": "deliver", "Join": "join", "Leave": "leave", "GroupFailed": "group_failed",
              "Force": "force", "ReportCheckpoint": "report_checkpoint", "KvPut": "kv_put", "KvGet": "kv_get",
-             "FetchEntries": "fetch_entries", "FetchSnapshot": "fetch_snapshot"}
+             "FetchEntries": "fetch_entries", "FetchSnapshot": "fetch_snapshot", "JobControl": "job_control",
+             "FetchCheckpoint": "fetch_checkpoint"}
 
 
 class _Servicer:
@@ -262,6 +269,8 @@ _TYPES = {
     "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, _UU),
     "Force": (pb.ForceRequest, pb.ForceReply, _UU),
     "ReportCheckpoint": (pb.CheckpointReport, pb.CheckpointReply, _UU),
+    "JobControl": (pb.JobControlRequest, pb.JobControlReply, _UU),
+    "FetchCheckpoint": (pb.FetchCheckpointRequest, pb.CheckpointChunk, _US),
 }
 
 

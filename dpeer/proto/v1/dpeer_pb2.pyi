@@ -377,14 +377,22 @@ class LeaveReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class GroupFailedRequest(_message.Message):
-    __slots__ = ("node_id", "generation", "reason")
+    __slots__ = ("node_id", "generation", "reason", "phase", "step", "error", "attempt")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     generation: int
     reason: str
-    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    phase: str
+    step: int
+    error: str
+    attempt: int
+    def __init__(self, node_id: _Optional[str] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ..., phase: _Optional[str] = ..., step: _Optional[int] = ..., error: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class GroupFailedReply(_message.Message):
     __slots__ = ()
@@ -407,14 +415,54 @@ class ForceReply(_message.Message):
     def __init__(self, term: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CheckpointReport(_message.Message):
-    __slots__ = ("node_id", "step", "digest")
+    __slots__ = ("node_id", "step", "digest", "final")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     step: int
     digest: str
-    def __init__(self, node_id: _Optional[str] = ..., step: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+    final: bool
+    def __init__(self, node_id: _Optional[str] = ..., step: _Optional[int] = ..., digest: _Optional[str] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class JobControlRequest(_message.Message):
+    __slots__ = ("action",)
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    action: str
+    def __init__(self, action: _Optional[str] = ...) -> None: ...
+
+class JobControlReply(_message.Message):
+    __slots__ = ("accepted", "reason", "index")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    index: int
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
+
+class FetchCheckpointRequest(_message.Message):
+    __slots__ = ("step", "offset")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    offset: int
+    def __init__(self, step: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CheckpointChunk(_message.Message):
+    __slots__ = ("step", "offset", "data", "total_size", "done")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    offset: int
+    data: bytes
+    total_size: int
+    done: bool
+    def __init__(self, step: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class CheckpointReply(_message.Message):
     __slots__ = ("committed_step",)

@@ -94,6 +94,16 @@ class PeerStub:
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetRequest.SerializeToString,
                 response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetReply.FromString,
                 _registered_method=True)
+        self.JobControl = channel.unary_unary(
+                '/dpeer.v1.Peer/JobControl',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlRequest.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlReply.FromString,
+                _registered_method=True)
+        self.FetchCheckpoint = channel.unary_stream(
+                '/dpeer.v1.Peer/FetchCheckpoint',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchCheckpointRequest.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointChunk.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
@@ -173,6 +183,18 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JobControl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -235,6 +257,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.KvGet,
                     request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetRequest.FromString,
                     response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetReply.SerializeToString,
+            ),
+            'JobControl': grpc.unary_unary_rpc_method_handler(
+                    servicer.JobControl,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlRequest.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlReply.SerializeToString,
+            ),
+            'FetchCheckpoint': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCheckpoint,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchCheckpointRequest.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -561,6 +593,60 @@ class Peer:
             '/dpeer.v1.Peer/KvGet',
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetRequest.SerializeToString,
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JobControl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpeer.v1.Peer/JobControl',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlRequest.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dpeer.v1.Peer/FetchCheckpoint',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchCheckpointRequest.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.CheckpointChunk.FromString,
             options,
             channel_credentials,
             insecure,
