@@ -185,16 +185,17 @@ def effective(caller: Principal, on_behalf_of: str | None) -> Principal:
 
 # -- quiet refusal logs ------------------------------------------------------------------------------
 class RefusalLog:
-    """Decides which refusals to log: the first from each (peer, method) per `interval` seconds,
-    with how many were held back since, so a fuzzer cannot flood the log. Bounded in memory."""
+    """Decides which refusals to log: the first of each kind (a method and reason) from each peer per
+    `interval` seconds, with how many were held back since, so a fuzzer cannot flood the log.
+    Bounded in memory."""
 
     def __init__(self, interval: float = 10.0, max_keys: int = 4096) -> None:
         self.interval, self.max_keys = interval, max_keys
         self._last: dict[tuple[str, str], tuple[float, int]] = {}
 
-    def should_log(self, peer: str, method: str, now: float) -> int | None:
+    def should_log(self, peer: str, kind: str, now: float) -> int | None:
         """The number held back since the last line when this refusal should be logged, else None."""
-        key = (peer, method)
+        key = (peer, kind)
         seen = self._last.get(key)
         if seen is not None and now - seen[0] < self.interval:
             self._last[key] = (seen[0], seen[1] + 1)

@@ -81,7 +81,7 @@ class PeerHandler(Protocol):
 class Guard:
     """Admits or refuses each call before its handler runs: the cluster token, the caller's role from
     its certificate, and the node ids the request speaks for (dpeer.peer.auth). Every refusal is
-    counted by method and reason, and logged once per peer and method per interval."""
+    counted by method and reason, and logged once per peer, method and reason per interval."""
 
     def __init__(self, security: Security, clock: Callable[[], float] = time.monotonic) -> None:
         self.mode = security.mode
@@ -108,7 +108,7 @@ class Guard:
         key = (method, refusal)
         self.refusals[key] = self.refusals.get(key, 0) + 1
         peer = _peer_host(context.peer() or "")
-        held = self._quiet.should_log(peer, method, self._clock())
+        held = self._quiet.should_log(peer, f"{method}/{refusal.value}", self._clock())
         if held is not None:
             more = f" ({held} more from this peer since the last such line)" if held else ""
             log.warning("refused a call to %s from %s (%s): %s: %s%s", method, peer, caller or "unauthenticated",
