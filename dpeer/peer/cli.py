@@ -325,7 +325,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
         if args.certs_command == "create-ca":
             made, token = certs.create_ca(args.dir, **days)
             print(f"wrote {made.cert} (the CA certificate: give it to every node and client), {made.key} "
-                  f"(keep it offline: it signs certificates) and {token} (the cluster token)")
+                  f"(keep it private: it signs certificates) and {token} (the cluster token)")
             return EXIT_OK
         ca_dir = args.ca_dir or args.dir
         if args.certs_command == "create-node":
