@@ -73,25 +73,27 @@ def rendezvous_prefix(view: View) -> str:
     return f"gen{view.generation}-{derive(view.secret, 'rendezvous', view.generation).hex()[:32]}"
 
 
-GLOO_BOUND = "dpeergloo"
-"""Gloo with its device bound to one address (torch pins Gloo only to a whole interface)."""
-_gloo_host: list[str] = []
+class _BoundGloo:
+    """Gloo with its device bound to one address: torch pins Gloo only to a whole interface
+    (GLOO_SOCKET_IFNAME), which may hold other addresses; a registered backend can pass the device."""
 
+    name = "dpeergloo"
+    host: str | None = None
 
-def _bound_gloo(store: dist.Store, rank: int, size: int, timeout: dt.timedelta) -> dist.ProcessGroupGloo:
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=_gloo_host[0])]
-    return dist.ProcessGroupGloo(store, rank, size, options)
+    @classmethod
+    def on(cls, host: str) -> str:
+        """The backend name that makes this process's next group listen on exactly host."""
+        if cls.host is None:
+            dist.Backend.register_backend(cls.name, cls._make, devices=["cpu"])
+        cls.host = host
+        return cls.name
 
-
-def _gloo_on(host: str) -> str:
-    """The backend name that makes Gloo listen on exactly host (registered once per process)."""
-    if not _gloo_host:
-        dist.Backend.register_backend(GLOO_BOUND, _bound_gloo, devices=["cpu"])
-        _gloo_host.append(host)
-    _gloo_host[0] = host
-    return GLOO_BOUND
+    @classmethod
+    def _make(cls, store: dist.Store, rank: int, size: int, timeout: dt.timedelta) -> dist.ProcessGroupGloo:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=cls.host)]
+        return dist.ProcessGroupGloo(store, rank, size, options)
 
 
 def _accepts(host: str, port: int, timeout: float) -> bool:
@@ -240,7 +242,7 @@ class GroupManager:
             raise GroupError(f"{self.node_id} is not a member of generation {view.generation}")
         backend = self.backend
         if self.backend == "gloo" and view.bind_host:
-            backend = _gloo_on(view.bind_host)
+            backend = _BoundGloo.on(view.bind_host)
         elif self.backend == "gloo" and view.store_host in _LOOPBACK:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if self.backend == "nccl":

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import time
+import urllib.request
 from typing import Any
 
 import grpc
@@ -197,7 +198,8 @@ def test_a_thousand_absurd_calls_leave_the_node_up_unchanged_and_its_log_quiet(d
     seed = int(os.environ.get("DPEER_FUZZ_SEED", time.time_ns() % 1_000_000))
     print(f"fuzz seed {seed} (DPEER_FUZZ_SEED={seed} replays it)")
     rng = random.Random(seed)
-    n1 = daemons.start("n1", config=pki.config("n1", "node-n1"))
+    metrics = f"127.0.0.1:{daemons.port()}"
+    n1 = daemons.start("n1", config=pki.config("n1", "node-n1"), extra=["--metrics-listen", metrics])
     operator = pki.security("operator-alice")
     formed(n1.addr, {"n1"}, security=operator)
     before = state(n1.addr, pki)
@@ -237,3 +239,10 @@ def test_a_thousand_absurd_calls_leave_the_node_up_unchanged_and_its_log_quiet(d
     assert 0 < len(lines) <= 2 * len(SERVICE.methods_by_name) * len(auth.Refusal), len(lines)
     doc = wait_until(lambda: asyncio.run(status_of(n1.addr, operator)), 10, "a status")
     assert doc["security"]["refused"] > len(lines), (doc["security"], len(lines))
+
+    def counted() -> float:
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("dpeer_refused_requests_total{"))
+    # the metric catches up with the status within a metrics period (0.5 s)
+    wait_until(lambda: counted() >= doc["security"]["refused"], 10, "the refusal metric")
