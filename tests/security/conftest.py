@@ -12,7 +12,7 @@ import yaml
 from dpeer.peer import certs
 from dpeer.peer import config as cfg
 from dpeer.peer.transport.options import Security
-from tests.operate.conftest import Daemons, daemons, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
+from tests.operate.conftest import daemons, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
 
 NODES = ("n1", "n2", "n3")
 
