@@ -8,10 +8,19 @@ if [ "$#" -lt 2 ]; then
 fi
 node_id=$1 listen=$2 join=${3:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
+fail() { echo "install.sh: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || fail "run it as root (sudo $0 ...): it creates a user, /opt/dpeer, /etc/dpeer and a unit."
+command -v systemctl >/dev/null || fail "systemctl is missing: dpeer installs as a systemd service."
+command -v useradd >/dev/null || fail "useradd is missing (Debian/Ubuntu: apt install passwd)."
 id -u dpeer >/dev/null 2>&1 || useradd --system --home-dir /var/lib/dpeer --shell /usr/sbin/nologin dpeer
-# A venv of its own: Debian 12 and Ubuntu 23.04+ refuse pip installs into the system Python (PEP 668).
-python3 -m venv /opt/dpeer/venv
-/opt/dpeer/venv/bin/python -m pip install --quiet "$here"
+# A venv of its own (Debian 12 and Ubuntu 23.04+ refuse pip installs into the system Python, PEP 668),
+# made by scripts/setup: it checks for Python 3.11+ and python3-venv and picks the CPU or CUDA torch
+# build (DPEER_TORCH_BUILD=cpu|cuda to choose). A copy of dpeer, not an editable install: the unit's
+# ProtectHome=yes hides a checkout under /home from the service.
+upgrade=0
+[ -x /opt/dpeer/venv/bin/dpeer ] && upgrade=1
+install -d -m 0755 /opt/dpeer
+DPEER_VENV=/opt/dpeer/venv DPEER_EDITABLE=0 "$here/scripts/setup" >/dev/null
 ln -sf /opt/dpeer/venv/bin/dpeer /usr/local/bin/dpeer
 install -d -m 0700 -o dpeer -g dpeer /var/lib/dpeer
 install -d -m 0755 /etc/dpeer
@@ -67,5 +76,11 @@ bin=/opt/dpeer/venv/bin/dpeer
 "$bin" config check /etc/dpeer/dpeer.yaml
 sed "s#/usr/local/bin/dpeer#${bin}#" "$here/scripts/dpeer.service" > /etc/systemd/system/dpeer.service
 systemctl daemon-reload
-systemctl enable --now dpeer.service
+if [ "$upgrade" = 1 ] && systemctl is-active --quiet dpeer.service; then
+  # an upgrade: the running daemon still has the old code; SIGTERM leaves gracefully, then it starts again
+  systemctl restart dpeer.service
+  echo "upgraded dpeer and restarted the service"
+else
+  systemctl enable --now dpeer.service
+fi
 echo "dpeer is running: systemctl status dpeer; dpeer status --addr $listen --config /etc/dpeer/client.yaml (an operator's credentials: on the first box)"

@@ -39,6 +39,8 @@ EXAMPLES = {
     "kv put": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101",
     "kv get": "dpeer kv get lr --addr 127.0.0.1:7101 --json",
     "config show": "dpeer config show --config dpeer.yaml --preset edge",
+    "job": "dpeer job retry --addr 127.0.0.1:7101",
+    "job retry": "dpeer job retry --addr 127.0.0.1:7101",
     "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
     "certs": "dpeer certs create-ca --dir pki\n  dpeer certs create-node n1 --host 10.0.0.1 --dir pki\n"
     "  dpeer certs create-client alice --operator --dir pki",
@@ -137,6 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
     _client_flags(force)
     force.add_argument("--voters", required=True, help="comma-separated surviving voters, the addressed node among them")
     force.add_argument("--yes", action="store_true", help="confirm: entries only the lost majority held may be lost")
+    job = _sub(subs, "job", "control the cluster's job")
+    jobs = job.add_subparsers(dest="job_command", required=True, parser_class=_Parser)
+    retry = _sub(jobs, "retry", "train again after the leader halted the job as broken (fix the cause first)",
+                 "job retry")
+    _client_flags(retry)
     demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
     demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
     demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
@@ -258,6 +265,16 @@ def cmd_leave(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_job(args: argparse.Namespace) -> int:
+    """`job retry`: commit the job as running again; exit 1 when it was not failed."""
+    reply = _run(args, lambda c: c.job_control("retry"))
+    if not reply.accepted:
+        print(f"dpeer: not retried: {reply.reason}", file=sys.stderr)
+        return EXIT_NO
+    print(f"{reply.reason} (committed at index {reply.index})")
+    return EXIT_OK
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     """Show the effective config or check a file."""
     import yaml
@@ -367,7 +384,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
     "leave": cmd_leave, "force": cmd_force, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
-    "certs": cmd_certs,
+    "job": cmd_job, "certs": cmd_certs,
 }
 
 

@@ -22,7 +22,7 @@ from dpeer.peer.views import (
     Decision, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members,
 )
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, JobState
+from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState
 
 log = logging.getLogger("dpeer.leader")
 
@@ -69,6 +69,7 @@ class LeaderChores:
         self._halt: Decision | None = None
         self.failures_in_a_row = 0
         self._last_failure_step = -1
+        self._job_seen = RUNNING_JOB
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
@@ -90,10 +91,10 @@ class LeaderChores:
         if (me is None or (me.status, me.addr, me.store_port, me.ready) != wanted) and not self.self_leaving():
             payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3]}
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
+        if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
+            self._job_seen, self.streak, self._halt = state.job, Streak(), None
         if self._halt is not None:
-            if state.job.state is JobState.RUNNING:
-                return self._halt
-            self._halt = None
+            return self._halt
         observed = node.observed()
         for decision in (
             self._view_decision(state, observed, now),

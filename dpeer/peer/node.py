@@ -32,8 +32,10 @@ from dpeer.peer.membership import (
     MemberState,
     MemberSuspect,
     Membership,
+    Ping,
 )
 from dpeer.peer.membership import preset as membership_preset
+from dpeer.peer.probe_rtt import ProbeTimes
 from dpeer.peer.resync import LocalVersion
 from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.views import Observed
@@ -83,6 +85,7 @@ class Node:
         self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
         self.addrs[node_id] = addr
         self.since: dict[str, tuple[str, float]] = {}
+        self.probes = ProbeTimes()
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
         self.role, self.leader_id = "follower", None
         self.apply_listeners: list[ApplyListener] = []
@@ -111,6 +114,8 @@ class Node:
             if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
                 raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
             self.addrs.setdefault(msg.hb.node_id, msg.hb.addr)
+            if isinstance(msg, Ack) and msg.hb.node_id == envelope.from_id:
+                self.probes.acked(envelope.from_id, msg.seq, now)
             self._send_swim(self.swim.receive(now, msg))
             self._swim_effects(now)
         else:
@@ -384,6 +389,8 @@ class Node:
     # -- output ---------------------------------------------------------------------------
     def _send_swim(self, out: list[tuple[str, Any]]) -> None:
         for addr, msg in out:
+            if isinstance(msg, Ping):
+                self.probes.sent(msg.target, msg.seq, self.clock())
             self._send(addr, codec.encode(msg, self.id, self.addr))
 
     def _send_raft(self, dst: str, msg: Any) -> None:

@@ -164,9 +164,28 @@ class Service:
         return pb.LeaveReply(accepted=True)
 
     async def _commit_leave(self, node_id: str) -> None:
-        """On the leader: commit member_left for node_id unless it is no longer active."""
+        """On the leader: commit member_left for node_id unless it is no longer active, then its
+        removal from the configuration."""
         if getattr(self.node.store.state.members.get(node_id), "status", None) == "active":
             await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": node_id}, COMMAND_TIMEOUT)
+        await self._remove_from_configuration(node_id)
+
+    async def _remove_from_configuration(self, node_id: str) -> None:
+        """A leaving node leaves the voters (or learners) before its daemon exits, so the voters
+        that remain are a quorum on their own: a voter gone without its removal counts against
+        every later commit, and the last two voters leaving in turn would stall the second."""
+        deadline = self.node.clock() + COMMAND_TIMEOUT
+        while True:
+            state = self.node.store.state
+            if node_id not in state.voters + state.learners or list(state.voters) == [node_id]:
+                return
+            try:
+                await self.node.change_membership("remove", node_id, COMMAND_TIMEOUT)
+                return
+            except BadRequest as exc:  # another change is in flight (the leader's chores): wait for it
+                if self.node.clock() + FORWARD_RETRY >= deadline:
+                    raise Unavailable(f"could not remove {node_id} from the configuration: {exc}") from None
+            await asyncio.sleep(FORWARD_RETRY)
 
     async def leave_cluster(self) -> None:
         """Commit member_left for this node (through the leader), then start the daemon's exit."""

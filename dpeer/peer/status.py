@@ -8,7 +8,8 @@ from dpeer.peer.node import Node
 
 
 def members(node: Node) -> list[dict[str, Any]]:
-    """Gossip's members with their committed status: {node_id, addr, state, incarnation, version, committed}."""
+    """Gossip's members with their committed status and the last probe's round trip:
+    {node_id, addr, state, incarnation, version, committed, rtt_ms}."""
     committed = node.store.state.members
     out = []
     for rec in sorted(node.swim.members(), key=lambda r: r.node_id):
@@ -17,6 +18,7 @@ def members(node: Node) -> list[dict[str, Any]]:
             "node_id": rec.node_id, "addr": rec.addr, "state": rec.state.value,
             "incarnation": rec.incarnation, "version": rec.last_applied,
             "committed": member.status if member is not None else None,
+            "rtt_ms": node.probes.rtt_ms(rec.node_id),
         })
     return out
 

@@ -20,7 +20,7 @@ from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wa
 
 COMMANDS = [
     [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["leave"], ["demo"],
-    ["config"], ["config", "show"], ["config", "check"],
+    ["config"], ["config", "show"], ["config", "check"], ["job"], ["job", "retry"],
 ]
 
 

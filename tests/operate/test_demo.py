@@ -1,22 +1,108 @@
-"""The README's first command, as a new user runs it (shortened): `dpeer demo` trains to the end."""
+"""The README's first command as a new user runs it: `dpeer demo` trains to the end, in the venv
+scripts/setup made without system site packages, and its live screen shows what it promises."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
+
+
+def in_fresh_venv() -> bool:
+    """True when this interpreter is a venv that does not see the system's site packages."""
+    cfg = Path(sys.prefix) / "pyvenv.cfg"
+    return sys.prefix != sys.base_prefix and cfg.exists() and \
+        "include-system-site-packages = false" in cfg.read_text()
 
 
 def test_demo_runs_a_local_cluster_to_the_last_step(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "dpeer.peer.cli", "demo", "--nodes", "2", "--steps", "80", "--dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=clean_env(),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "training finished: every replica ran all steps" in result.stdout
-    assert "step 80/80" in result.stdout
+    assert "training finished: every replica holds step 80 with digest" in result.stdout
+    assert "the job finished at step 80" in result.stdout
     for node in ("n1", "n2"):
         assert (tmp_path / node / "worker" / "final.pt").exists(), f"{node} did not finish its job"
+
+
+@pytest.mark.skipif(not in_fresh_venv(), reason="scripts/test runs the suite in the venv scripts/setup makes; "
+                                                 "this run is outside it")
+def test_the_readme_demo_command_trains_in_a_venv_without_system_packages(tmp_path: Path) -> None:
+    """README: `scripts/demo` (scripts/setup, then `dpeer demo`). scripts/test made this very venv
+    the same way, so setup finds it ready; numpy, which the base Python here has, is absent."""
+    assert subprocess.run([sys.executable, "-c", "import numpy"], capture_output=True).returncode != 0
+    env = {**clean_env(), "DPEER_VENV": sys.prefix}
+    result = subprocess.run([str(REPO / "scripts" / "demo"), "--steps", "200", "--dir", str(tmp_path)],
+                            capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "training finished: every replica holds step 200 with digest" in result.stdout
+
+
+def run_in_pty(cmd: list[str], timeout: float) -> tuple[int, str]:
+    """Run cmd on a 40x120 pseudo-terminal; its exit code and everything it drew."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env={**clean_env(), "TERM": "xterm"},
+                            start_new_session=True)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                out += data
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    return proc.wait(timeout=60), out.decode(errors="replace")
+
+
+def test_the_live_screen_on_a_terminal_shows_a_row_per_node_and_the_events(tmp_path: Path) -> None:
+    code, drawn = run_in_pty([sys.executable, "-m", "dpeer.peer.cli", "demo", "--nodes", "2", "--steps", "120",
+                              "--dir", str(tmp_path)], timeout=300)
+    assert code == 0, drawn[-3000:]
+    assert "\x1b[" in drawn, "a terminal gets a screen redrawn in place, not plain lines"
+    text = ANSI.sub("", drawn)
+    last = text[text.rfind("dpeer demo "):]
+    head = last.splitlines()[0]
+    assert re.search(r"leader n[12]\s+generation \d+\s+step 120/120\s+[\d.]+ steps/s", head), head
+    assert re.search(r"loss \d+\.\d{4} [▁▂▃▄▅▆▇█]+", last), last[:500]
+    assert re.search(r"NODE\s+STATE\s+ROLE\s+RANK\s+STEP\s+LOSS\s+RTT\s+DIGEST", last)
+    rows = {m.group(1): m for m in re.finditer(r"^(n[12])\s+(finished)\s+(leader|follower)\s+(\d)/2\s+120\s+"
+                                               r"(\d+\.\d{4})\s+([\d.]+ms|-)\s+([0-9a-f]{12})\s*$", last, re.M)}
+    assert set(rows) == {"n1", "n2"}, last[:1500]
+    assert {r.group(3) for r in rows.values()} == {"leader", "follower"}
+    assert rows["n1"].group(7) == rows["n2"].group(7)
+    assert re.search(r"^\s+[\d.]+s\s+generation \d+ formed: n\d, n\d", last, re.M), "the events list"
+    assert "the job finished at step 120" in last
 
 
 def test_demo_refuses_absurd_sizes() -> None:
