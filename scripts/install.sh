@@ -24,6 +24,37 @@ DPEER_VENV=/opt/dpeer/venv DPEER_EDITABLE=0 "$here/scripts/setup" >/dev/null
 ln -sf /opt/dpeer/venv/bin/dpeer /usr/local/bin/dpeer
 install -d -m 0700 -o dpeer -g dpeer /var/lib/dpeer
 install -d -m 0755 /etc/dpeer
+# --- security: mutual TLS and the cluster token (README "Security") --------------------------------
+# The first box (no JOIN) makes the cluster's CA, token and an operator certificate for root; every
+# box gets a node certificate naming its NODE_ID, made where the CA key is. Nothing is overwritten.
+certs=/etc/dpeer/certs
+install -d -m 0750 -o root -g dpeer "$certs"
+host=${listen%:*}; host=${host#[}; host=${host%]}
+if [ ! -e "$certs/node-$node_id.pem" ]; then
+  if [ -z "$join" ] && [ ! -e "$certs/ca.pem" ]; then
+    /opt/dpeer/venv/bin/dpeer certs create-ca --dir "$certs"
+    /opt/dpeer/venv/bin/dpeer certs create-client root --operator --dir "$certs"
+  fi
+  if [ ! -e "$certs/ca.key" ]; then
+    echo "$0: $certs/node-$node_id.pem is missing: on the box holding the CA run" \
+         "'dpeer certs create-node $node_id --host $host --dir /etc/dpeer/certs', then copy ca.pem," \
+         "cluster.token, node-$node_id.pem and node-$node_id.key from there into $certs here and run this again" >&2
+    exit 2
+  fi
+  /opt/dpeer/venv/bin/dpeer certs create-node "$node_id" --host "$host" --dir "$certs"
+fi
+chown dpeer:dpeer "$certs/node-$node_id.key" "$certs/cluster.token"
+if [ -e "$certs/operator-root.pem" ] && [ ! -e /etc/dpeer/client.yaml ]; then
+  # root's credentials for the CLI: dpeer status --config /etc/dpeer/client.yaml --addr ...
+  ( umask 077; {
+    echo "security:"
+    echo "  tls_ca: $certs/ca.pem"
+    echo "  tls_cert: $certs/operator-root.pem"
+    echo "  tls_key: $certs/operator-root.key"
+    echo "  cluster_token_file: $certs/cluster.token"
+  } > /etc/dpeer/client.yaml )
+fi
+# --- end of security ---------------------------------------------------------------------------------
 if [ ! -e /etc/dpeer/dpeer.yaml ]; then
   {
     echo "node_id: $node_id"
@@ -31,6 +62,11 @@ if [ ! -e /etc/dpeer/dpeer.yaml ]; then
     echo "data_dir: /var/lib/dpeer"
     [ -n "$join" ] && echo "join: \"$join\""
     echo "preset: lan"
+    echo "security:"
+    echo "  tls_ca: $certs/ca.pem"
+    echo "  tls_cert: $certs/node-$node_id.pem"
+    echo "  tls_key: $certs/node-$node_id.key"
+    echo "  cluster_token_file: $certs/cluster.token"
   } > /etc/dpeer/dpeer.yaml
   echo "wrote /etc/dpeer/dpeer.yaml"
 else
@@ -47,4 +83,4 @@ if [ "$upgrade" = 1 ] && systemctl is-active --quiet dpeer.service; then
 else
   systemctl enable --now dpeer.service
 fi
-echo "dpeer is running: systemctl status dpeer; dpeer status --addr $listen"
+echo "dpeer is running: systemctl status dpeer; dpeer status --addr $listen --config /etc/dpeer/client.yaml (an operator's credentials: on the first box)"

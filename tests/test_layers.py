@@ -13,7 +13,8 @@ PURE = [
     "statemachine/entry.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
     "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py",
     "peer/views.py", "peer/resync.py", "peer/errors.py", "peer/checkpoints.py", "peer/worker_health.py",
-    "peer/failures.py", "peer/probe_rtt.py", "peer/demo_events.py",
+    "peer/failures.py", "peer/probe_rtt.py", "peer/demo_events.py", "peer/auth.py",
+    "peer/exposure.py",
     "trainer/decisions.py", "trainer/sampler.py",
     *[p.relative_to(ROOT).as_posix() for d in ("peer/membership", "peer/consensus", "sim")
       for p in sorted((ROOT / d).glob("*.py"))],

@@ -42,6 +42,11 @@ EXAMPLES = {
     "job": "dpeer job retry --addr 127.0.0.1:7101",
     "job retry": "dpeer job retry --addr 127.0.0.1:7101",
     "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
+    "certs": "dpeer certs create-ca --dir pki\n  dpeer certs create-node n1 --host 10.0.0.1 --dir pki\n"
+    "  dpeer certs create-client alice --operator --dir pki",
+    "certs create-ca": "dpeer certs create-ca --dir /etc/dpeer/certs",
+    "certs create-node": "dpeer certs create-node n1 --host 10.0.0.1 --host box1.lan --dir /etc/dpeer/certs",
+    "certs create-client": "dpeer certs create-client alice --operator --dir pki",
 }
 
 
@@ -68,6 +73,29 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--addr", required=True, help="HOST:PORT of any node")
     p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default 10)")
+    p.add_argument("--tls-ca", type=Path, help="the cluster's CA certificate (PEM); overrides --config's")
+    p.add_argument("--tls-cert", type=Path, help="your client certificate (`dpeer certs create-client`)")
+    p.add_argument("--tls-key", type=Path, help="your client certificate's key")
+    p.add_argument("--token-file", type=Path, help="file holding the cluster token")
+
+
+def _certs_parser(subs: argparse._SubParsersAction) -> None:
+    certs = _sub(subs, "certs", "make the cluster's CA, token, node and client certificates (keys 0600, never overwritten)")
+    cs = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
+    ca = _sub(cs, "create-ca", "a new CA (ca.pem, ca.key) and cluster token (cluster.token)", "certs create-ca")
+    node = _sub(cs, "create-node", "node-NODE_ID.pem/.key: a node certificate naming dpeer://node/NODE_ID",
+                "certs create-node")
+    node.add_argument("node_id", help="the node's --node-id")
+    node.add_argument("--host", action="append", default=[], help="a DNS name or IP the node is reached at (repeat)")
+    client = _sub(cs, "create-client", "a client certificate: read-only, or --operator to change the cluster",
+                  "certs create-client")
+    client.add_argument("name", help="who holds it, e.g. alice or backup-job")
+    client.add_argument("--operator", action="store_true", help="may kv put, leave, force and read the log")
+    for p in (ca, node, client):
+        p.add_argument("--dir", type=Path, default=Path("."), help="where the files go (default: here)")
+        p.add_argument("--days", type=int, default=None, help="validity in days")
+    for p in (node, client):
+        p.add_argument("--ca-dir", type=Path, default=None, help="where ca.pem and ca.key are (default: --dir)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
     start.add_argument("--job", help="demo or MODULE:FUNCTION")
     start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
+    start.add_argument("--insecure", action="store_true", default=None,
+                       help="run off loopback without mutual TLS and token (anyone who reaches the port controls "
+                       "the node); warned at every start and shown in status")
     for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
         p = _sub(subs, name, help_)
         _client_flags(p)
@@ -131,16 +162,24 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--node-id")
     check = _sub(confs, "check", "validate a config file; exit 2 when it is wrong", "config check")
     check.add_argument("file", type=Path, help="the YAML config file")
+    _certs_parser(subs)
     return parser
 
 
-def _security(path: Path | None) -> Security:
+def _security(args: argparse.Namespace) -> Security:
+    """The client's credentials: --config's security block, each file overridden by its flag."""
     from dpeer.peer.transport.options import Security
 
-    if path is None:
-        return Security()
-    s = cfg.load(path).security
-    return Security.from_files(s.tls_cert, s.tls_key, s.tls_ca, s.cluster_token_file)
+    s = cfg.load(args.config).security if args.config is not None else cfg.SecurityConfig()
+    files = {"--tls-cert": args.tls_cert or s.tls_cert, "--tls-key": args.tls_key or s.tls_key,
+             "--tls-ca": args.tls_ca or s.tls_ca, "--token-file": args.token_file or s.cluster_token_file}
+    for flag, path in files.items():
+        if path is not None and not path.is_file():
+            raise UsageError(f"{flag}: file {path} does not exist")
+    try:
+        return Security.from_files(*files.values())
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("security.tls_cert, tls_key and tls_ca", "--tls-cert, --tls-key and --tls-ca"))
 
 
 def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
@@ -151,7 +190,7 @@ def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
     cfg.parse_hostport(args.addr)
 
     async def go() -> Any:
-        async with NodeClient(args.addr, _security(args.config), timeout=args.timeout) as client:
+        async with NodeClient(args.addr, _security(args), timeout=args.timeout) as client:
             return await call(client)
 
     return asyncio.run(go())
@@ -254,16 +293,66 @@ def cmd_start(args: argparse.Namespace) -> int:
     flags = {
         "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
         "advertise": args.advertise, "preset": args.preset, "job": args.job,
-        "metrics_listen": args.metrics_listen,
+        "metrics_listen": args.metrics_listen, "security.insecure": args.insecure,
     }
     config = cfg.load(args.config, flags)
     if config.node_id is None:
         raise UsageError("--node-id (or node_id in the config, or DPEER_NODE_ID) is required")
+    check_security(config)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     worker = start_worker_early(config)
     from dpeer.peer.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
 
     return run_daemon(config, worker)
+
+
+def check_security(config: cfg.NodeConfig) -> None:
+    """Refuse (exit 2) to start exposed without mutual TLS and token, or with a certificate that
+    names another node; before the worker is spawned, so nothing is left running."""
+    from dpeer.peer import auth, exposure
+
+    s = config.security
+    tls = [s.tls_cert, s.tls_key, s.tls_ca]
+    if any(tls) and not all(tls):
+        raise UsageError("mutual TLS needs all of security.tls_cert, tls_key and tls_ca")
+    mode = auth.mode_of(all(tls), s.cluster_token_file is not None)
+    reason = exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure)
+    if reason is not None:
+        raise UsageError(reason)
+    if s.tls_cert is not None:
+        from dpeer.peer import certs
+
+        try:
+            named = certs.identity_of(s.tls_cert.read_bytes())
+        except (OSError, certs.CertError) as exc:
+            raise UsageError(f"security.tls_cert {s.tls_cert}: {exc}") from None
+        if named != auth.Principal(auth.Role.NODE, config.node_id or ""):
+            raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
+                             f"node's certificate with `dpeer certs create-node {config.node_id}`")
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """Make a CA and token, a node certificate or a client certificate."""
+    from dpeer.peer import certs
+
+    days = {} if args.days is None else {"days": args.days}
+    if args.days is not None and args.days < 1:
+        raise UsageError("--days must be at least 1")
+    try:
+        if args.certs_command == "create-ca":
+            made, token = certs.create_ca(args.dir, **days)
+            print(f"wrote {made.cert} (the CA certificate: give it to every node and client), {made.key} "
+                  f"(keep it private: it signs certificates) and {token} (the cluster token)")
+            return EXIT_OK
+        ca_dir = args.ca_dir or args.dir
+        if args.certs_command == "create-node":
+            made = certs.create_node(ca_dir, args.dir, args.node_id, args.host, **days)
+        else:
+            made = certs.create_client(ca_dir, args.dir, args.name, args.operator, **days)
+    except certs.CertError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {made.cert} and {made.key}")
+    return EXIT_OK
 
 
 def start_worker_early(config: cfg.NodeConfig) -> Any:
@@ -295,7 +384,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
     "leave": cmd_leave, "force": cmd_force, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
-    "job": cmd_job,
+    "job": cmd_job, "certs": cmd_certs,
 }
 
 

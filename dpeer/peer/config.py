@@ -65,12 +65,15 @@ class TrainingConfig(Strict):
 
 
 class SecurityConfig(Strict):
-    """Mutual TLS between peers and a shared cluster token; all off by default on loopback."""
+    """Mutual TLS between peers and a shared cluster token (make them with `dpeer certs`): required
+    off loopback unless `insecure`; optional on loopback."""
 
-    tls_cert: Path | None = Field(None, description="this node's certificate (PEM)")
+    tls_cert: Path | None = Field(None, description="this node's certificate (PEM), naming dpeer://node/NODE_ID")
     tls_key: Path | None = Field(None, description="this node's private key (PEM)")
     tls_ca: Path | None = Field(None, description="CA that signs every peer's certificate (PEM)")
     cluster_token_file: Path | None = Field(None, description="file holding the shared cluster token")
+    insecure: bool = Field(False, description="run off loopback without mutual TLS and token (--insecure); "
+                           "logged as a warning at every start and shown in status")
 
     @field_validator("tls_cert", "tls_key", "tls_ca", "cluster_token_file")
     @classmethod

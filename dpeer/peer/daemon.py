@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Awaitable, Callable
 
-from dpeer.peer import codec, errors, logs
+from dpeer.peer import codec, errors, exposure, logs
 from dpeer.peer.checkpoints import Held
 from dpeer.peer.failures import FailurePhase, FailureReport
 from dpeer.peer.final_state import fetch_final, holds
@@ -236,8 +236,15 @@ class Daemon:
             "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
             "uptime_s": round(time.monotonic() - self.started, 3),
             "joined": self.joined,
+            "security": self.security_status(),
         }
         return document(self.node, extra)
+
+    def security_status(self) -> dict[str, Any]:
+        """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure, refusals so far."""
+        server = getattr(self, "server", None)
+        return {"mode": self.security.mode.value, "insecure": self.config.security.insecure,
+                "refused": sum(server.refusals.values()) if server is not None else 0}
 
     def job_status(self) -> dict[str, Any] | None:
         """The status's `job`: waiting, training, failed (with the reason) or finished (with the
@@ -257,7 +264,13 @@ class Daemon:
     async def run(self) -> int:
         """Serve until told to stop (a signal or `dpeer leave`); returns exit code 0."""
         self.server = await serve(self.config.listen, self.service, self.security)
-        log.info("listening on %s (advertised %s)", self.config.listen, self.addr)
+        log.info("listening on %s (advertised %s), security %s", self.config.listen, self.addr,
+                 self.security.mode.value)
+        warning = exposure.warning(self.config.listen.rsplit(":", 1)[0], self.security.mode,
+                                   self.config.security.insecure)
+        if warning is not None:
+            log.warning("%s", warning)
+        self.metrics.insecure.set(1 if self.config.security.insecure else 0)
         if self.config.metrics_listen:
             self.metrics.serve(self.config.metrics_listen)
         loop = asyncio.get_running_loop()
@@ -327,6 +340,7 @@ class Daemon:
         m.commit_index.set(store.commit_index)
         m.last_applied.set(store.last_applied)
         m.invalid.set(self.node.invalid_messages)
+        m.count_refusals(self.server.refusals)
         if self.worker is not None:
             if self.worker.train is not None:
                 m.step.set(self.worker.train.step)

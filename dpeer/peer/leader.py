@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from typing import Callable
 
 from dpeer.peer.checkpoints import Held, decide_checkpoint, still_pending
@@ -176,7 +177,7 @@ class LeaderChores:
             if decision.kind is EntryKind.CONFIG_CHANGE:
                 await self.node.change_membership(decision.payload["op"], decision.payload["node"], PROPOSAL_TIMEOUT)
             else:
-                await self.node.propose(decision.kind, dict(decision.payload), PROPOSAL_TIMEOUT)
+                await self.node.propose(decision.kind, _with_secret(decision), PROPOSAL_TIMEOUT)
             log.info("committed %s: %s", decision.kind.value, decision.reason)
         except PeerError as exc:
             message = f"could not commit {decision.kind.value} ({decision.reason}): {exc}"
@@ -185,3 +186,13 @@ class LeaderChores:
             self._last_failure = message
             await asyncio.sleep(RETRY_AFTER_FAILURE)
             self.node.poke()
+
+
+def _with_secret(decision: Decision) -> dict:
+    """The payload to propose; a view gets a fresh random secret, which only the cluster's members
+    learn (through the log, over the authenticated control plane) and from which the group derives
+    its rendezvous keys and heal key (trainer/group.py), so no outsider can take part."""
+    payload = dict(decision.payload or {})
+    if decision.kind is EntryKind.VIEW:
+        payload["secret"] = secrets.token_hex(16)
+    return payload

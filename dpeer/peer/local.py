@@ -27,7 +27,9 @@ CHECKPOINT_FILE = "checkpoint.json"
 @dataclass(frozen=True)
 class View:
     """A committed group view: generation, members in rank order, rendezvous store address, and
-    the newest committed checkpoint (step 0 for none) a restarted worker resumes from."""
+    the newest committed checkpoint (step 0 for none) a restarted worker resumes from; the
+    generation's secret (rendezvous keys and heal key derive from it; "" for none) and the address
+    this node's data plane binds ("" for the store host's own rule)."""
 
     generation: int
     members: list[str]
@@ -35,6 +37,8 @@ class View:
     store_port: int
     checkpoint_step: int = 0
     checkpoint_digest: str = ""
+    secret: str = ""
+    bind_host: str = ""
 
     def rank_of(self, node_id: str) -> int | None:
         """This node's rank in the view, or None when it is not a member."""
@@ -47,13 +51,15 @@ class View:
     def from_json(cls, text: str) -> "View":
         d = json.loads(text)
         return cls(int(d["generation"]), [str(m) for m in d["members"]], str(d["store_host"]), int(d["store_port"]),
-                   int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")))
+                   int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")), str(d.get("secret", "")),
+                   str(d.get("bind_host", "")))
 
 
 def _atomic_write(path: str, text: str, durable: bool = True) -> None:
-    """Replace path with text in one rename; durable also syncs the text before the rename."""
+    """Replace path with text in one rename; durable also syncs the text before the rename. Only this
+    user may read it: a view carries its generation's secret."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
         f.write(text)
         if durable:
             f.flush()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
@@ -32,11 +34,25 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         ).labels(**labels)
         self.invalid = Gauge("dpeer_invalid_messages", "Peer messages refused as malformed", ["node"], registry=r).labels(**labels)
+        self.insecure = Gauge("dpeer_security_insecure", "1 when the node runs with --insecure",
+                              ["node"], registry=r).labels(**labels)
+        self.refused = Counter("dpeer_refused_requests", "Calls refused: no credential, wrong role, another "
+                               "node's id, or an invalid request", ["node", "method", "reason"], registry=r)
+        self._refused_counted: dict[tuple[str, str], int] = {}
         self.job = Gauge("dpeer_job_state", "1 for the job's state as this node reports it in status",
                          ["node", "state"], registry=r)
         self.failures = Counter("dpeer_job_failures", "Failures this node's worker reported (groups and builds)",
                                 ["node"], registry=r).labels(**labels)
         self._node = node_id
+
+    def count_refusals(self, refusals: dict[tuple[str, Any], int]) -> None:
+        """Bring the refusal counters up to the transport's totals (by method and reason)."""
+        for (method, reason), total in list(refusals.items()):
+            key = (method, reason.value)
+            delta = total - self._refused_counted.get(key, 0)
+            if delta > 0:
+                self.refused.labels(node=self._node, method=method, reason=key[1]).inc(delta)
+                self._refused_counted[key] = total
 
     def set_members(self, counts: dict[str, int]) -> None:
         """Members by gossip state; states absent from counts read 0."""

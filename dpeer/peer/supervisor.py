@@ -129,7 +129,8 @@ class WorkerSupervisor:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
         host, _, port = view.store_host.rpartition(":")
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
-        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest))
+        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest,
+                                         view.secret, self.store_bind[0]))
         if self.proc is not None:
             self.given_generation = view.generation
 

@@ -192,7 +192,8 @@ _SCHEMAS: dict[EntryKind, Any] = {
     EntryKind.MEMBER_DEAD: lambda p: _is_str(p.get("node_id"), nonempty=True),
     EntryKind.VIEW: lambda p: _is_int(p.get("generation"), 1)
     and _is_ids(p.get("members"), nonempty=True)
-    and _is_str(p.get("store_host")),
+    and _is_str(p.get("store_host"))
+    and _is_str(p.get("secret", "")),
     EntryKind.CHECKPOINT: lambda p: _is_int(p.get("step"))
     and _is_str(p.get("digest"), nonempty=True)
     and _is_ids(p.get("holders"))

@@ -39,11 +39,13 @@ class Member:
 
 @dataclass(frozen=True, slots=True)
 class View:
-    """A training group view: one per generation, members in rank order, the rendezvous host."""
+    """A training group view: one per generation, members in rank order, the rendezvous host, and
+    the random secret the leader drew for the generation's rendezvous ("" in views from before)."""
 
     generation: int
     members: tuple[str, ...]
     store_host: str
+    secret: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +184,7 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
     absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) != "active"]
     if absent:
         return f"view names members that are not active: {absent}"
-    w.view = View(p["generation"], tuple(p["members"]), p["store_host"])
+    w.view = View(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
     return ""
 
 
@@ -252,7 +254,8 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "members": {k: [m.addr, m.status, m.joined_index, m.store_port, m.ready] for k, m in s.members.items()},
         "voters": list(s.voters),
         "learners": list(s.learners),
-        "view": None if s.view is None else [s.view.generation, list(s.view.members), s.view.store_host],
+        "view": None if s.view is None else [s.view.generation, list(s.view.members), s.view.store_host,
+                                             s.view.secret],
         "checkpoint": None
         if s.checkpoint is None
         else [s.checkpoint.step, s.checkpoint.digest, list(s.checkpoint.holders), s.checkpoint.final],
@@ -294,9 +297,10 @@ def _from_dict(d: Any) -> ClusterState:
         members[nid] = Member(addr, status, joined, store_port, ready)
     view = None
     if d["view"] is not None:
-        gen, vmembers, host = d["view"]
-        _need(type(gen) is int and gen >= 1 and type(host) is str, "view")
-        view = View(gen, _ids(vmembers), host)
+        gen, vmembers, host, *rest = d["view"]  # a state from before view secrets has no fourth field
+        secret = rest[0] if rest else ""
+        _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str and len(rest) <= 1, "view")
+        view = View(gen, _ids(vmembers), host, secret)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

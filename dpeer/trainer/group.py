@@ -1,9 +1,10 @@
 """Process-group (re)formation in place, one generation at a time.
 
 A TCPStore outlives the groups: the worker of the view's first member hosts it on
-``store_host:store_port`` (bound to exactly that address), the others keep one client connection
-per store address. Each generation rendezvous under its own ``PrefixStore(f"gen{g}")`` (a reused
-prefix hangs, pytorch#55967). Re-forming drops every reference to the old group, destroys it and
+``store_host:store_port`` (bound to exactly its own configured address), the others keep one client
+connection per store address. Each generation rendezvous under its own prefix (a reused prefix
+hangs, pytorch#55967), ``gen{g}`` plus a tag derived from the generation's secret, so only members
+can write the keys the group forms from; Gloo binds the configured address only. Re-forming drops every reference to the old group, destroys it and
 runs ``gc.collect()`` before the new ``init_process_group``: a live traceback keeps the old group
 alive and leaves other survivors blocked (pytorch#107298, DESIGN "Training").
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import hashlib
+import hmac
 import os
 import socket
 import threading
@@ -46,12 +49,51 @@ class Superseded(GroupError):
 
 @dataclass(frozen=True)
 class Membership:
-    """This process's place in the formed group."""
+    """This process's place in the formed group; heal_key authenticates the heal stream (b"" when the
+    view carried no secret)."""
 
     generation: int
     rank: int
     world: int
     members: tuple[str, ...]
+    heal_key: bytes = b""
+
+
+def derive(secret: str, purpose: str, generation: int) -> bytes:
+    """A key for one purpose of one generation from its secret (HMAC-SHA256), so the secret itself
+    never crosses the data plane, which has no encryption."""
+    return hmac.new(secret.encode(), f"dpeer/{purpose}/{generation}".encode(), hashlib.sha256).digest()
+
+
+def rendezvous_prefix(view: View) -> str:
+    """The store prefix of a generation's keys: gen{g}, and with a secret a tag derived from it, so a
+    store client that is not a member (it never learned the secret) cannot write keys the members read."""
+    if not view.secret:
+        return f"gen{view.generation}"
+    return f"gen{view.generation}-{derive(view.secret, 'rendezvous', view.generation).hex()[:32]}"
+
+
+class _BoundGloo:
+    """Gloo with its device bound to one address: torch pins Gloo only to a whole interface
+    (GLOO_SOCKET_IFNAME), which may hold other addresses; a registered backend can pass the device."""
+
+    name = "dpeergloo"
+    host: str | None = None
+
+    @classmethod
+    def on(cls, host: str) -> str:
+        """The backend name that makes this process's next group listen on exactly host."""
+        if cls.host is None:
+            dist.Backend.register_backend(cls.name, cls._make, devices=["cpu"])
+        cls.host = host
+        return cls.name
+
+    @classmethod
+    def _make(cls, store: dist.Store, rank: int, size: int, timeout: dt.timedelta) -> dist.ProcessGroupGloo:
+        options = dist.ProcessGroupGloo._Options()
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=cls.host)]
+        return dist.ProcessGroupGloo(store, rank, size, options)
 
 
 def _accepts(host: str, port: int, timeout: float) -> bool:
@@ -198,22 +240,25 @@ class GroupManager:
         rank = view.rank_of(self.node_id)
         if rank is None:
             raise GroupError(f"{self.node_id} is not a member of generation {view.generation}")
-        if self.backend == "gloo" and view.store_host in _LOOPBACK:
+        backend = self.backend
+        if self.backend == "gloo" and view.bind_host:
+            backend = _BoundGloo.on(view.bind_host)
+        elif self.backend == "gloo" and view.store_host in _LOOPBACK:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if self.backend == "nccl":
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         deadline = time.monotonic() + self.init_timeout
         if rank == 0:
-            store = self._host_store(view.store_host, view.store_port)
+            store = self._host_store(view.bind_host or view.store_host, view.store_port)
         else:
             store = self._client_store(view.store_host, view.store_port, deadline, superseded)
-        prefix = dist.PrefixStore(f"gen{view.generation}", store)
+        prefix = dist.PrefixStore(rendezvous_prefix(view), store)
         failure: GroupError | None = None
         try:
             self._rendezvous(prefix, view, superseded, deadline)
             dist.init_process_group(
-                self.backend, store=prefix, rank=rank, world_size=len(view.members),
+                backend, store=prefix, rank=rank, world_size=len(view.members),
                 timeout=dt.timedelta(seconds=self.init_timeout),
                 device_id=self.device if self.backend == "nccl" else None,
             )
@@ -225,7 +270,8 @@ class GroupManager:
         if failure is not None:
             self.destroy()
             raise failure
-        self.membership = Membership(view.generation, rank, len(view.members), tuple(view.members))
+        heal_key = derive(view.secret, "heal", view.generation) if view.secret else b""
+        self.membership = Membership(view.generation, rank, len(view.members), tuple(view.members), heal_key)
         self.set_timeout(self._collective_timeout)
         return self.membership
 

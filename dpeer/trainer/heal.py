@@ -11,6 +11,8 @@ next to the link speed here, so a retry from scratch is the simple, correct choi
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import time
@@ -71,6 +73,10 @@ def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: torch.devi
     return tensor_bytes(buf)
 
 
+def _tag(key: bytes, header: bytes) -> bytes:
+    return hmac.new(key, header, hashlib.sha256).digest()
+
+
 def _byte_range(total: int, n_chunks: int, first: int, end: int) -> tuple[int, int]:
     return shard_bounds(total, first, n_chunks)[0], shard_bounds(total, end - 1, n_chunks)[1]
 
@@ -95,10 +101,14 @@ def heal(
     digest: Callable[[], str],
     n_chunks: int | None = None,
     device: torch.device = torch.device("cpu"),
+    key: bytes = b"",
 ) -> HealResult:
     """Bring every rank of the new group to the highest step among them (collective: all ranks call).
 
     ``device`` is where collective buffers live (cuda for NCCL); the state itself is staged on CPU.
+    ``key`` (the generation's heal key, the same on every rank) authenticates the stream: the
+    primary donor sends an HMAC of the header, which names the payload's sha256, and a receiver
+    takes nothing whose tag does not verify.
     """
     t0 = time.monotonic()
     chunks = n_chunks or max(1, world - 1)
@@ -110,6 +120,10 @@ def heal(
         blob = capture() if is_donor else None
         primary = plan.donors[0]
         header = _broadcast_bytes(blob.header_bytes() if rank == primary else None, primary, rank, device)
+        if key:
+            tag = _broadcast_bytes(_tag(key, header) if rank == primary else None, primary, rank, device)
+            if rank in plan.receivers and not hmac.compare_digest(tag, _tag(key, header)):
+                raise HealError("the heal header's authentication tag does not verify; refusing the state")
         total = int(json.loads(header.decode())["payload_len"])
         buf = torch.empty(total, dtype=torch.uint8, device=device) if rank in plan.receivers else None
         payload = blob.payload.to(device) if blob is not None else None

@@ -275,7 +275,8 @@ class Trainer:
             m = self.group.form(view, lambda: self._peek_newest() > view.generation)
             t_formed = time.monotonic()
             self.group.set_timeout(self.cfg.init_timeout)
-            result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest, device=self.group.device)
+            result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest, device=self.group.device,
+                          key=m.heal_key)
             self._timeout = self.cfg.init_timeout
             self._adapt_timeout()
             self._digest_next = True  # a replica that healed wrong differs from its first step on

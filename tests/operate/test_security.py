@@ -3,46 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
-import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
-from dpeer.peer.transport.options import TLS_SERVER_NAME, Security
+from dpeer.peer.transport.options import Security
 from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, status_of, wait_until
-
-needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="the openssl command is not installed")
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+from tests.security.conftest import make_pki
 
 
-def make_ca(d: Path, name: str) -> None:
-    """A self-signed CA: name.key, name.pem."""
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "2", "-subj", f"/CN={name}",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign", cwd=d)
-
-
-def make_cert(d: Path, ca: str, name: str) -> None:
-    """A node certificate for DNS:dpeer signed by ca: name.key, name.pem."""
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-    (d / f"{name}.ext").write_text(f"subjectAltName=DNS:{TLS_SERVER_NAME}\n"
-                                   "extendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n")
-    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
-
-
-def config(d: Path, name: str, cert: str | None, ca: str | None, token: str | None) -> Path:
-    """A YAML config with the given TLS identity (cert name) and CA, and a token file holding token."""
+def config(d: Path, name: str, cert: tuple[Path, Path] | None, ca: Path | None, token: str | None) -> Path:
+    """A YAML config with the given TLS identity (certificate, key) and CA, and a token file holding token."""
     security: dict[str, str] = {}
-    if cert is not None:
-        security.update(tls_cert=str(d / f"{cert}.pem"), tls_key=str(d / f"{cert}.key"), tls_ca=str(d / f"{ca}.pem"))
+    if cert is not None and ca is not None:
+        security.update(tls_cert=str(cert[0]), tls_key=str(cert[1]), tls_ca=str(ca))
     if token is not None:
         (d / f"{name}.token").write_text(token + "\n")
         security["cluster_token_file"] = str(d / f"{name}.token")
@@ -58,18 +33,13 @@ def security_of(path: Path) -> Security:
     return Security.from_files(s.tls_cert, s.tls_key, s.tls_ca, s.cluster_token_file)
 
 
-@needs_openssl
 def test_mutual_tls_and_cluster_token(daemons, tmp_path: Path) -> None:
-    d = tmp_path / "pki"
-    d.mkdir()
-    make_ca(d, "ca")
-    make_ca(d, "otherca")
-    for name in ("n1", "n2", "op"):
-        make_cert(d, "ca", name)
-    make_cert(d, "otherca", "rogue")
-    token = "s3cret-cluster-token"
-    c1, c2 = config(d, "n1", "n1", "ca", token), config(d, "n2", "n2", "ca", token)
-    operator = config(d, "op", "op", "ca", token)
+    pki = make_pki(tmp_path / "pki")
+    d = pki.root
+    token = pki.token.read_text().strip()
+    c1, c2 = config(d, "n1", pki.files("node-n1"), pki.ca, token), config(d, "n2", pki.files("node-n2"), pki.ca, token)
+    op = pki.files("operator-alice")
+    operator = config(d, "op", op, pki.ca, token)
     n1 = daemons.start("n1", config=c1)
     n2 = daemons.start("n2", join=[n1.addr], config=c2)
     good = security_of(operator)
@@ -83,9 +53,9 @@ def test_mutual_tls_and_cluster_token(daemons, tmp_path: Path) -> None:
 
     # Refused: plaintext; a certificate from another CA; the right certificate without the token
     # or with a wrong one.
-    no_token = config(d, "notoken", "op", "ca", None)
-    wrong_token = config(d, "wrongtoken", "op", "ca", "not-the-token")
-    rogue = config(d, "rogue", "rogue", "otherca", token)
+    no_token = config(d, "notoken", op, pki.ca, None)
+    wrong_token = config(d, "wrongtoken", op, pki.ca, "not-the-token")
+    rogue = config(d, "rogue", pki.files("node-n1", other_ca=True), pki.root / "other" / "ca.pem", token)
     refusals = cli_many([
         ["status", "--addr", n1.addr, "--timeout", "3"],
         ["status", "--addr", n1.addr, "--timeout", "3", "--config", str(rogue)],
@@ -118,7 +88,7 @@ def test_mutual_tls_and_cluster_token(daemons, tmp_path: Path) -> None:
 
     # A peer with a good certificate but no token cannot join.
     seen = len(refusal_logged())
-    n3 = daemons.start("n3", join=[n1.addr], config=config(d, "n3", "n2", "ca", None))
+    n3 = daemons.start("n3", join=[n1.addr], config=config(d, "n3", pki.files("node-n3"), pki.ca, None))
     wait_until(lambda: len(refusal_logged()) > seen and any("cluster token" in r.get("msg", "") for r in n3.log_lines()),
                WAIT, "n3 to try joining and n1 to refuse it")
     doc = asyncio.run(status_of(n1.addr, good))

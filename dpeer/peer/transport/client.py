@@ -12,7 +12,13 @@ import grpc
 
 from dpeer.peer import errors
 from dpeer.peer.transport.faults import FaultHook
-from dpeer.peer.transport.options import MAX_BATCH_MESSAGES, Security, call_metadata, open_channel
+from dpeer.peer.transport.options import (
+    MAX_BATCH_MESSAGES,
+    Security,
+    call_metadata,
+    forwarding_metadata,
+    open_channel,
+)
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
 
@@ -280,12 +286,15 @@ class NodeClient:
     """Request/response calls to one node, raising PeerErrors with one clear sentence."""
 
     def __init__(
-        self, addr: str, security: Security | None = None, timeout: float = 5.0, channels: Channels | None = None
+        self, addr: str, security: Security | None = None, timeout: float = 5.0, channels: Channels | None = None,
+        on_behalf_of: str | None = None,
     ) -> None:
+        """on_behalf_of: the caller (ROLE/NAME) a node forwards this command for (see peer.auth)."""
         self.addr = addr
         self._channels = channels or Channels(security or Security())
         self._own = channels is None
         self._timeout = timeout
+        self._metadata = forwarding_metadata(self._channels.metadata, on_behalf_of)
 
     async def __aenter__(self) -> "NodeClient":
         return self
@@ -297,7 +306,7 @@ class NodeClient:
     async def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         rpc = getattr(self._channels.stub(self.addr), method)
         try:
-            return await rpc(request, timeout=timeout or self._timeout, metadata=self._channels.metadata)
+            return await rpc(request, timeout=timeout or self._timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, self.addr) from None
 
@@ -352,7 +361,7 @@ class NodeClient:
     async def fetch_entries(self, from_index: int, to_index: int, node_id: str, timeout: float = 30.0) -> AsyncIterator[pb.EntryChunk]:
         """Stream committed entries [from_index, to_index] from the node."""
         request = pb.FetchEntriesRequest(node_id=node_id, from_index=from_index, to_index=to_index)
-        call = self._channels.stub(self.addr).FetchEntries(request, timeout=timeout, metadata=self._channels.metadata)
+        call = self._channels.stub(self.addr).FetchEntries(request, timeout=timeout, metadata=self._metadata)
         try:
             async for chunk in call:
                 yield chunk
@@ -362,7 +371,7 @@ class NodeClient:
     async def fetch_snapshot(self, node_id: str, offset: int = 0, timeout: float = 60.0) -> AsyncIterator[pb.SnapshotChunk]:
         """Stream the node's newest snapshot from offset on."""
         request = pb.FetchSnapshotRequest(node_id=node_id, offset=offset)
-        call = self._channels.stub(self.addr).FetchSnapshot(request, timeout=timeout, metadata=self._channels.metadata)
+        call = self._channels.stub(self.addr).FetchSnapshot(request, timeout=timeout, metadata=self._metadata)
         try:
             async for chunk in call:
                 yield chunk

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import grpc
 
+from dpeer.peer.auth import ON_BEHALF_OF, TLS_SERVER_NAME, Mode, mode_of
+
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 """Largest single message either side accepts; bulk data travels in chunks below this."""
 
@@ -14,8 +16,6 @@ MAX_BATCH_MESSAGES = 256
 """Most envelopes one EnvelopeBatch on a peer's Stream may carry."""
 
 TOKEN_HEADER = "x-dpeer-token"
-TLS_SERVER_NAME = "dpeer"
-"""Peer certificates carry this DNS name, so boxes can move between addresses (NAT, clouds)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,11 @@ class Security:
     def tls(self) -> bool:
         """True when peers must present certificates signed by our CA."""
         return self.cert is not None
+
+    @property
+    def mode(self) -> Mode:
+        """Which of mutual TLS and the cluster token this node requires."""
+        return mode_of(self.tls, bool(self.token))
 
 
 STREAM_WINDOW_BYTES = 4 * 1024 * 1024
@@ -90,3 +95,8 @@ def open_channel(addr: str, security: Security) -> grpc.aio.Channel:
 def call_metadata(security: Security) -> tuple[tuple[str, str], ...]:
     """Metadata sent with every call: the cluster token when one is set."""
     return ((TOKEN_HEADER, security.token),) if security.token else ()
+
+
+def forwarding_metadata(metadata: tuple[tuple[str, str], ...], on_behalf_of: str | None) -> tuple[tuple[str, str], ...]:
+    """metadata plus the caller a node forwards a command for (auth.ON_BEHALF_OF), when there is one."""
+    return metadata + ((ON_BEHALF_OF, on_behalf_of),) if on_behalf_of else metadata

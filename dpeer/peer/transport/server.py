@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 import grpc
 
-from dpeer.peer import errors
+from dpeer.peer import auth, errors
 from dpeer.peer.transport.options import (
     HTTP2_OPTIONS,
     MAX_BATCH_MESSAGES,
@@ -77,46 +78,53 @@ class PeerHandler(Protocol):
         """Stream a checkpoint file this node holds, from request.offset on."""
 
 
-class TokenCheck(grpc.aio.ServerInterceptor):
-    """Refuses, and logs, every call that lacks the cluster token."""
+class Guard:
+    """Admits or refuses each call before its handler runs: the cluster token, the caller's role from
+    its certificate, and the node ids the request speaks for (dpeer.peer.auth). Every refusal is
+    counted by method and reason, and logged once per peer, method and reason per interval."""
 
-    def __init__(self, token: str) -> None:
-        self._token = token.encode()
+    def __init__(self, security: Security, clock: Callable[[], float] = time.monotonic) -> None:
+        self.mode = security.mode
+        self._token = security.token.encode() if security.token else None
+        self._clock = clock
+        self._quiet = auth.RefusalLog()
+        self.refusals: dict[tuple[str, auth.Refusal], int] = {}
 
-    async def intercept_service(
-        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """Pass calls with the right token on; answer the rest with UNAUTHENTICATED."""
-        sent = dict(details.invocation_metadata or ()).get(TOKEN_HEADER, "")
-        if hmac.compare_digest(str(sent).encode(), self._token):
-            return await continuation(details)
-        log.warning("refused a call to %s: missing or wrong cluster token", details.method)
-        return _deny_stream if details.method == STREAM_METHOD else _deny
+    def principal(self, context: grpc.aio.ServicerContext) -> auth.Principal | tuple[auth.Refusal, str]:
+        """Who calls (after the token gate), or why the call is refused before it is even read."""
+        metadata = dict(context.invocation_metadata() or ())
+        if self._token is not None and not hmac.compare_digest(str(metadata.get(TOKEN_HEADER, "")).encode(),
+                                                               self._token):
+            return auth.Refusal.UNAUTHENTICATED, "this cluster requires its cluster token (missing or wrong)"
+        if self.mode in (auth.Mode.MTLS, auth.Mode.MTLS_TOKEN):
+            uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", ())]
+            caller = auth.principal_from_uris(uris)
+            return auth.effective(caller, metadata.get(auth.ON_BEHALF_OF))
+        return auth.Principal(auth.Role.TOKEN) if self._token is not None else auth.ANONYMOUS
+
+    def refuse(self, context: grpc.aio.ServicerContext, method: str, refusal: auth.Refusal, why: str,
+               caller: auth.Principal | None = None) -> None:
+        """Count a refusal and log it unless this peer's refusals of this method were logged lately."""
+        key = (method, refusal)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
+        peer = _peer_host(context.peer() or "")
+        held = self._quiet.should_log(peer, f"{method}/{refusal.value}", self._clock())
+        if held is not None:
+            more = f" ({held} more from this peer since the last such line)" if held else ""
+            log.warning("refused a call to %s from %s (%s): %s: %s%s", method, peer, caller or "unauthenticated",
+                        refusal.value, why, more)
 
 
-async def _deny_call(request: object, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "this cluster requires its cluster token")
+def _peer_host(peer: str) -> str:
+    """ipv4:1.2.3.4:5678 -> 1.2.3.4 (a fuzzer's fresh connections share one key)."""
+    kind, _, rest = peer.partition(":")
+    return rest.rsplit(":", 1)[0] if kind in ("ipv4", "ipv6") else peer[:80]
 
 
-STREAM_METHOD = "/dpeer.v1.Peer/Stream"
-_deny = grpc.unary_unary_rpc_method_handler(_deny_call)
-_deny_stream = grpc.stream_unary_rpc_method_handler(_deny_call)
-
-
-async def _unary(context: grpc.aio.ServicerContext, call: Awaitable[object]) -> object:
-    try:
-        return await call
-    except errors.PeerError as exc:
-        await context.abort(_CODES.get(type(exc), grpc.StatusCode.UNKNOWN), str(exc))
-
-
-async def _stream(context: grpc.aio.ServicerContext, items: AsyncIterator[object]) -> AsyncIterator[object]:
-    try:
-        async for item in items:
-            yield item
-    except errors.PeerError as exc:
-        await context.abort(_CODES.get(type(exc), grpc.StatusCode.UNKNOWN), str(exc))
+_ABORT_CODES = {auth.Refusal.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
+                auth.Refusal.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+                auth.Refusal.IDENTITY: grpc.StatusCode.PERMISSION_DENIED,
+                auth.Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT}
 
 
 class Malformed:
@@ -138,119 +146,116 @@ def _safe(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], ob
     return deserialize
 
 
-class _Servicer(pbg.PeerServicer):
-    """Adapts gRPC calls to the handler, turning PeerErrors into status codes.
+_HANDLERS = {"Deliver": "deliver", "Join": "join", "Leave": "leave", "GroupFailed": "group_failed",
+             "Force": "force", "ReportCheckpoint": "report_checkpoint", "KvPut": "kv_put", "KvGet": "kv_get",
+             "FetchEntries": "fetch_entries", "FetchSnapshot": "fetch_snapshot", "JobControl": "job_control",
+             "FetchCheckpoint": "fetch_checkpoint"}
 
-    Undecodable request bytes are answered INVALID_ARGUMENT (not gRPC's UNKNOWN with a
-    Python exception text), logged, and counted through the handler's `note_malformed`.
+
+class _Servicer:
+    """Adapts gRPC calls to the handler: the Guard admits each call (token, role, claimed node ids)
+    before the handler sees it, and PeerErrors become status codes.
+
+    Undecodable request bytes are answered INVALID_ARGUMENT (not gRPC's UNKNOWN with a Python
+    exception text), counted through the handler's `note_malformed`, and logged as refusals.
     """
 
-    def __init__(self, handler: PeerHandler) -> None:
+    def __init__(self, handler: PeerHandler, guard: Guard) -> None:
         self._h = handler
+        self.guard = guard
         self.streams: set[asyncio.Task] = set()
 
-    def _malformed(self, request: Malformed) -> str:
-        log.warning("refused an undecodable %s request (%d bytes): %s", request.method, request.size, request.reason)
-        self._h.note_malformed(request.method)
-        return f"the {request.method} request is not a valid protobuf message"
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, refusal: auth.Refusal, why: str,
+                     caller: auth.Principal | None = None) -> None:
+        self.guard.refuse(context, method, refusal, why, caller)
+        await context.abort(_ABORT_CODES[refusal], why)
 
-    async def _refuse(self, context: grpc.aio.ServicerContext, request: Malformed) -> None:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, self._malformed(request))
-
-    async def Deliver(self, request: pb.Envelope, context: grpc.aio.ServicerContext) -> pb.Delivered:
+    async def _admit(self, method: str, request: object, context: grpc.aio.ServicerContext) -> auth.Principal:
+        """The caller, once the token, the request's shape and the policy all allow the call (else abort)."""
+        caller = self.guard.principal(context)
+        if isinstance(caller, tuple):
+            await self._abort(context, method, *caller)
+        assert isinstance(caller, auth.Principal)
         if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        await _unary(context, self._h.deliver(request))
-        return pb.Delivered()
+            self._h.note_malformed(method)
+            await self._abort(context, method, auth.Refusal.INVALID,
+                              f"undecodable {method} request: not a valid protobuf message ({request.size} "
+                              f"bytes: {request.reason})", caller)
+        refused = auth.authorize(self.guard.mode, method, request, caller)
+        if refused is not None:
+            await self._abort(context, method, *refused, caller)
+        auth.CALLER.set(caller)
+        return caller
+
+    async def _failed(self, context: grpc.aio.ServicerContext, method: str, exc: errors.PeerError,
+                      caller: auth.Principal) -> None:
+        if isinstance(exc, errors.BadRequest):
+            self.guard.refuse(context, method, auth.Refusal.INVALID, str(exc), caller)
+        await context.abort(_CODES.get(type(exc), grpc.StatusCode.UNKNOWN), str(exc))
+
+    def unary(self, method: str) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]:
+        """The gRPC handler of a unary method."""
+        reply = _TYPES[method][1]
+
+        async def call(request: object, context: grpc.aio.ServicerContext) -> object:
+            caller = await self._admit(method, request, context)
+            try:
+                if method == "Status":
+                    return await self._h.status()
+                result = await getattr(self._h, _HANDLERS[method])(request)
+                return reply() if result is None else result
+            except errors.PeerError as exc:
+                await self._failed(context, method, exc, caller)
+
+        return call
+
+    def streaming(self, method: str) -> Callable[[object, grpc.aio.ServicerContext], AsyncIterator[object]]:
+        """The gRPC handler of a server-streaming fetch (an async generator: grpc.aio streams only those)."""
+
+        async def call(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+            caller = await self._admit(method, request, context)
+            try:
+                async for item in getattr(self._h, _HANDLERS[method])(request):
+                    yield item
+            except errors.PeerError as exc:
+                await self._failed(context, method, exc, caller)
+
+        return call
 
     async def Stream(self, requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> pb.Delivered:
         """Each batch's envelopes are delivered in order, each as Deliver would; one that the handler
-        refuses is counted and logged there and the stream goes on. An undecodable or oversized
-        batch ends the stream with INVALID_ARGUMENT."""
+        refuses is counted and logged (quietly) and the stream goes on. An undecodable or oversized
+        batch, or one that speaks for another node, ends the stream."""
         task = asyncio.current_task()
         if task is not None:
             self.streams.add(task)
         try:
+            caller = await self._admit("Stream", pb.EnvelopeBatch(), context)
             await context.send_initial_metadata(())
             async for batch in requests:
-                if isinstance(batch, Malformed):
-                    await self._refuse(context, batch)
-                if len(batch.envelopes) > MAX_BATCH_MESSAGES:
-                    self._h.note_malformed("Stream")
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"a batch carries at most {MAX_BATCH_MESSAGES} envelopes")
-                for envelope in batch.envelopes:
-                    try:
-                        await self._h.deliver(envelope)
-                    except errors.PeerError:
-                        pass
+                await self._batch(batch, caller, context)
         finally:
             self.streams.discard(task)
         return pb.Delivered()
 
-    async def FetchEntries(self, request: pb.FetchEntriesRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
-        # An async generator function: grpc.aio only streams what such a function yields.
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        async for item in _stream(context, self._h.fetch_entries(request)):
-            yield item
-
-    async def FetchSnapshot(self, request: pb.FetchSnapshotRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        async for item in _stream(context, self._h.fetch_snapshot(request)):
-            yield item
-
-    async def Join(self, request: pb.JoinRequest, context: grpc.aio.ServicerContext) -> pb.JoinReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.join(request))
-
-    async def Leave(self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext) -> pb.LeaveReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.leave(request))
-
-    async def GroupFailed(self, request: pb.GroupFailedRequest, context: grpc.aio.ServicerContext) -> pb.GroupFailedReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.group_failed(request))
-
-    async def Force(self, request: pb.ForceRequest, context: grpc.aio.ServicerContext) -> pb.ForceReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.force(request))
-
-    async def ReportCheckpoint(self, request: pb.CheckpointReport, context: grpc.aio.ServicerContext) -> pb.CheckpointReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.report_checkpoint(request))
-
-    async def Status(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.StatusReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.status())
-
-    async def KvPut(self, request: pb.KvPutRequest, context: grpc.aio.ServicerContext) -> pb.KvPutReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.kv_put(request))
-
-    async def KvGet(self, request: pb.KvGetRequest, context: grpc.aio.ServicerContext) -> pb.KvGetReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.kv_get(request))
-
-    async def JobControl(self, request: pb.JobControlRequest, context: grpc.aio.ServicerContext) -> pb.JobControlReply:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        return await _unary(context, self._h.job_control(request))
-
-    async def FetchCheckpoint(self, request: pb.FetchCheckpointRequest, context: grpc.aio.ServicerContext) -> AsyncIterator:
-        if isinstance(request, Malformed):
-            await self._refuse(context, request)
-        async for item in _stream(context, self._h.fetch_checkpoint(request)):
-            yield item
+    async def _batch(self, batch: object, caller: auth.Principal, context: grpc.aio.ServicerContext) -> None:
+        if isinstance(batch, Malformed):
+            self._h.note_malformed("Stream")
+            await self._abort(context, "Stream", auth.Refusal.INVALID, "undecodable Stream batch: not a valid "
+                              f"protobuf message ({batch.size} bytes: {batch.reason})", caller)
+        assert isinstance(batch, pb.EnvelopeBatch)
+        if len(batch.envelopes) > MAX_BATCH_MESSAGES:
+            self._h.note_malformed("Stream")
+            await self._abort(context, "Stream", auth.Refusal.INVALID,
+                              f"a batch carries at most {MAX_BATCH_MESSAGES} envelopes", caller)
+        refused = auth.authorize(self.guard.mode, "Stream", batch, caller)
+        if refused is not None:
+            await self._abort(context, "Stream", *refused, caller)
+        for envelope in batch.envelopes:
+            try:
+                await self._h.deliver(envelope)
+            except errors.PeerError as exc:
+                self.guard.refuse(context, "Stream", auth.Refusal.INVALID, str(exc), caller)
 
 
 _UU, _US, _SU = (grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler,
@@ -270,12 +275,14 @@ _TYPES = {
 
 
 def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
-    """pbg.add_PeerServicer_to_server, with request deserializers that never raise."""
+    """Every Peer method, guarded, with request deserializers that never raise."""
     handlers = {}
     for method, (request, reply, make) in _TYPES.items():
-        handlers[method] = make(getattr(servicer, method), request_deserializer=_safe(method, request.FromString),
+        fn = servicer.Stream if make is _SU else servicer.streaming(method) if make is _US else servicer.unary(method)
+        handlers[method] = make(fn, request_deserializer=_safe(method, request.FromString),
                                 response_serializer=reply.SerializeToString)
     assert set(handlers) == {m for m in dir(pbg.PeerServicer) if not m.startswith("_")}, "a Peer method is unserved"
+    assert set(handlers) == set(auth.NEEDS), "a Peer method has no access policy"
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("dpeer.v1.Peer", handlers),))
     server.add_registered_method_handlers("dpeer.v1.Peer", handlers)
 
@@ -285,6 +292,11 @@ class PeerServer:
 
     def __init__(self, server: grpc.aio.Server, servicer: _Servicer) -> None:
         self._server, self._servicer = server, servicer
+
+    @property
+    def refusals(self) -> dict[tuple[str, auth.Refusal], int]:
+        """Calls refused so far, by method and reason."""
+        return self._servicer.guard.refusals
 
     async def stop(self, grace: float) -> None:
         """End peers' message streams at once (they carry nothing in flight worth the wait), then
@@ -296,9 +308,7 @@ class PeerServer:
 
 async def serve(listen: str, handler: PeerHandler, security: Security) -> PeerServer:
     """Bind exactly `listen` and start serving; OSError when the address cannot be bound."""
-    interceptors = [TokenCheck(security.token)] if security.token else []
     server = grpc.aio.server(
-        interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -306,7 +316,7 @@ async def serve(listen: str, handler: PeerHandler, security: Security) -> PeerSe
             *HTTP2_OPTIONS,
         ],
     )
-    servicer = _Servicer(handler)
+    servicer = _Servicer(handler, Guard(security))
     _add_servicer(servicer, server)
     try:
         if security.tls:
