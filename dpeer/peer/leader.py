@@ -19,7 +19,7 @@ from dpeer.peer.errors import PeerError
 from dpeer.peer.failures import REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_failure, reform_delay
 from dpeer.peer.node import Node
 from dpeer.peer.views import (
-    Decision, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members,
+    Decision, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
 )
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState
@@ -29,6 +29,9 @@ log = logging.getLogger("dpeer.leader")
 # Per preset: how long wanted members must hold still before a view change (folds several
 # failures into one generation), and how long a voter may stay dead before a learner replaces it.
 QUIET_WINDOW = {"lan": 0.1, "wan": 0.5, "edge": 2.0}
+# The quiet window when the group itself reported the failure of the members gossip suspects
+# (views.quiet_window): long enough to fold boxes lost together, short on the kill path.
+CONFIRMED_QUIET = {"lan": 0.02, "wan": 0.1, "edge": 0.5}
 DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
 # How long a failed group waits for gossip to explain the failure (a dead or hung member) before
 # it is re-formed with the same members under a new generation. A member gossip already suspects
@@ -50,6 +53,8 @@ class LeaderChores:
     ) -> None:
         self.node = node
         self.quiet = QUIET_WINDOW[preset]
+        self.confirmed_quiet = CONFIRMED_QUIET[preset]
+        self._before: list[str] | None = None
         self.grace = DEAD_VOTER_GRACE[preset]
         self.self_store_port = self_store_port
         self.self_ready = self_ready
@@ -118,11 +123,13 @@ class LeaderChores:
             if before is None and state.view is not None:
                 before = list(state.view.members)
             self._changed_at = change_began(before, members, observed, now)
-            self._wanted = members
+            self._wanted, self._before = members, before
         ports = {n: state.members[n].store_port for n in members}
         delay = reform_delay(self.failures_in_a_row, self.failure_grace)
         failed = self.failed_generation if now - self._failed_at >= delay else 0
-        return decide_view(state, members, self._changed_at, now, self.quiet, ports, failed)
+        reported = state.view is not None and self.failed_generation == state.view.generation
+        quiet = quiet_window(self._before, members, observed, reported, self.quiet, self.confirmed_quiet)
+        return decide_view(state, members, self._changed_at, now, quiet, ports, failed)
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:
         """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""

@@ -171,6 +171,21 @@ def change_began(before: list[str] | None, after: list[str], observed: Mapping[s
     return min(now, max(times)) if times else now
 
 
+def quiet_window(
+    before: list[str] | None, after: list[str], observed: Mapping[str, Observed], group_failed: bool,
+    quiet: float, confirmed: float,
+) -> float:
+    """How long the wanted members must hold still: `quiet`, or the shorter `confirmed` when the
+    change only drops members that gossip suspects or holds dead and their group itself reported
+    the failure (a collective's connection reset is evidence enough). `confirmed` still folds a
+    burst of failures seen together (several boxes lost at once) into one view."""
+    dropped = set(before or ()) - set(after)
+    if not group_failed or not dropped or set(after) - set(before or ()):
+        return quiet
+    explained = all(observed.get(n) is not None and observed[n].state in ("suspect", "dead") for n in dropped)
+    return confirmed if explained else quiet
+
+
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
     store_port_of: Mapping[str, int], failed_generation: int = 0,

@@ -183,3 +183,19 @@ def test_the_last_voter_is_never_removed_even_when_it_left() -> None:
 def test_change_began_dates_a_gossip_drop_from_gossip(before, after, gossip, expected, why) -> None:
     observed = {n: Observed(s, f"{n}:1", t) for n, (s, t) in gossip.items()}
     assert change_began(before, after, observed, 10.0) == expected, why
+
+
+def test_quiet_window_is_short_only_for_drops_the_group_confirmed() -> None:
+    from dpeer.peer.views import quiet_window
+
+    seen = {"a": Observed("alive", "a:1", 0.0), "b": Observed("suspect", "b:1", 1.0), "c": Observed("alive", "c:1", 0.0)}
+    cases = [  # before, after, group failed, expected
+        (["a", "b", "c"], ["a", "c"], True, 0.02),   # a suspect dropped after its group failed
+        (["a", "b", "c"], ["a", "c"], False, 0.1),   # no report from the group: the full window
+        (["a", "b", "c"], ["a"], True, 0.1),         # c is alive: not explained by gossip
+        (["a", "b"], ["a", "c"], True, 0.1),         # a newcomer joins too
+        (["a", "c"], ["a", "c"], True, 0.1),         # nothing dropped (a same-member re-form)
+        (None, ["a"], True, 0.1),                    # no earlier members known
+    ]
+    for before, after, failed, expected in cases:
+        assert quiet_window(before, after, seen, failed, 0.1, 0.02) == expected, (before, after, failed)
