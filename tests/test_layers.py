@@ -12,7 +12,7 @@ IMPURE = {"asyncio", "grpc", "lmdb", "torch", "time", "socket", "subprocess"}
 PURE = [
     "statemachine/entry.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
     "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py",
-    "peer/views.py", "peer/resync.py", "peer/errors.py", "peer/checkpoints.py", "peer/worker_health.py",
+    "peer/views.py", "peer/resync.py", "peer/quorum.py", "peer/errors.py", "peer/checkpoints.py", "peer/worker_health.py",
     "trainer/decisions.py", "trainer/sampler.py",
     *[p.relative_to(ROOT).as_posix() for d in ("peer/membership", "peer/consensus", "sim")
       for p in sorted((ROOT / d).glob("*.py"))],

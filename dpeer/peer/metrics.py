@@ -31,6 +31,14 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
         ).labels(**labels)
         self.invalid = Gauge("dpeer_invalid_messages", "Peer messages refused as malformed", ["node"], registry=r).labels(**labels)
+        self.epoch = Gauge("dpeer_cluster_epoch", "Cluster epoch (+1 per forced reconfiguration)", ["node"],
+                           registry=r).labels(**labels)
+        self.forced = Counter("dpeer_forced_reconfigurations", "Forced reconfigurations this node started", ["node"],
+                              registry=r).labels(**labels)
+        self.force_refused = Counter("dpeer_force_refused", "Forced reconfigurations refused by the guard", ["node"],
+                                     registry=r).labels(**labels)
+        self.strangers = Gauge("dpeer_identity_conflicts", "Members seen under another store uid than the "
+                               "configuration names (lost disks)", ["node"], registry=r).labels(**labels)
         self._node = node_id
 
     def set_members(self, counts: dict[str, int]) -> None:

@@ -13,12 +13,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from dpeer.peer import codec
 from dpeer.peer.checkpoints import valid_digest
+from dpeer.peer.consensus import Refused
 from dpeer.peer.errors import BadRequest, Behind, Unavailable
 from dpeer.peer.node import Node
 from dpeer.peer.transport.client import Channels, NodeClient
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.errors import Compacted
+from dpeer.statemachine.meta import valid_uid
 
 log = logging.getLogger("dpeer.service")
 CHUNK_BYTES = 1 << 20
@@ -78,7 +80,7 @@ class Service:
             if not batch:
                 return
             yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=store.commit_index,
-                                term=store.current_term)
+                                term=store.current_term, uid=store.uid, epoch=self.node.raft.epoch)
             lo = batch[-1].index + 1
 
     async def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
@@ -113,13 +115,16 @@ class Service:
             raise BadRequest(str(exc)) from None
         if request.store_port > 65535:
             raise BadRequest(f"store_port {request.store_port} is not a port")
+        if not valid_uid(request.uid):
+            raise BadRequest("uid must be the joining node's store uid, 32 lowercase hex digits")
         if not self._leading():
-            return await self._leader_client().join(request.node_id, request.addr, request.store_port, request.ready)
+            return await self._leader_client().join(request.node_id, request.addr, request.store_port, request.ready,
+                                                    request.uid)
         member = self.node.store.state.members.get(request.node_id)
-        wanted = ("active", request.addr, request.store_port, request.ready)
-        if member is None or (member.status, member.addr, member.store_port, member.ready) != wanted:
+        wanted = ("active", request.addr, request.store_port, request.ready, request.uid)
+        if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
             payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port,
-                       "ready": request.ready}
+                       "ready": request.ready, "uid": request.uid}
             await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
@@ -179,13 +184,11 @@ class Service:
             _check_id(voter, "voter")
         if self.node.id not in voters:
             raise BadRequest("run force on one of the surviving voters and name it among --voters")
-        if self.node.role == "leader":
-            raise BadRequest("this node leads a working quorum; a forced reconfiguration is not needed")
-        try:
-            self.node.force(voters)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        return pb.ForceReply(term=self.node.store.current_term, reason="forced; campaigning under the new voters")
+        result = self.node.force(voters)
+        if isinstance(result, Refused):
+            raise BadRequest(f"force refused: {result.reason}")
+        return pb.ForceReply(term=self.node.store.current_term, epoch=self.node.raft.epoch,
+                             reason=f"forced; campaigning under the new voters in cluster epoch {self.node.raft.epoch}")
 
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""

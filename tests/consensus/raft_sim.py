@@ -91,9 +91,10 @@ class Cluster:
         self.storages: dict[str, MemoryStorage] = {}
         self.proposed = 0
         self.calm = False
+        self.uids = {nid: "%032x" % self.rng.getrandbits(128) for nid in self.ids}
         for nid in self.ids:
-            self.storages[nid] = MemoryStorage()
-            bootstrap(self.storages[nid], self.ids)
+            self.storages[nid] = MemoryStorage(self.uids[nid])
+            bootstrap(self.storages[nid], self.ids, uids=self.uids)
             self.sim.add(nid, self._actor(nid))
         self._cut_since: dict[tuple[str, str], float] = {}
         if detector:

@@ -183,3 +183,18 @@ def test_the_last_voter_is_never_removed_even_when_it_left() -> None:
 def test_change_began_dates_a_gossip_drop_from_gossip(before, after, gossip, expected, why) -> None:
     observed = {n: Observed(s, f"{n}:1", t) for n, (s, t) in gossip.items()}
     assert change_began(before, after, observed, 10.0) == expected, why
+
+
+def test_a_member_back_on_a_new_disk_is_removed_then_added_back_as_a_learner_with_its_new_uid() -> None:
+    old, new = "1" * 32, "2" * 32
+    ms = {"a": Member("10.0.0.1:7100", "active", 1, uid="a" * 32), "b": Member("10.0.0.2:7100", "active", 2, uid=new),
+          "c": Member("10.0.0.3:7100", "active", 3, uid="c" * 32)}
+    uids = {"a": "a" * 32, "b": old, "c": "c" * 32}
+    before = ClusterState(members=MappingProxyType(ms), voters=("a", "b", "c"), uids=MappingProxyType(uids), epoch=1)
+    gossip = seen(a="alive", b="alive", c="alive")
+    d = plan_voters(before, gossip, now=0.0, grace=30.0, max_voters=5)
+    assert (d.payload["op"], d.payload["node"]) == ("remove", "b") and "new disk" in d.reason
+    del uids["b"]
+    after = ClusterState(members=MappingProxyType(ms), voters=("a", "c"), uids=MappingProxyType(uids), epoch=1)
+    d = plan_voters(after, gossip, now=0.0, grace=30.0, max_voters=5)
+    assert dict(d.payload) == {"op": "add_learner", "node": "b", "uid": new}

@@ -163,7 +163,8 @@ class LeaderSide:
             return False
         conf = snap.membership
         self._send(peer, SnapshotRequest(self.term, self.id, snap.index, snap.term, snap.data,
-                                         tuple(sorted(conf.voters)), tuple(sorted(conf.learners))))
+                                         tuple(sorted(conf.voters)), tuple(sorted(conf.learners)), conf.uids,
+                                         conf.epoch, conf.forced_at))
         self.tracker.progress[peer].become_snapshot(snap.index, self._now)
         return True
 
