@@ -68,6 +68,7 @@ from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 
 log = logging.getLogger(__name__)
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
+_ANSWERS = (VoteResponse, AppendResponse, HeartbeatResponse)
 
 
 class Role(str, Enum):
@@ -111,6 +112,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
         self._learner_heartbeat_due = -math.inf
+        self._beat_idle = False
         self._read_seq = 0
         self._pending_reads: list[list[Any]] = []  # [request_id, index or None]
         self._leader_seen_at = now  # when a leader (or this node leading) was last known
@@ -196,8 +198,11 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
 
     def step(self, now: float, sender: Peer, msg: Message, to_uid: str) -> None:
         """Handle one message from sender, meant for the store to_uid; raises InvalidMessage on
-        absurd fields. A message meant for another store, or from a node the configuration names
-        with another uid, is dropped: neither side is the member the configuration means."""
+        absurd fields. A message meant for another store is dropped (a box back on a new disk
+        never answers for the store it replaced), and so is an answer (a vote, an
+        acknowledgement) from a node the configuration names with another uid, so it is never
+        counted. Requests are taken from anyone, as Raft's rule is: our configuration may be
+        older than the sender's, and the sender addressed this very store."""
         msg.validate()
         sender.validate()
         self._now = now
@@ -235,15 +240,13 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
         """Whether the core may act on a message of sender (see step)."""
         src, conf = sender.node_id, self.membership
         named = conf.uid_of(src)
-        if named is not None and named != sender.uid:
+        if named == sender.uid:
+            self._heard[src] = self._now
+            return True
+        if named is None and 0 < sender.epoch < conf.epoch:
+            self._refuse_old_epoch(sender, msg)
             return False
-        if named is None:
-            if 0 < sender.epoch < conf.epoch:
-                self._refuse_old_epoch(sender, msg)
-                return False
-            return not isinstance(msg, VoteRequest)
-        self._heard[src] = self._now
-        return True
+        return not isinstance(msg, _ANSWERS)
 
     def propose(self, kind: EntryKind | str, payload: Mapping[str, Any]) -> ProposeResult:
         """Append an entry as leader; config changes go through change_membership."""
@@ -428,16 +431,15 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
         self._tally()
 
     def _on_vote_request(self, src: str, m: VoteRequest, epoch: int) -> None:
-        """Grant iff we are a voter under our own uid, may vote for src in m.term, src follows
-        the newest epoch we know of, and its log is at least as up to date as ours."""
+        """Grant iff we may vote for src in m.term, src follows the newest epoch we know of, and
+        its log is at least as up to date as ours (the candidate counts the vote only if its
+        configuration names us with our uid)."""
         can_vote = (
             self.voted_for == src
             or (self.voted_for is None and self.leader is None)
             or (m.pre_vote and m.term > self.term)
         )
-        if not self.membership.is_voter(self.id, self.uid):
-            self._reply(VoteResponse(self.term, False, m.pre_vote, "not_a_voter"))
-        elif epoch < self.newest_epoch:
+        if epoch < self.newest_epoch:
             self._reply(VoteResponse(self.term, False, m.pre_vote, "old_epoch"))
         elif not can_vote:
             self._reply(VoteResponse(self.term, False, m.pre_vote, "already_voted"))

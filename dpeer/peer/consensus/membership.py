@@ -122,7 +122,7 @@ class Membership:
             l.discard(node)
         else:
             raise MembershipError(f"{op.value} {node!r} does not apply to {self.to_payload()}")
-        if len(v) > max_voters:
+        if len(v) > max_voters and len(v) > len(self.voters):
             raise MembershipError(f"voter cap {max_voters} reached; add {node!r} as a learner")
         if not v:
             raise MembershipError("a configuration needs at least one voter")
