@@ -172,6 +172,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
     if train:
         print(f"train step {train['step']}  samples {train['samples']}  loss {train['loss']}")
+    no_leader = doc.get("no_leader")
+    if no_leader:
+        print(f"no leader for {no_leader['since_s']:.0f}s: {no_leader['reason']}")
+        if no_leader["action"]:
+            print(f"what to do: {no_leader['action']}")
     return EXIT_OK
 
 

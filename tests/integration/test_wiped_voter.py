@@ -81,6 +81,8 @@ def test_two_voters_one_wiped_say_why_no_leader_and_force_brings_it_back(make_cl
         why = docs["n1"]["no_leader"]
         assert "1 of 2 voters can vote (n1), 2 needed" in why["reason"], why
         assert f"dpeer force --addr {n1.addr} --voters n1 --yes" in why["action"], why
+        human = cli("status", "--addr", n1.addr)
+        assert "no leader for" in human.stdout and "what to do: if n2 will not come back" in human.stdout, human
         forced = await force_when_allowed(n1.addr, "n1")
         assert "cluster epoch 2" in forced.stdout
         docs = await formed(cluster, 2)  # n2 joins as a learner under its new uid and is promoted
