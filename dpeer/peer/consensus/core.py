@@ -232,9 +232,11 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
             self._peer = None
 
     def observe(self, sender: Peer) -> None:
-        """Note a peer's identity and epoch from any message it sent (gossip included)."""
+        """Note a peer's identity from any message it sent (gossip included), and its epoch when
+        the configuration names it with that uid (a stranger cannot silence us with a big one)."""
         self.seen_uids[sender.node_id] = sender.uid
-        self.newest_epoch = max(self.newest_epoch, sender.epoch)
+        if self.membership.is_member(sender.node_id, sender.uid):
+            self.newest_epoch = max(self.newest_epoch, sender.epoch)
 
     def _admit(self, sender: Peer, msg: Message) -> bool:
         """Whether the core may act on a message of sender (see step)."""
