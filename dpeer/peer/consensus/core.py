@@ -22,11 +22,12 @@ import logging
 import math
 import random
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from dpeer.peer.consensus.config import RaftConfig
 from dpeer.peer.consensus.follower import FollowerSide
 from dpeer.peer.consensus.force import ForceSide
+from dpeer.peer.consensus.identity import IdentitySide
 from dpeer.peer.consensus.log import RaftLog
 from dpeer.peer.consensus.membership import (
     ChangeOp,
@@ -68,7 +69,6 @@ from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 
 log = logging.getLogger(__name__)
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
-_ANSWERS = (VoteResponse, AppendResponse, HeartbeatResponse)
 
 
 class Role(str, Enum):
@@ -80,7 +80,7 @@ class Role(str, Enum):
     LEADER = "leader"
 
 
-class RaftNode(LeaderSide, FollowerSide, ForceSide):
+class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
     """One node's Raft state; restartable from Storage alone (see the module docstring).
 
     Identity bookkeeping, for the caller's status and the leader's replacement of lost members:
@@ -133,32 +133,6 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
     def commit_index(self) -> int:
         """Highest index known committed."""
         return self.log.committed
-
-    @property
-    def epoch(self) -> int:
-        """The cluster epoch of the configuration in force (0 before any)."""
-        return self.membership.epoch
-
-    @property
-    def identity(self) -> Peer:
-        """How this node signs what it sends: node id, store uid, cluster epoch."""
-        return Peer(self.id, self.uid, self.epoch)
-
-    @property
-    def superseded(self) -> bool:
-        """A peer follows a newer cluster epoch: a forced reconfiguration gave up on ours, so we
-        neither campaign nor vote for a candidate of an older epoch until we follow it too."""
-        return self.newest_epoch > self.epoch
-
-    def leaderless_for(self, now: float) -> float:
-        """Seconds since this node last knew a leader (0 while it leads)."""
-        return 0.0 if self.role is Role.LEADER else max(0.0, now - self._leader_seen_at)
-
-    def strangers(self) -> dict[str, str]:
-        """Members of the configuration in force last seen with another store uid than the one
-        it names (a box that lost its disk): node id -> the uid seen."""
-        conf = self.membership
-        return {n: u for n, u in self.seen_uids.items() if conf.uid_of(n) not in (None, u)}
 
     def next_deadline(self) -> float:
         """When the caller should next call tick()."""
@@ -231,25 +205,6 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
         finally:
             self._peer = None
 
-    def observe(self, sender: Peer) -> None:
-        """Note a peer's identity from any message it sent (gossip included), and its epoch when
-        the configuration names it with that uid (a stranger cannot silence us with a big one)."""
-        self.seen_uids[sender.node_id] = sender.uid
-        if self.membership.is_member(sender.node_id, sender.uid):
-            self.newest_epoch = max(self.newest_epoch, sender.epoch)
-
-    def _admit(self, sender: Peer, msg: Message) -> bool:
-        """Whether the core may act on a message of sender (see step)."""
-        src, conf = sender.node_id, self.membership
-        named = conf.uid_of(src)
-        if named == sender.uid:
-            self._heard[src] = self._now
-            return True
-        if named is None and 0 < sender.epoch < conf.epoch:
-            self._refuse_old_epoch(sender, msg)
-            return False
-        return not isinstance(msg, _ANSWERS)
-
     def propose(self, kind: EntryKind | str, payload: Mapping[str, Any]) -> ProposeResult:
         """Append an entry as leader; config changes go through change_membership."""
         if self.role is not Role.LEADER:
@@ -296,20 +251,6 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide):
         self._broadcast_heartbeat(learners=False)
         self._check_reads()
         return ReadRequested(self._read_seq)
-
-    def _refuse_old_epoch(self, sender: Peer, msg: Message) -> None:
-        """A non-member of an older epoch (a voter given up on by a forced reconfiguration that
-        came back on its old disk): note it, and answer a request so our reply, stamped with our
-        epoch, tells it to stop campaigning or leading."""
-        if sender.node_id not in self.old_epoch_peers:
-            log.warning("%s: refusing %s, a member of cluster epoch %d; this cluster is in epoch %d since a forced "
-                        "reconfiguration: %s must move its data dir aside and rejoin as a new member", self.id,
-                        sender.node_id, sender.epoch, self.epoch, sender.node_id)
-        self.old_epoch_peers[sender.node_id] = sender.epoch
-        reply = (VoteResponse(self.term, False, msg.pre_vote, "old_epoch") if isinstance(msg, VoteRequest)
-                 else AppendResponse(self.term, False, 0) if isinstance(msg, _LEADER_MSGS) else None)
-        if reply is not None:
-            self._msgs.append(Outgoing(sender.node_id, sender.uid, reply))
 
     # -- Ready / advance --------------------------------------------------------------------
     def has_ready(self) -> bool:
