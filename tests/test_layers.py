@@ -12,7 +12,7 @@ IMPURE = {"asyncio", "grpc", "lmdb", "torch", "time", "socket", "subprocess"}
 PURE = [
     "statemachine/entry.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
     "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py",
-    "peer/views.py", "peer/resync.py", "peer/errors.py", "peer/checkpoints.py", "peer/worker_health.py",
+    "peer/views.py", "peer/resync.py", "peer/quorum.py", "peer/errors.py", "peer/checkpoints.py", "peer/worker_health.py",
     "peer/failures.py", "peer/probe_rtt.py", "peer/demo_events.py", "peer/auth.py",
     "peer/exposure.py",
     "trainer/decisions.py", "trainer/sampler.py",

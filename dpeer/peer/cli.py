@@ -33,6 +33,8 @@ EXAMPLES = {
     "kv": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101\n  dpeer kv get lr --addr 127.0.0.1:7101 --json",
     "leave": "dpeer leave --addr 127.0.0.1:7102",
     "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
+    "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
+    "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
     "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
     "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
     "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
@@ -144,6 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     retry = _sub(jobs, "retry", "train again after the leader halted the job as broken (fix the cause first)",
                  "job retry")
     _client_flags(retry)
+    log = _sub(subs, "log", "print a node's committed entries: index, term, kind and the sha256 of each entry's "
+               "canonical bytes, to compare two nodes' committed prefixes")
+    _client_flags(log)
+    log.add_argument("--from", dest="first", type=int, default=None, metavar="I",
+                     help="first index (default: the first the node still holds)")
+    log.add_argument("--to", dest="last", type=int, default=None, metavar="J", help="last index (default: its commit index)")
+    log.add_argument("--json", action="store_true", help="one JSON object per line: {index, term, kind, hash}")
     demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
     demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
     demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
@@ -209,6 +218,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
     if train:
         print(f"train step {train['step']}  samples {train['samples']}  loss {train['loss']}")
+    no_leader = doc.get("no_leader")
+    if no_leader:
+        print(f"no leader for {no_leader['since_s']:.0f}s: {no_leader['reason']}")
+        if no_leader["action"]:
+            print(f"what to do: {no_leader['action']}")
     return EXIT_OK
 
 
@@ -252,6 +266,37 @@ def cmd_force(args: argparse.Namespace) -> int:
     voters = [v.strip() for v in args.voters.split(",") if v.strip()]
     reply = _run(args, lambda c: c.force(voters))
     print(f"forced: voters are now {', '.join(voters)} (term {reply.term}); {reply.reason}")
+    return EXIT_OK
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    """Print committed entries [--from, --to]; exit 1 when part of the range is compacted away
+    or not committed on that node (what it holds of the range is printed first)."""
+    if (args.first is not None and args.first < 1) or (args.last is not None and args.last < 1):
+        raise UsageError("--from and --to are log indexes, 1 or more")
+    if args.first is not None and args.last is not None and args.first > args.last:
+        raise UsageError(f"--from {args.first} is after --to {args.last}")
+    from dpeer.peer.codec import entry_in
+    from dpeer.statemachine.entry import entry_digest
+
+    async def fetch(client: NodeClient) -> tuple[dict[str, Any], list[Any]]:
+        doc = json.loads((await client.status()).json)
+        lo = doc["first_index"] if args.first is None else max(args.first, doc["first_index"])
+        hi = doc["commit_index"] if args.last is None else min(args.last, doc["commit_index"])
+        chunks = [c async for c in client.fetch_entries(lo, hi, "")] if lo <= hi else []
+        return doc, [entry_in(e) for c in chunks for e in c.entries]
+
+    doc, entries = _run(args, fetch)
+    for e in entries:
+        row = {"index": e.index, "term": e.term, "kind": e.kind.value, "hash": entry_digest(e)}
+        print(json.dumps(row, sort_keys=True) if args.json else f"{e.index:>10} {e.term:>6} {e.kind.value:<14} {row['hash']}")
+    if args.first is not None and args.first < doc["first_index"]:
+        print(f"dpeer: entries below {doc['first_index']} are compacted on {doc['node_id']} (snapshot at "
+              f"{doc['snapshot_index']}); start at --from {doc['first_index']}", file=sys.stderr)
+        return EXIT_NO
+    if args.last is not None and args.last > doc["commit_index"]:
+        print(f"dpeer: entries after {doc['commit_index']} are not committed on {doc['node_id']}", file=sys.stderr)
+        return EXIT_NO
     return EXIT_OK
 
 
@@ -383,7 +428,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
-    "leave": cmd_leave, "force": cmd_force, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
+    "leave": cmd_leave, "force": cmd_force, "log": cmd_log, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
     "job": cmd_job, "certs": cmd_certs,
 }
 

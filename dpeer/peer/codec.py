@@ -113,7 +113,8 @@ _ENCODE: dict[type, Callable[[Any], Any]] = {
     rm.HeartbeatResponse: lambda m: pb.RaftHeartbeatResponse(term=m.term, read_seq=m.read_seq),
     rm.SnapshotRequest: lambda m: pb.SnapshotRequest(term=m.term, leader=m.leader, index=m.index,
                                                      term_of_index=m.term_of_index, data=m.data,
-                                                     voters=list(m.voters), learners=list(m.learners)),
+                                                     voters=list(m.voters), learners=list(m.learners),
+                                                     uids=dict(m.uids), epoch=m.epoch, forced_at=m.forced_at),
 }
 
 _DECODE: dict[str, Callable[[Any], Any]] = {
@@ -131,14 +132,27 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
     "raft_heartbeat": lambda b: rm.Heartbeat(b.term, b.leader, b.commit, b.read_seq, b.idle),
     "raft_heartbeat_response": lambda b: rm.HeartbeatResponse(b.term, b.read_seq),
     "snapshot_request": lambda b: rm.SnapshotRequest(b.term, b.leader, b.index, b.term_of_index, bytes(b.data),
-                                                     tuple(b.voters), tuple(b.learners)),
+                                                     tuple(b.voters), tuple(b.learners), tuple(sorted(b.uids.items())),
+                                                     b.epoch, b.forced_at),
 }
 
 
-def encode(msg: Any, from_id: str, from_addr: str) -> pb.Envelope:
-    """Wrap a core message in an Envelope from this node."""
+def encode(msg: Any, sender: rm.Peer, from_addr: str, to_uid: str = "") -> pb.Envelope:
+    """Wrap a core message in an Envelope from this node (sender: its identity); to_uid names
+    the store a Raft message is meant for."""
     field = _FIELD[type(msg)]
-    return pb.Envelope(from_id=from_id, from_addr=from_addr, **{field: _ENCODE[type(msg)](msg)})
+    return pb.Envelope(from_id=sender.node_id, from_addr=from_addr, from_uid=sender.uid, from_epoch=sender.epoch,
+                       to_uid=to_uid, **{field: _ENCODE[type(msg)](msg)})
+
+
+def sender(envelope: pb.Envelope) -> rm.Peer:
+    """The validated identity an Envelope's sender signs it with; BadRequest when it is absurd."""
+    peer = rm.Peer(envelope.from_id, envelope.from_uid, envelope.from_epoch)
+    try:
+        peer.validate()
+    except rm.InvalidMessage as exc:
+        raise BadRequest(f"the envelope's sender identity is invalid: {exc}") from None
+    return peer
 
 
 def decode(envelope: pb.Envelope) -> Any:

@@ -26,7 +26,7 @@ from dpeer.peer.node import Node
 from dpeer.peer.notify import Notifier, watchdog_interval
 from dpeer.peer.resyncer import Resyncer
 from dpeer.peer.service import Service
-from dpeer.peer.status import document
+from dpeer.peer.status import document, identity
 from dpeer.peer.storage_adapter import StoreStorage
 from dpeer.peer.supervisor import WorkerSupervisor
 from dpeer.peer.worker_health import missed_view
@@ -66,8 +66,8 @@ class Daemon:
         self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0, on_rtt=self.metrics.rtt.observe,
                                  faults=FaultHook.for_data_dir(config.data_dir))
         if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
-            bootstrap(StoreStorage(store), [self.node_id])
-            log.info("founded a new cluster")
+            bootstrap(StoreStorage(store), [self.node_id], uids={self.node_id: store.uid})
+            log.info("founded a new cluster (store identity %s)", store.uid)
         self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
                          max_voters=config.max_voters)
         self.resyncer = Resyncer(self.node, self.channels)
@@ -95,7 +95,8 @@ class Daemon:
         self.joined = False
         self._last_metrics = self._last_introduce = self._next_join = 0.0
         self._join_task: asyncio.Task | None = None
-        self._reforms_counted = 0
+        self._reforms_counted = self._forced_counted = self._refused_counted = 0
+        self._no_leader_note = ""
         self._leader_seen = self.node.clock()
         self.fence_after = 3 * self.node.raft_config.election_timeout_max
         self.leaving = False
@@ -309,6 +310,7 @@ class Daemon:
             self._report_checkpoint(now)
             self._take_final_state(now)
         self._sync_membership(now)
+        self._report_no_leader()
         member = self.store.state.members.get(self.node_id)
         if not self.joined and member is not None and member.status == "active":
             self.joined = True
@@ -320,6 +322,19 @@ class Daemon:
         if now - self._last_introduce >= INTRODUCE_EVERY:
             self._last_introduce = now
             self._introduce_committed_members()
+
+    def _report_no_leader(self) -> None:
+        """Log why no leader can be elected and what to do, once per reason, after two election
+        timeouts without one (a normal election takes less)."""
+        doc = identity(self.node)["no_leader"]
+        if doc is None or doc["since_s"] < 2 * self.node.raft_config.election_timeout_max:
+            self._no_leader_note = "" if doc is None else self._no_leader_note
+            return
+        if doc["reason"] != self._no_leader_note:
+            self._no_leader_note = doc["reason"]
+            level = logging.WARNING if doc["action"] else logging.INFO
+            log.log(level, "no leader for %.1fs: %s%s", doc["since_s"], doc["reason"],
+                    f". What to do: {doc['action']}" if doc["action"] else "")
 
     def _introduce_committed_members(self) -> None:
         """Push-pull with committed active members that gossip does not know (missed joins, reaped
@@ -341,6 +356,11 @@ class Daemon:
         m.last_applied.set(store.last_applied)
         m.invalid.set(self.node.invalid_messages)
         m.count_refusals(self.server.refusals)
+        m.epoch.set(self.node.raft.epoch)
+        m.strangers.set(len(self.node.raft.strangers()))
+        m.forced.inc(self.node.forced - self._forced_counted)
+        m.force_refused.inc(self.node.force_refused - self._refused_counted)
+        self._forced_counted, self._refused_counted = self.node.forced, self.node.force_refused
         if self.worker is not None:
             if self.worker.train is not None:
                 m.step.set(self.worker.train.step)
@@ -377,8 +397,8 @@ class Daemon:
         if self._join_task is not None and not self._join_task.done():
             return
         member = self.store.state.members.get(self.node_id)
-        wanted = ("active", self.addr, self._store_port(), self._ready())
-        if member is not None and (member.status, member.addr, member.store_port, member.ready) == wanted:
+        wanted = ("active", self.addr, self._store_port(), self._ready(), self.store.uid)
+        if member is not None and (member.status, member.addr, member.store_port, member.ready, member.uid) == wanted:
             return
         self._next_join = now + JOIN_RETRY
         self._join_task = asyncio.get_running_loop().create_task(self._join_once(wanted[3]))
@@ -389,7 +409,7 @@ class Daemon:
         for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
             try:
                 async with NodeClient(addr, self.security, timeout=5.0) as client:
-                    reply = await client.join(self.node_id, self.addr, self._store_port(), ready)
+                    reply = await client.join(self.node_id, self.addr, self._store_port(), ready, self.store.uid)
             except errors.PeerError as exc:
                 log.info("membership update through %s failed: %s", addr, exc)
                 continue
@@ -419,7 +439,7 @@ class Daemon:
 
     def _send_leave_gossip(self) -> None:
         for addr, msg in self.node.swim.leave(self.node.clock()):
-            self.sender.send(addr, codec.encode(msg, self.node_id, self.addr))
+            self.sender.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
 
     async def _shutdown(self) -> None:
         if self._wake is not None:

@@ -92,9 +92,10 @@ class LeaderChores:
         """The next entry this leader should propose, or None."""
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
-        wanted = ("active", node.addr, self.self_store_port(), self.self_ready())
-        if (me is None or (me.status, me.addr, me.store_port, me.ready) != wanted) and not self.self_leaving():
-            payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3]}
+        wanted = ("active", node.addr, self.self_store_port(), self.self_ready(), node.store.uid)
+        if (me is None or (me.status, me.addr, me.store_port, me.ready, me.uid) != wanted) and not self.self_leaving():
+            payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3],
+                       "uid": wanted[4]}
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
         if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
             self._job_seen, self.streak, self._halt = state.job, Streak(), None
@@ -182,7 +183,8 @@ class LeaderChores:
         assert decision.kind is not None and decision.payload is not None
         try:
             if decision.kind is EntryKind.CONFIG_CHANGE:
-                await self.node.change_membership(decision.payload["op"], decision.payload["node"], PROPOSAL_TIMEOUT)
+                p = decision.payload
+                await self.node.change_membership(p["op"], p["node"], p.get("uid", ""), PROPOSAL_TIMEOUT)
             else:
                 await self.node.propose(decision.kind, _with_secret(decision), PROPOSAL_TIMEOUT)
             log.info("committed %s: %s", decision.kind.value, decision.reason)

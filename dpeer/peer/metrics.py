@@ -43,6 +43,14 @@ class Metrics:
                          ["node", "state"], registry=r)
         self.failures = Counter("dpeer_job_failures", "Failures this node's worker reported (groups and builds)",
                                 ["node"], registry=r).labels(**labels)
+        self.epoch = Gauge("dpeer_cluster_epoch", "Cluster epoch (+1 per forced reconfiguration)", ["node"],
+                           registry=r).labels(**labels)
+        self.forced = Counter("dpeer_forced_reconfigurations", "Forced reconfigurations this node started", ["node"],
+                              registry=r).labels(**labels)
+        self.force_refused = Counter("dpeer_force_refused", "Forced reconfigurations refused by the guard", ["node"],
+                                     registry=r).labels(**labels)
+        self.strangers = Gauge("dpeer_identity_conflicts", "Members seen under another store uid than the "
+                               "configuration names (lost disks)", ["node"], registry=r).labels(**labels)
         self._node = node_id
 
     def count_refusals(self, refusals: dict[tuple[str, Any], int]) -> None:

@@ -18,7 +18,8 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from dpeer.peer import codec
-from dpeer.peer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused
+from dpeer.peer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused
+from dpeer.peer.consensus.ready import ProposeResult
 from dpeer.peer.consensus.config import PRESETS as RAFT_PRESETS
 from dpeer.peer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
 from dpeer.peer.errors import BadRequest, Unavailable
@@ -70,9 +71,9 @@ class Node:
     def __init__(
         self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
         max_voters: int = 5, clock: Callable[[], float] = time.monotonic, seed: int | None = None,
-        snapshot_every: int = 10_000, snapshot_keep: int = 1_000,
+        snapshot_every: int = 10_000, snapshot_keep: int = 1_000, wall: Callable[[], float] = time.time,
     ) -> None:
-        self.id, self.addr, self.store, self.clock = node_id, addr, store, clock
+        self.id, self.addr, self.store, self.clock, self.wall = node_id, addr, store, clock, wall
         self.storage = StoreStorage(store)
         self._send = sender
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
@@ -94,6 +95,7 @@ class Node:
         self.busy_checks: list[Callable[[], bool]] = []
         self.stopping = False
         self.invalid_messages = 0
+        self.forced = self.force_refused = 0
         self.admitted_by: str | None = None
         self.entries_written = 0
         self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
@@ -109,7 +111,9 @@ class Node:
     def deliver(self, envelope: pb.Envelope) -> None:
         """Take one Envelope from a peer; BadRequest when it is malformed or forged."""
         msg = codec.decode(envelope)
+        peer = codec.sender(envelope)
         now = self.clock()
+        self.raft.observe(peer)
         if isinstance(msg, codec.MEMBERSHIP_TYPES):
             if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
                 raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
@@ -119,9 +123,9 @@ class Node:
             self._send_swim(self.swim.receive(now, msg))
             self._swim_effects(now)
         else:
-            self._admit_raft(envelope.from_id, msg)
+            self._admit_raft(peer, msg)
             self.addrs.setdefault(envelope.from_id, envelope.from_addr)
-            self.raft.step(now, envelope.from_id, msg)
+            self.raft.step(now, peer, msg, envelope.to_uid)
             try:
                 self.drain()
             except CommittedEntryError as exc:
@@ -131,13 +135,16 @@ class Node:
                 raise BadRequest(f"log diverges from {envelope.from_id!r} on committed entries") from None
         self._wake_if_sooner()
 
-    def _admit_raft(self, src: str, msg: Any) -> None:
-        """Raft messages come only from members of the configuration in force here, or, while
-        this node has not yet learned a configuration that includes it, from the leader that
-        admitted it; and a snapshot must decode before the core sees it."""
-        members = self.raft.membership.members
-        joining = self.id not in members and isinstance(msg, _LEADER_MSGS) and src == self.admitted_by
-        if src not in members and not joining:
+    def _admit_raft(self, peer: Peer, msg: Any) -> None:
+        """Raft messages come only from nodes the configuration in force here names (the core
+        drops those under another store uid, a lost disk, and refuses, once loudly, those of an
+        older cluster epoch), or, while this node has not yet learned a configuration that
+        includes it, from the leader that admitted it; and a snapshot must decode first."""
+        src, conf = peer.node_id, self.raft.membership
+        joining = (not conf.is_member(self.id, self.raft.uid) and isinstance(msg, _LEADER_MSGS)
+                   and src == self.admitted_by)
+        old_epoch = 0 < peer.epoch < conf.epoch
+        if src not in conf.members and not joining and not old_epoch:
             raise BadRequest(f"Raft message from {src!r}, which is not a member of this cluster")
         if isinstance(msg, SnapshotRequest):
             try:
@@ -256,8 +263,8 @@ class Node:
                 term, vote = (hs.term, hs.voted_for) if hs else (self.store.current_term, self.store.voted_for)
                 self.store.save(term, vote, rd.entries, hs.commit if hs else self.store.commit_index)
                 self.entries_written += len(rd.entries)
-            for dst, msg in rd.messages:
-                self._send_raft(dst, msg)
+            for dst, uid, msg in rd.messages:
+                self._send_raft(dst, uid, msg)
             if rd.committed_entries:
                 self._applied(self.store.apply_to(rd.committed_entries[-1].index))
             for rs in rd.read_states:
@@ -310,9 +317,10 @@ class Node:
         result = self.raft.propose(kind, payload)
         return await self._wait_proposal(result, timeout)
 
-    async def change_membership(self, op: str, node: str, timeout: float) -> tuple[Entry, ApplyResult]:
-        """Propose one single-server configuration change and wait until it is applied."""
-        return await self._wait_proposal(self.raft.change_membership(op, node), timeout)
+    async def change_membership(self, op: str, node: str, uid: str, timeout: float) -> tuple[Entry, ApplyResult]:
+        """Propose one single-server configuration change (uid: the store uid of a node being
+        added) and wait until it is applied."""
+        return await self._wait_proposal(self.raft.change_membership(op, node, uid), timeout)
 
     async def _wait_proposal(self, result: Any, timeout: float) -> tuple[Entry, ApplyResult]:
         if isinstance(result, NotLeader):
@@ -358,19 +366,33 @@ class Node:
         self._applied_waiters.append((index, fut))
         return await asyncio.wait_for(fut, timeout)
 
-    def accept_committed(self, entries: list[Entry], commit_index: int) -> bool:
-        """Take committed entries fetched from a peer (resync); False when they do not fit."""
-        result = self.raft.accept_committed(entries, commit_index)
+    def accept_committed(self, entries: list[Entry], commit_index: int, sender: Peer, sender_term: int) -> bool:
+        """Take committed entries fetched from a peer (resync); False when they do not fit or
+        the peer may not supply them (see RaftNode.accept_committed)."""
+        result = self.raft.accept_committed(entries, commit_index, sender, sender_term)
         if not result.accepted:
-            log.info("resync batch refused: %s", result.reason)
+            log.info("resync batch from %s refused: %s", sender.node_id, result.reason)
         self.drain()
         return result.accepted
 
-    def force(self, voters: list[str]) -> None:
-        """UNSAFE operator recovery: make `voters` the whole voting configuration and campaign."""
+    def force(self, voters: list[str]) -> ProposeResult:
+        """UNSAFE operator recovery: make `voters` the whole voting configuration in a new
+        cluster epoch and campaign, unless the core refuses (see consensus/force.py)."""
         log.warning("FORCED reconfiguration requested by an operator: voters %s", voters)
-        self.raft.force_new_configuration(voters)
+        result = self.raft.force_new_configuration(self.clock(), voters, self.alive_voters(), self.wall())
+        if isinstance(result, Refused):
+            self.force_refused += 1
+        else:
+            self.forced += 1
         self.drain()
+        return result
+
+    def alive_voters(self) -> set[str]:
+        """Voters gossip holds alive (or only suspects) and last heard under the store uid the
+        configuration names: the failure detector's half of force's reachability check."""
+        conf, seen = self.raft.membership, self.raft.seen_uids
+        up = (MemberState.ALIVE, MemberState.SUSPECT)
+        return {v for v in conf.voters if self.swim.state_of(v) in up and seen.get(v) == conf.uid_of(v)}
 
     # -- views of the cores ---------------------------------------------------------------
     @property
@@ -391,14 +413,14 @@ class Node:
         for addr, msg in out:
             if isinstance(msg, Ping):
                 self.probes.sent(msg.target, msg.seq, self.clock())
-            self._send(addr, codec.encode(msg, self.id, self.addr))
+            self._send(addr, codec.encode(msg, self.raft.identity, self.addr))
 
-    def _send_raft(self, dst: str, msg: Any) -> None:
+    def _send_raft(self, dst: str, uid: str, msg: Any) -> None:
         addr = self.addrs.get(dst)
         if addr is None:
             log.debug("no address for %s; dropped a %s", dst, type(msg).__name__)
             return
-        self._send(addr, codec.encode(msg, self.id, self.addr))
+        self._send(addr, codec.encode(msg, self.raft.identity, self.addr, uid))
 
     def _swim_effects(self, now: float) -> None:
         for effect in self.swim.drain_effects():

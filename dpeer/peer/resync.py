@@ -51,8 +51,11 @@ class FetchSnapshot:
 ResyncPlan = Nothing | FetchEntries | FetchSnapshot
 
 
-def plan_resync(local: LocalVersion, peer: Heartbeat, peer_first_index: int | None) -> ResyncPlan:
-    """Decide what to pull from `peer`; only entries it has committed are ever fetched."""
+def plan_resync(local: LocalVersion, peer: Heartbeat, peer_first_index: int | None, member: bool) -> ResyncPlan:
+    """Decide what to pull from `peer`; only entries it has committed are ever fetched, and only
+    from a member of the configuration in force (member: by node id and store uid)."""
+    if not member:
+        return Nothing(f"peer {peer.node_id} is not a member of the configuration in force here: not a source")
     if peer.term < local.term:
         return Nothing(f"peer {peer.node_id} term {peer.term} is below ours ({local.term}): cannot verify")
     if peer.commit_index <= local.last_applied:
@@ -76,15 +79,17 @@ class ResyncTracker:
         self.in_flight: FetchEntries | FetchSnapshot | None = None
         self._best: tuple[Heartbeat, int | None] | None = None
 
-    def observe(self, local: LocalVersion, peer: Heartbeat, peer_first_index: int | None) -> ResyncPlan:
+    def observe(self, local: LocalVersion, peer: Heartbeat, peer_first_index: int | None, member: bool) -> ResyncPlan:
         """Plan for a newly seen heartbeat, unless the fetch in flight covers it (no repeated propagation)."""
+        if not member:
+            return plan_resync(local, peer, peer_first_index, member)
         if self.in_flight is not None:
             if peer.commit_index <= self.in_flight.to_index:
                 return Nothing(f"covered by the fetch in flight from {self.in_flight.peer}")
             if self._best is None or peer.commit_index > self._best[0].commit_index:
                 self._best = (peer, peer_first_index)
             return Nothing(f"fetch from {self.in_flight.peer} in flight; will continue to {peer.commit_index}")
-        plan = plan_resync(local, peer, peer_first_index)
+        plan = plan_resync(local, peer, peer_first_index, member)
         if not isinstance(plan, Nothing):
             self.in_flight = plan
         return plan
@@ -100,4 +105,4 @@ class ResyncTracker:
         best, self._best = self._best, None
         if best is None:
             return Nothing(f"fetch from {failed} ended; no newer version known")
-        return self.observe(local, best[0], best[1])
+        return self.observe(local, best[0], best[1], True)

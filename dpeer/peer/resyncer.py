@@ -12,6 +12,7 @@ import asyncio
 import logging
 
 from dpeer.peer import codec
+from dpeer.peer.consensus import Peer
 from dpeer.peer.errors import BadRequest, Behind, PeerError
 from dpeer.peer.membership import HeartbeatObserved
 from dpeer.peer.node import Node
@@ -35,11 +36,14 @@ class Resyncer:
         node.heartbeat_listeners.append(self.on_heartbeat)
 
     def on_heartbeat(self, seen: HeartbeatObserved) -> None:
-        """Plan a fetch when a peer's committed version is ahead of ours by at least min_gap."""
+        """Plan a fetch when a peer's committed version is ahead of ours by at least min_gap
+        (from members of the configuration in force only, by node id and store uid)."""
         local = self.node.local_version
         if seen.hb.commit_index < local.last_applied + self.min_gap:
             return
-        self._start(self.tracker.observe(local, seen.hb, None))
+        raft = self.node.raft
+        member = raft.membership.is_member(seen.hb.node_id, raft.seen_uids.get(seen.hb.node_id, ""))
+        self._start(self.tracker.observe(local, seen.hb, None, member))
 
     def _start(self, plan: ResyncPlan) -> None:
         if isinstance(plan, Nothing):
@@ -68,8 +72,9 @@ class Resyncer:
             entries = [codec.entry_in(e) for e in chunk.entries]
             if not entries:
                 continue
+            sender = Peer(plan.peer, chunk.uid, chunk.epoch)
             try:
-                if not self.node.accept_committed(entries, chunk.commit_index):
+                if not self.node.accept_committed(entries, chunk.commit_index, sender, chunk.term):
                     break
             except BadRequest:
                 break

@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 from dpeer.peer import auth, codec
 from dpeer.peer.checkpoint_files import checkpoint_path
 from dpeer.peer.checkpoints import Held, valid_digest
+from dpeer.peer.consensus import Refused
 from dpeer.peer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
 from dpeer.peer.failures import FailurePhase, FailureReport, one_line
 from dpeer.peer.node import Node
@@ -24,6 +25,7 @@ from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.errors import Compacted
 from dpeer.statemachine.state import JobState
+from dpeer.statemachine.meta import valid_uid
 
 log = logging.getLogger("dpeer.service")
 T = TypeVar("T")
@@ -88,7 +90,7 @@ class Service:
             if not batch:
                 return
             yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=store.commit_index,
-                                term=store.current_term)
+                                term=store.current_term, uid=store.uid, epoch=self.node.raft.epoch)
             lo = batch[-1].index + 1
 
     async def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
@@ -137,16 +139,18 @@ class Service:
             raise BadRequest(str(exc)) from None
         if request.store_port > 65535:
             raise BadRequest(f"store_port {request.store_port} is not a port")
+        if not valid_uid(request.uid):
+            raise BadRequest("uid must be the joining node's store uid, 32 lowercase hex digits")
         return await self._via_leader(
             lambda: self._admit(request),
-            lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready))
+            lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready, request.uid))
 
     async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
         member = self.node.store.state.members.get(request.node_id)
-        wanted = ("active", request.addr, request.store_port, request.ready)
-        if member is None or (member.status, member.addr, member.store_port, member.ready) != wanted:
+        wanted = ("active", request.addr, request.store_port, request.ready, request.uid)
+        if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
             payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port,
-                       "ready": request.ready}
+                       "ready": request.ready, "uid": request.uid}
             await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
@@ -180,7 +184,7 @@ class Service:
             if node_id not in state.voters + state.learners or list(state.voters) == [node_id]:
                 return
             try:
-                await self.node.change_membership("remove", node_id, COMMAND_TIMEOUT)
+                await self.node.change_membership("remove", node_id, "", COMMAND_TIMEOUT)
                 return
             except BadRequest as exc:  # another change is in flight (the leader's chores): wait for it
                 if self.node.clock() + FORWARD_RETRY >= deadline:
@@ -239,13 +243,11 @@ class Service:
             _check_id(voter, "voter")
         if self.node.id not in voters:
             raise BadRequest("run force on one of the surviving voters and name it among --voters")
-        if self.node.role == "leader":
-            raise BadRequest("this node leads a working quorum; a forced reconfiguration is not needed")
-        try:
-            self.node.force(voters)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        return pb.ForceReply(term=self.node.store.current_term, reason="forced; campaigning under the new voters")
+        result = self.node.force(voters)
+        if isinstance(result, Refused):
+            raise BadRequest(f"force refused: {result.reason}")
+        return pb.ForceReply(term=self.node.store.current_term, epoch=self.node.raft.epoch,
+                             reason=f"forced; campaigning under the new voters in cluster epoch {self.node.raft.epoch}")
 
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""

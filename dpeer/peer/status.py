@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dpeer.peer.node import Node
+from dpeer.peer.quorum import explain_no_leader
 
 
 def members(node: Node) -> list[dict[str, Any]]:
@@ -40,6 +41,26 @@ def checkpoint(node: Node) -> dict[str, Any] | None:
     return {"step": ckpt.step, "digest": ckpt.digest, "holders": list(ckpt.holders)}
 
 
+def identity(node: Node) -> dict[str, Any]:
+    """This node's store uid, cluster epoch and when it was forced, why no leader is known (null
+    while one is), members seen under another store uid than the configuration names, and
+    voters of older epochs this node refused."""
+    raft, conf = node.raft, node.raft.membership
+    no_leader = None
+    if node.leader_id is None and node.role != "leader":
+        why = explain_no_leader(node.id, raft.uid, conf, raft.seen_uids, node.alive_voters(), raft.newest_epoch,
+                                node.addr)
+        no_leader = {"since_s": round(raft.leaderless_for(node.clock()), 3), "reason": why.reason,
+                     "action": why.action}
+    return {
+        "uid": raft.uid, "epoch": raft.epoch, "forced_at": conf.forced_at or None, "no_leader": no_leader,
+        "strangers": [{"node_id": n, "uid": u, "configured_uid": conf.uid_of(n)}
+                      for n, u in sorted(raft.strangers().items())],
+        "old_epoch_peers": dict(sorted(raft.old_epoch_peers.items())),
+        "forced": node.forced, "force_refused": node.force_refused,
+    }
+
+
 def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
     """The whole status object; `extra` adds train, resync and process fields."""
     store, state = node.store, node.store.state
@@ -52,5 +73,6 @@ def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
         "control": state.control, "checkpoint": checkpoint(node), "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
         "recovered_from": str(store.recovered_from) if store.recovered_from else None,
     }
+    doc.update(identity(node))
     doc.update(extra)
     return doc

@@ -22,6 +22,10 @@ class StoreStorage:
         self.store = store
 
     @property
+    def uid(self) -> str:
+        return self.store.uid
+
+    @property
     def current_term(self) -> int:
         return self.store.current_term
 
@@ -87,7 +91,8 @@ class StoreStorage:
         if snap.index == 0:
             return Snapshot(0, 0, snap.data)
         state = decode_snapshot(snap.index, snap.term, snap.data)
-        return Snapshot(snap.index, snap.term, snap.data, Membership.of(state.voters, state.learners))
+        conf = Membership.of(state.voters, state.learners, state.uids, state.epoch, state.forced_at)
+        return Snapshot(snap.index, snap.term, snap.data, conf)
 
     def install_snapshot(self, snap: Snapshot) -> None:
         """Install a leader's snapshot (validated by the store before anything changes)."""

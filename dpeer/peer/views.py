@@ -61,17 +61,26 @@ def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> 
 def plan_voters(
     state: ClusterState, observed: Mapping[str, Observed], now: float, grace: float, max_voters: int
 ) -> Decision:
-    """One single-server configuration change (payload {op, node}): drop a leaver, admit a newcomer
-    as a learner, promote a healthy learner below the voter cap, or demote a voter dead past
-    `grace` when a healthy learner can take its place (so a quorum of live voters remains)."""
+    """One single-server configuration change (payload {op, node, uid}): drop a leaver, drop a
+    member whose box came back on a new disk (its committed member record names another store uid
+    than the configuration: as etcd does for a member that lost its data, the old identity goes
+    and the new one joins as a learner next), admit a newcomer as a learner, promote a healthy
+    learner below the voter cap, or demote a voter dead past `grace` when a healthy learner can
+    take its place (so a quorum of live voters remains)."""
     voters, learners = list(state.voters), list(state.learners)
     status = {n: m.status for n, m in state.members.items()}
     gone = [n for n in voters + learners if status.get(n) == "left" and voters != [n]]
     if gone:
         return _change("remove", gone[0], f"{gone[0]} left the cluster")
+    for n in voters + learners:
+        member, old = state.members.get(n), state.uids.get(n)
+        if member is not None and old is not None and member.uid not in ("", old) and voters != [n]:
+            return _change("remove", n, f"{n} came back on a new disk (store {member.uid[:8]}, the configuration "
+                           f"names {str(old)[:8]}): its old identity is removed, the new one joins as a learner")
     newcomers = sorted(n for n, s in status.items() if s == "active" and n not in voters + learners)
     if newcomers:
-        return _change("add_learner", newcomers[0], f"{newcomers[0]} joins as a learner")
+        uid = state.members[newcomers[0]].uid
+        return _change("add_learner", newcomers[0], f"{newcomers[0]} joins as a learner", uid)
     healthy = [x for x in learners if _alive(observed, x) and status.get(x) == "active"]
     if healthy and len(voters) < max_voters:
         return _change("promote", healthy[0], f"promote {healthy[0]}: {len(voters)} voters of at most {max_voters}")
@@ -82,8 +91,8 @@ def plan_voters(
     return _none("voting configuration is as wanted")
 
 
-def _change(op: str, node: str, reason: str) -> Decision:
-    return Decision(EntryKind.CONFIG_CHANGE, {"op": op, "node": node}, reason)
+def _change(op: str, node: str, reason: str, uid: str = "") -> Decision:
+    return Decision(EntryKind.CONFIG_CHANGE, {"op": op, "node": node, "uid": uid}, reason)
 
 
 def _alive(observed: Mapping[str, Observed], node_id: str) -> bool:

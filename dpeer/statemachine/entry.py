@@ -7,6 +7,7 @@ crc32]`` where the CRC covers the msgpack of ``[term, kind, payload]``.
 from __future__ import annotations
 
 import enum
+import hashlib
 import struct
 import zlib
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, Mapping, Sequence
 import msgpack
 
 from dpeer.statemachine.errors import CorruptEntry, LogGapError
+from dpeer.statemachine.meta import valid_uid
 
 _KEY = struct.Struct(">Q")
 _MAX_INDEX = (1 << 64) - 1
@@ -121,6 +123,27 @@ def _crc_trailer(n: int) -> bytes:
     return msgpack.packb(n)
 
 
+def _canonical(value: Any) -> Any:
+    """The value with every map's keys sorted, so equal payloads pack to equal bytes."""
+    if isinstance(value, dict):
+        return {k: _canonical(value[k]) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def canonical_bytes(entry: Entry) -> bytes:
+    """An entry's canonical bytes: msgpack [index, term, kind, payload], map keys sorted. Two
+    nodes hold the same entry at an index exactly when these bytes are equal."""
+    return msgpack.packb([entry.index, entry.term, entry.kind.value, _canonical(entry.payload)],
+                         use_bin_type=True)
+
+
+def entry_digest(entry: Entry) -> str:
+    """sha256 of canonical_bytes, hex: what `dpeer log` prints to compare committed prefixes."""
+    return hashlib.sha256(canonical_bytes(entry)).hexdigest()
+
+
 def entry_to_wire(entry: Entry) -> tuple[int, int, str, bytes]:
     """The transport's form of an entry: (index, term, kind string, msgpack payload bytes)."""
     _check_fields(entry.index, entry.term, entry.kind, entry.payload)
@@ -175,11 +198,19 @@ def _is_str(v: Any, *, nonempty: bool = False) -> bool:
 
 
 def _config_ok(p: Mapping[str, Any]) -> bool:
-    voters, learners = p.get("voters"), p.get("learners")
+    """Voters and learners (disjoint), the identity (uid) of each, the cluster epoch (>= 1) and
+    when a forced reconfiguration began it (unix seconds, 0.0 for a founded cluster)."""
+    voters, learners, uids = p.get("voters"), p.get("learners"), p.get("uids")
+    forced_at = p.get("forced_at", 0.0)
     return (
         _is_ids(voters, nonempty=True)
         and _is_ids(learners)
         and not set(voters) & set(learners)
+        and type(uids) is dict
+        and set(uids) == set(voters) | set(learners)
+        and all(valid_uid(u) for u in uids.values())
+        and _is_int(p.get("epoch"), 1)
+        and type(forced_at) is float and forced_at >= 0.0
     )
 
 
@@ -187,7 +218,8 @@ _SCHEMAS: dict[EntryKind, Any] = {
     EntryKind.MEMBER_JOINED: lambda p: _is_str(p.get("node_id"), nonempty=True)
     and _is_str(p.get("addr"))
     and (type(p.get("store_port", 0)) is int and 0 <= p.get("store_port", 0) < 65536)
-    and type(p.get("ready", True)) is bool,
+    and type(p.get("ready", True)) is bool
+    and (p.get("uid", "") == "" or valid_uid(p.get("uid"))),
     EntryKind.MEMBER_LEFT: lambda p: _is_str(p.get("node_id"), nonempty=True),
     EntryKind.MEMBER_DEAD: lambda p: _is_str(p.get("node_id"), nonempty=True),
     EntryKind.VIEW: lambda p: _is_int(p.get("generation"), 1)
@@ -218,7 +250,7 @@ PAYLOAD_FIELDS: dict[EntryKind, tuple[str, ...]] = {
     EntryKind.KV_DELETE: ("key",),
     EntryKind.CONTROL: ("action",),
     EntryKind.NOOP: (),
-    EntryKind.CONFIG_CHANGE: ("voters", "learners"),
+    EntryKind.CONFIG_CHANGE: ("voters", "learners", "uids", "epoch"),
     EntryKind.JOB: ("state",),
 }
 

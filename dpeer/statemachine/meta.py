@@ -6,6 +6,7 @@ driver stays small and every rule here can be tested without a disk.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -16,15 +17,27 @@ from dpeer.statemachine.errors import StoreFormatError
 FORMAT_VERSION = 1
 
 
+UID_PATTERN = re.compile(r"[0-9a-f]{32}")
+
+
+def valid_uid(value: Any) -> bool:
+    """True for a store identity: 32 lowercase hex digits (128 random bits)."""
+    return type(value) is str and UID_PATTERN.fullmatch(value) is not None
+
+
 class BadMeta(Exception):
     """The meta record is missing fields or breaks an invariant; the store cannot be trusted."""
 
 
 @dataclass(slots=True)
 class Meta:
-    """Decoded meta fields; the Store keeps one in memory as its cache of what is on disk."""
+    """Decoded meta fields; the Store keeps one in memory as its cache of what is on disk.
+
+    uid is the store's identity, drawn once when the store is created (a wiped or replaced disk
+    gets a new one): the node id names the box, the uid names the log and votes it holds."""
 
     node_id: str
+    uid: str
     current_term: int = 0
     voted_for: str | None = None
     commit_index: int = 0
@@ -38,6 +51,7 @@ class Meta:
         return {
             "format_version": FORMAT_VERSION,
             "node_id": self.node_id,
+            "uid": self.uid,
             "current_term": self.current_term,
             "voted_for": self.voted_for,
             "commit_index": self.commit_index,
@@ -86,6 +100,9 @@ def parse_meta(fields: Mapping[str, Any]) -> Meta:
     nid = fields.get("node_id")
     if type(nid) is not str or not nid:
         raise BadMeta(f"meta node_id is {nid!r}")
+    uid = fields.get("uid")
+    if not valid_uid(uid):
+        raise BadMeta(f"meta uid is {uid!r}")
     vals = {}
     for name in _INT_FIELDS:
         v = fields.get(name)
@@ -95,7 +112,7 @@ def parse_meta(fields: Mapping[str, Any]) -> Meta:
     vote = fields.get("voted_for")
     if vote is not None and (type(vote) is not str or not vote):
         raise BadMeta(f"meta voted_for is {vote!r}")
-    m = Meta(nid, voted_for=vote, **vals)
+    m = Meta(nid, uid, voted_for=vote, **vals)
     if not m.snapshot_index <= m.last_applied <= m.commit_index:
         raise BadMeta(
             f"meta breaks snapshot_index <= last_applied <= commit_index "

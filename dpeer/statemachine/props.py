@@ -31,6 +31,11 @@ class StoreProperties:
         return self._meta.node_id
 
     @property
+    def uid(self) -> str:
+        """This store's identity: 32 hex digits drawn when it was created (a new disk, a new uid)."""
+        return self._meta.uid
+
+    @property
     def current_term(self) -> int:
         """The latest term this node has seen (durable)."""
         return self._meta.current_term

@@ -16,6 +16,7 @@ import msgpack
 
 from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 from dpeer.statemachine.errors import CorruptState
+from dpeer.statemachine.meta import valid_uid
 
 STATE_VERSION = 1
 MEMBER_STATUSES = ("active", "left", "dead")
@@ -27,14 +28,16 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 @dataclass(frozen=True, slots=True)
 class Member:
     """A node known to the cluster: where to reach it, its status, the entry that admitted it,
-    the port its worker's rendezvous store listens on when it is rank 0 (0: not announced), and
-    whether its worker has built the job and waits for a view (only ready members train)."""
+    the port its worker's rendezvous store listens on when it is rank 0 (0: not announced),
+    whether its worker has built the job and waits for a view (only ready members train), and
+    the identity (store uid) it joined with: a new uid under a known node id is a lost disk."""
 
     addr: str
     status: str
     joined_index: int
     store_port: int = 0
     ready: bool = True
+    uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,9 @@ RUNNING_JOB = Job(JobState.RUNNING)
 
 @dataclass(frozen=True, slots=True)
 class ClusterState:
-    """Everything the committed log says about the cluster, as of ``applied_index``."""
+    """Everything the committed log says about the cluster, as of ``applied_index``; voters,
+    learners, their identities (uids), the cluster epoch and when it was forced come from the
+    last config_change."""
 
     applied_index: int = 0
     applied_term: int = 0
@@ -96,6 +101,9 @@ class ClusterState:
     kv: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     control: str = "running"
     job: Job = RUNNING_JOB
+    uids: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    epoch: int = 0
+    forced_at: float = 0.0
 
 
 class ApplyResult(NamedTuple):
@@ -110,7 +118,8 @@ class ApplyResult(NamedTuple):
 class _Work:
     """A private mutable copy of a ClusterState, used while a batch is applied."""
 
-    __slots__ = ("index", "term", "members", "voters", "learners", "view", "ckpt", "kv", "control", "job")
+    __slots__ = ("index", "term", "members", "voters", "learners", "view", "ckpt", "kv", "control", "job", "uids",
+                 "epoch", "forced_at")
 
     def __init__(self, s: ClusterState) -> None:
         self.index, self.term = s.applied_index, s.applied_term
@@ -120,12 +129,14 @@ class _Work:
         self.kv = dict(s.kv)
         self.control = s.control
         self.job = s.job
+        self.uids, self.epoch, self.forced_at = s.uids, s.epoch, s.forced_at
 
     def freeze(self) -> ClusterState:
         """Wrap the working copy as an immutable ClusterState (the dicts are not shared again)."""
         return ClusterState(
             self.index, self.term, MappingProxyType(self.members), self.voters, self.learners,
-            self.view, self.ckpt, MappingProxyType(self.kv), self.control, self.job,
+            self.view, self.ckpt, MappingProxyType(self.kv), self.control, self.job, self.uids, self.epoch,
+            self.forced_at,
         )
 
 
@@ -160,7 +171,8 @@ def _apply_one(w: _Work, e: Entry) -> str:
 def _joined(w: _Work, p: dict[str, Any], index: int) -> str:
     old = w.members.get(p["node_id"])
     joined = old.joined_index if old is not None and old.status == "active" else index
-    w.members[p["node_id"]] = Member(p["addr"], "active", joined, p.get("store_port", 0), p.get("ready", True))
+    w.members[p["node_id"]] = Member(p["addr"], "active", joined, p.get("store_port", 0), p.get("ready", True),
+                                     p.get("uid", ""))
     return ""
 
 
@@ -171,7 +183,7 @@ def _status(status: str) -> Callable[[_Work, dict[str, Any], int], str]:
             return f"unknown member {p['node_id']}"
         if old.status != "active":
             return f"member {p['node_id']} is already {old.status}"
-        w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port, old.ready)
+        w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port, old.ready, old.uid)
         return ""
 
     return rule
@@ -227,6 +239,8 @@ def _job(w: _Work, p: dict[str, Any], index: int) -> str:
 
 def _config(w: _Work, p: dict[str, Any], index: int) -> str:
     w.voters, w.learners = tuple(p["voters"]), tuple(p["learners"])
+    w.uids = MappingProxyType(dict(p["uids"]))
+    w.epoch, w.forced_at = p["epoch"], float(p.get("forced_at", 0.0))
     return ""
 
 
@@ -251,7 +265,8 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "v": STATE_VERSION,
         "applied_index": s.applied_index,
         "applied_term": s.applied_term,
-        "members": {k: [m.addr, m.status, m.joined_index, m.store_port, m.ready] for k, m in s.members.items()},
+        "members": {k: [m.addr, m.status, m.joined_index, m.store_port, m.ready, m.uid]
+                    for k, m in s.members.items()},
         "voters": list(s.voters),
         "learners": list(s.learners),
         "view": None if s.view is None else [s.view.generation, list(s.view.members), s.view.store_host,
@@ -262,6 +277,9 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "kv": dict(s.kv),
         "control": s.control,
         "job": [s.job.state.value, s.job.error, s.job.node, s.job.step, s.job.digest],
+        "uids": dict(s.uids),
+        "epoch": s.epoch,
+        "forced_at": s.forced_at,
     }
 
 
@@ -290,11 +308,12 @@ def _from_dict(d: Any) -> ClusterState:
     idx, term = d["applied_index"], d["applied_term"]
     _need(type(idx) is int and idx >= 0 and type(term) is int and term >= 0, "applied index/term")
     members = {}
-    for nid, (addr, status, joined, store_port, ready) in d["members"].items():
+    for nid, (addr, status, joined, store_port, ready, uid) in d["members"].items():
         _need(type(nid) is str and type(addr) is str and status in MEMBER_STATUSES, "member")
         _need(type(joined) is int and 0 < joined <= idx, "member joined_index")
         _need(type(store_port) is int and 0 <= store_port < 65536 and type(ready) is bool, "member store_port/ready")
-        members[nid] = Member(addr, status, joined, store_port, ready)
+        _need(uid == "" or valid_uid(uid), "member uid")
+        members[nid] = Member(addr, status, joined, store_port, ready, uid)
     view = None
     if d["view"] is not None:
         gen, vmembers, host, *rest = d["view"]  # a state from before view secrets has no fourth field
@@ -309,9 +328,14 @@ def _from_dict(d: Any) -> ClusterState:
     kv = d["kv"]
     _need(type(kv) is dict and all(type(k) is str and type(v) is str for k, v in kv.items()), "kv")
     _need(d["control"] in CONTROL_MODES, "control mode")
+    voters, learners, uids = _ids(d["voters"]), _ids(d["learners"]), d["uids"]
+    _need(type(uids) is dict and set(uids) == set(voters) | set(learners)
+          and all(valid_uid(u) for u in uids.values()), "uids")
+    epoch, forced_at = d["epoch"], d["forced_at"]
+    _need(type(epoch) is int and epoch >= 0 and type(forced_at) is float and forced_at >= 0, "epoch/forced_at")
     return ClusterState(
-        idx, term, MappingProxyType(members), _ids(d["voters"]), _ids(d["learners"]),
-        view, ckpt, MappingProxyType(dict(kv)), d["control"], _job_from(d["job"]),
+        idx, term, MappingProxyType(members), voters, learners,
+        view, ckpt, MappingProxyType(dict(kv)), d["control"], _job_from(d["job"]), MappingProxyType(dict(uids)), epoch, forced_at,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import secrets
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -170,13 +171,14 @@ class Store(StoreProperties):
             raise _Unusable("the environment holds data but no meta record")
         if not node_id:
             raise StoreError(f"no store at {path}; a node_id is needed to create one")
-        meta = Meta(node_id, salvaged.get("current_term", 0), salvaged.get("voted_for"))
+        # A new store is a new identity, a salvaged one too: it lost the log its votes stood for.
+        meta = Meta(node_id, secrets.token_hex(16), salvaged.get("current_term", 0), salvaged.get("voted_for"))
         state = ClusterState()
         dbs = _open_dbs(env)
         with env.begin(write=True) as txn:
             put_meta(txn, dbs, meta.fields())
             txn.put(STATE_KEY, encode_state(state), db=dbs["state"])
-        log.info("created state store %s for node %s", path, node_id)
+        log.info("created state store %s for node %s (store identity %s)", path, node_id, meta.uid)
         return cls(env, dbs, path, meta, (0, 0), state, env.info()["map_size"])
 
     def set_hard_state(self, term: int, voted_for: str | None) -> None:

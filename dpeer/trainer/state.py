@@ -13,7 +13,6 @@ import ctypes
 import hashlib
 import importlib
 import json
-import os
 import random
 import sys
 from dataclasses import dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from dpeer.peer.consensus import MemoryStorage, RaftConfig, RaftNode, Ready, bootstrap
+from dpeer.peer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, bootstrap
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -21,6 +21,11 @@ def entry(index: int, term: int, kind: EntryKind = EntryKind.NOOP, **payload: An
     return Entry(index, term, kind, dict(payload))
 
 
+def uid_for(nid: str, disk: int = 0) -> str:
+    """A deterministic store uid for node nid's disk number `disk` (a wipe gives it a new disk)."""
+    return "%032x" % random.Random(f"{nid}/{disk}").getrandbits(128)
+
+
 class Net:
     """Nodes over MemoryStorage; messages queue until deliver() and may be cut or filtered."""
 
@@ -31,16 +36,26 @@ class Net:
         self.nodes: dict[str, RaftNode] = {}
         self.applied: dict[str, list[Entry]] = {}
         self.readies: dict[str, list[Ready]] = {}
-        self.queue: list[tuple[str, str, Any]] = []
+        self.queue: list[tuple[Peer, str, str, Any]] = []  # (sender, dst, meant for uid, msg)
         self.cut: set[tuple[str, str]] = set()
         self.drop: Callable[[str, str, Any], bool] = lambda s, d, m: False
         self.rewrite: Callable[[str, str, Any], Any] = lambda s, d, m: m
+        self.founding = (list(voters or ids), list(learners), {n: uid_for(n) for n in ids})
+        self.disks: dict[str, int] = {}
         for i, nid in enumerate(list(ids) + list(joiners)):
-            st = MemoryStorage()
+            st = MemoryStorage(uid_for(nid))
             if nid not in joiners:
-                bootstrap(st, voters or ids, learners)
+                self._bootstrap(st)
             self.storages[nid], self.applied[nid], self.readies[nid] = st, [], []
             self.nodes[nid] = RaftNode(nid, st, cfg, random.Random(i), self.now)
+
+    def _bootstrap(self, st: MemoryStorage) -> None:
+        voters, learners, uids = self.founding
+        bootstrap(st, voters, learners, uids=uids)
+
+    def uid(self, nid: str) -> str:
+        """The store uid of node nid's current disk."""
+        return self.storages[nid].uid
 
     # -- time and I/O -----------------------------------------------------------------------
     def advance(self, dt: float) -> None:
@@ -64,7 +79,7 @@ class Net:
                 st.apply_to(e.index)
                 self.applied[nid].append(e)
             self.readies[nid].append(rd)
-            self.queue.extend((nid, dst, m) for dst, m in rd.messages)
+            self.queue.extend((node.identity, dst, uid, m) for dst, uid, m in rd.messages)
             node.advance(rd)
 
     def deliver(self, limit: int = 10_000) -> int:
@@ -73,11 +88,12 @@ class Net:
         for nid in self.nodes:
             self.flush(nid)
         while self.queue and count < limit:
-            src, dst, m = self.queue.pop(0)
+            sender, dst, uid, m = self.queue.pop(0)
+            src = sender.node_id
             if (src, dst) in self.cut or dst not in self.nodes or self.drop(src, dst, m):
                 continue
             count += 1
-            self.nodes[dst].step(self.now, src, self.rewrite(src, dst, m))
+            self.nodes[dst].step(self.now, sender, self.rewrite(src, dst, m), uid)
             self.flush(dst)
         return count
 
@@ -122,8 +138,18 @@ class Net:
 
     def restart(self, nid: str) -> None:
         """Crash nid (losing unpersisted state and queued messages to it) and rebuild it."""
-        self.queue = [q for q in self.queue if nid not in (q[0], q[1])]
+        self.queue = [q for q in self.queue if nid not in (q[0].node_id, q[1])]
         self.nodes[nid] = RaftNode(nid, self.storages[nid], self.cfg, random.Random(99), self.now)
+
+    def wipe(self, nid: str) -> None:
+        """Crash nid and restart it on a new disk under the same node id: a new store uid, and
+        only the founding configuration (what the box's own config names) in its log."""
+        self.queue = [q for q in self.queue if nid not in (q[0].node_id, q[1])]
+        self.disks[nid] = self.disks.get(nid, 0) + 1
+        st = MemoryStorage(uid_for(nid, self.disks[nid]))
+        self._bootstrap(st)
+        self.storages[nid], self.applied[nid] = st, []
+        self.nodes[nid] = RaftNode(nid, st, self.cfg, random.Random(98), self.now)
 
     def leaders(self) -> list[str]:
         """Nodes that believe they lead."""
@@ -137,4 +163,4 @@ class Net:
 
     def sent(self, nid: str, kind: type) -> list[tuple[str, Any]]:
         """Every (dst, msg) of type kind that nid has emitted so far."""
-        return [(d, m) for rd in self.readies[nid] for d, m in rd.messages if isinstance(m, kind)]
+        return [(d, m) for rd in self.readies[nid] for d, _, m in rd.messages if isinstance(m, kind)]

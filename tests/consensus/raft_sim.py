@@ -1,6 +1,10 @@
-"""Seeded chaos schedules for the Raft core on dpeer.sim, with invariants checked after each event.
+"""A seeded cluster of Raft cores on dpeer.sim with its faults, for the chaos schedules of
+raft_schedules.py; raft_checker.Checker checks the invariants at every persisted Ready.
 
-run_schedule(seed, n) reproduces one run exactly; a violation raises AssertionError naming it.
+Beyond crashes, restarts, partitions, loss and pauses, a node can be wiped (restarted on a new
+disk under its old node id: a new store uid, only the founding configuration) and force can be
+sent to any node; the cluster plays the daemon's leader chores that replace a member whose disk
+was replaced (remove the old identity, add the new one as a learner, promote it).
 """
 
 from __future__ import annotations
@@ -8,68 +12,19 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from dpeer.peer.consensus import LAN, MemoryStorage, RaftConfig, RaftNode, Ready, Role, bootstrap
+from raft_checker import Checker
+
+from dpeer.peer.consensus import LAN, MemoryStorage, RaftConfig, Role, bootstrap
+from dpeer.peer.consensus.ready import ProposeResult
 from dpeer.peer.consensus.sim_adapter import RaftActor
 from dpeer.sim.network import LinkPolicy, SimNetwork
 from dpeer.sim.simulator import Simulator
-from dpeer.statemachine.entry import Entry, EntryKind
-
-
-def _key(e: Entry) -> tuple[int, str, Any]:
-    return (e.term, e.kind.value, e.payload)
-
-
-class Checker:
-    """Safety invariants, fed by every persisted Ready and every applied entry."""
-
-    def __init__(self, quorum: int) -> None:
-        self.quorum = quorum
-        self.leaders: dict[int, str] = {}
-        self.committed: dict[int, tuple[int, str, Any]] = {}
-        self.commit_term: dict[int, int] = {}  # an upper bound of the term each index committed in
-        self.applied: dict[int, tuple[int, str, Any]] = {}
-        self.views: dict[int, Any] = {}
-        self.seen_commit: dict[str, int] = {}
-        self.minority: set[str] = set()
-        self.minority_cap = 0
-        self.outside: dict[int, set[int]] = {}  # (index -> terms) stored outside the minority
-
-    def on_ready(self, nid: str, node: RaftNode, rd: Ready) -> None:
-        if node.role is Role.LEADER and self.leaders.setdefault(node.term, nid) != nid:
-            raise AssertionError(f"two leaders in term {node.term}: {self.leaders[node.term]}, {nid}")
-        if rd.soft_state is not None and node.role is Role.LEADER:
-            self._check_leader_completeness(nid, node)
-        self._check_commits(nid, node)
-
-    def _check_leader_completeness(self, nid: str, node: RaftNode) -> None:
-        for i, (term, _, _) in self.committed.items():
-            late = self.commit_term[i] < node.term  # leader completeness covers only these
-            if late and i >= node.log.first_index() and node.log.term(i) != term:
-                raise AssertionError(f"new leader {nid} (term {node.term}) lacks committed {i}")
-
-    def _check_commits(self, nid: str, node: RaftNode) -> None:
-        commit, prev = node.commit_index, self.seen_commit.get(nid, 0)
-        lo = max(prev + 1, node.log.first_index())
-        for e in node.log.slice(lo, commit + 1, 1 << 62) if lo <= commit else []:
-            if nid in self.minority and e.index > self.minority_cap and \
-                    e.term not in self.outside.get(e.index, ()):
-                raise AssertionError(f"{nid} on the minority side committed new entry {e}")
-            self.commit_term.setdefault(e.index, node.term)
-            if self.committed.setdefault(e.index, _key(e)) != _key(e):
-                raise AssertionError(f"{nid} committed {e} but {self.committed[e.index]} was committed")
-        self.seen_commit[nid] = max(prev, commit)
-
-    def on_apply(self, nid: str, entry: Entry, effective_view: bool) -> None:
-        if self.applied.setdefault(entry.index, _key(entry)) != _key(entry):
-            raise AssertionError(f"{nid} applied {entry}, others applied {self.applied[entry.index]}")
-        if effective_view:
-            gen, members = entry.payload["generation"], entry.payload["members"]
-            if self.views.setdefault(gen, members) != members:
-                raise AssertionError(f"two views with generation {gen}: {self.views[gen]}, {members}")
+from dpeer.statemachine.entry import EntryKind
 
 
 DETECT_EVERY = 0.05  # how often the failure-detector model looks
 DETECT_AFTER = 0.25  # gossip's SIGKILL-to-dead time on loopback (BENCHMARKS.md "Membership")
+CHORES_EVERY = 0.05  # how often the leader-chores model looks (the daemon's: 20 ms)
 
 
 class Cluster:
@@ -81,7 +36,7 @@ class Cluster:
     """
 
     def __init__(self, seed: int, n: int, cfg: RaftConfig = LAN, compact_every: int = 0,
-                 detector: bool = True) -> None:
+                 detector: bool = True, chores: bool = True) -> None:
         self.rng = random.Random(seed)
         self.cfg, self.compact_every = cfg, compact_every
         policy = LinkPolicy(delay_min=0.0005, delay_max=0.005)
@@ -89,15 +44,27 @@ class Cluster:
         self.ids = [f"n{i}" for i in range(n)]
         self.checker = Checker(n // 2 + 1)
         self.storages: dict[str, MemoryStorage] = {}
-        self.proposed = 0
+        self.proposed = self.wiped = 0
         self.calm = False
+        self.forces: list[tuple[float, str, list[str], ProposeResult]] = []
+        self.founding = {nid: self._new_uid() for nid in self.ids}
         for nid in self.ids:
-            self.storages[nid] = MemoryStorage()
-            bootstrap(self.storages[nid], self.ids)
+            self.storages[nid] = self._new_disk(self.founding[nid])
             self.sim.add(nid, self._actor(nid))
         self._cut_since: dict[tuple[str, str], float] = {}
         if detector:
             self.sim.at(DETECT_EVERY, self._detect)
+        if chores:
+            self.sim.at(CHORES_EVERY, self._chores)
+
+    def _new_uid(self) -> str:
+        return "%032x" % self.rng.getrandbits(128)
+
+    def _new_disk(self, uid: str | None = None) -> MemoryStorage:
+        """A node's disk as a box first holds it: the founding configuration only."""
+        st = MemoryStorage(uid or self._new_uid())
+        bootstrap(st, self.ids, uids=self.founding)
+        return st
 
     def _actor(self, nid: str) -> RaftActor:
         return RaftActor(nid, self.storages[nid], self.cfg, random.Random(self.rng.random()),
@@ -165,8 +132,16 @@ class Cluster:
         down = [n for n, s in sim.nodes.items() if not s.up]
         paused = [n for n, s in sim.nodes.items() if s.up and s.paused]
         action = r.choice(["crash", "restart", "partition", "one_way", "heal", "loss", "pause",
-                           "resume"])
-        if action == "crash" and sim.live():
+                           "resume", "wipe", "force"])
+        if action == "wipe":
+            nid = r.choice(self.ids)
+            if self.can_wipe(nid):
+                self.wipe(nid)
+        elif action == "force" and sim.live():
+            nid = r.choice(sim.live())
+            voters = sorted(self.actor(nid).node.membership.voters)
+            self.force(nid, [nid] + r.sample(voters, r.randint(0, len(voters))))
+        elif action == "crash" and sim.live():
             sim.crash(r.choice(sim.live()))
         elif action == "restart" and down:
             nid = r.choice(down)
@@ -185,17 +160,84 @@ class Cluster:
         elif action == "resume" and paused:
             sim.resume(r.choice(paused))
 
+    def wipe(self, nid: str) -> None:
+        """Restart nid on a new disk under the same node id (the old store is gone)."""
+        if self.sim.nodes[nid].up:
+            self.sim.crash(nid)
+        self.checker.forget(nid)
+        self.storages[nid] = self._new_disk()
+        self.wiped += 1
+        self.sim.restart(nid, self._actor(nid))
+
+    def intact_voters(self, conf_of: str, without: str = "") -> set[str]:
+        """Voters of node conf_of's configuration whose store is still the one it names."""
+        conf = self.actor(conf_of).node.membership
+        return {v for v in conf.voters if v != without and self.storages[v].uid == conf.uid_of(v)}
+
+    def can_wipe(self, nid: str) -> bool:
+        """Wiping nid leaves every configuration in force somewhere a quorum of intact voters,
+        so the cluster can still elect a leader (the schedules check liveness at the end)."""
+        return all(len(self.intact_voters(n, nid)) >= self.actor(n).node.membership.quorum for n in self.ids)
+
+    def connected(self, a: str, b: str) -> bool:
+        """Ground truth: a and b are up, running and can talk both ways."""
+        net, live = self.sim.network, self.sim.live()
+        return a in live and b in live and not net.is_blocked(a, b) and not net.is_blocked(b, a)
+
+    def force(self, nid: str, voters: list[str]) -> ProposeResult:
+        """An operator runs `dpeer force` at nid; its failure detector holds alive the voters it
+        is connected to, under the store uid the configuration names."""
+        node = self.actor(nid).node
+        conf = node.membership
+        alive = {v for v in conf.voters if self.connected(nid, v) and self.storages[v].uid == conf.uid_of(v)}
+        res = node.force_new_configuration(self.sim.now, sorted(set(voters)), alive, 1.7e9 + self.sim.now)
+        self.forces.append((self.sim.now, nid, sorted(set(voters)), res))
+        self._emit(nid)
+        return res
+
+    def _chores(self) -> None:
+        """The daemon's leader chores, gossip and join as the cluster plays them: the leader
+        removes a member the configuration names with an old store uid, adds a node it lacks
+        (back on a new disk) as a learner with its store's uid, and promotes learners back up
+        to the founding voter count. One change at a time; a refused one is retried later."""
+        nid = self.leader()
+        if nid is not None:
+            node = self.actor(nid).node
+            change = self._next_change(node.membership)
+            if change is not None:
+                node.change_membership(*change)
+                self._emit(nid)
+        self.sim.at(self.sim.now + CHORES_EVERY, self._chores)
+
+    def _next_change(self, conf: Any) -> tuple[str, str, str] | None:
+        for n in sorted(conf.members):
+            if self.storages[n].uid != conf.uid_of(n) and conf.voters != {n}:
+                return ("remove", n, "")
+        for n in self.ids:
+            if n not in conf.members and self.sim.nodes[n].up:
+                return ("add_learner", n, self.storages[n].uid)
+        if conf.learners and len(conf.voters) < min(len(self.ids), self.cfg.max_voters):
+            return ("promote", sorted(conf.learners)[0], "")
+        return None
+
     def partition(self, side: set[str]) -> None:
         """Cut side from the rest; after in-flight messages land, watch the minority side."""
-        rest = [n for n in self.ids if n not in side]
+        rest = {n for n in self.ids if n not in side}
         self.heal()
-        self.sim.network.partition(sorted(side), rest)
-        minority = side if len(side) < self.checker.quorum else set(rest)
-        if len(minority) < self.checker.quorum:
-            self.sim.at(self.sim.now + 0.02, lambda: self._watch(minority))
+        self.sim.network.partition(sorted(side), sorted(rest))
+        self.sim.at(self.sim.now + 0.02, lambda: self._watch(side, rest))
 
-    def _watch(self, minority: set[str]) -> None:
+    def _watch(self, side: set[str], rest: set[str]) -> None:
+        """Watch one side when the other holds a quorum of the voters of every configuration in
+        force anywhere (after wipes and replacements the voters are not all the nodes): the
+        watched side cannot commit, even after one configuration change of its own. When
+        neither side holds such a quorum, a change on one side can make it a majority."""
         if not self.sim.network.partitioned:
+            return
+        confs = [self.actor(n).node.membership for n in self.ids]
+        minority = next((m for m, other in ((side, rest), (rest, side))
+                         if all(len(other & c.voters) >= c.quorum for c in confs)), None)
+        if minority is None:
             return
         best = max(self.checker.seen_commit.values(), default=0)
         outside: dict[int, set[int]] = {}
@@ -219,45 +261,3 @@ class Cluster:
                 self.sim.restart(nid, self._actor(nid))
             elif slot.paused:
                 self.sim.resume(nid)
-
-
-def run_schedule(seed: int, n: int, chaos_s: float = 2.0, quiet_s: float = 2.0) -> Cluster:
-    """Chaos with client proposals, then recovery; asserts safety throughout and liveness after."""
-    c = Cluster(seed, n, compact_every=random.Random(seed).choice([0, 0, 8]))
-    t = 0.0
-    while t < chaos_s:
-        t += c.rng.uniform(0.02, 0.08)
-        kind = "view" if c.rng.random() < 0.3 else "kv"
-        c.sim.at(t, lambda k=kind: c.propose(k))
-        if c.rng.random() < 0.25:
-            c.sim.at(t + 0.001, c.chaos)
-    c.sim.run_until(chaos_s)
-    c.recover()
-    c.sim.run_for(quiet_s)
-    leader = c.leader()
-    assert leader is not None, f"seed {seed}: no leader {quiet_s}s after healing"
-    res = c.propose("kv")
-    c.sim.run_for(1.0)
-    for nid in c.ids:
-        node = c.actor(nid).node
-        assert node.commit_index >= res.index, f"seed {seed}: {nid} did not commit {res.index}"
-    return c
-
-
-def election_times(trials: int, n: int = 5, cfg: RaftConfig = LAN, seed: int = 0,
-                   detector: bool = True) -> list[float]:
-    """Seconds from a leader crash to the next leader, over seeded trials (the crash comes
-    2-3 s after start, when an idle-capable leader has gone idle)."""
-    out = []
-    for k in range(trials):
-        c = Cluster(seed * 100_003 + k, n, cfg, detector=detector)
-        c.sim.run_for(2.0 + c.rng.random())
-        old = c.leader()
-        assert old is not None
-        term = c.actor(old).node.term
-        c.sim.crash(old)
-        t0 = c.sim.now
-        while c.leader() is None or c.actor(c.leader()).node.term <= term:
-            c.sim.run_for(0.001)
-        out.append(c.sim.now - t0)
-    return out

@@ -32,7 +32,7 @@ def test_three_nodes_elect_one_leader_that_commits_a_noop_everywhere() -> None:
 def test_a_vote_is_in_the_hard_state_of_the_same_ready_as_the_grant() -> None:
     net = Net(["a", "b", "c"])
     net.elect("a")
-    grants = [(rd, m) for rd in net.readies["b"] for _, m in rd.messages
+    grants = [(rd, m) for rd in net.readies["b"] for _, _, m in rd.messages
               if isinstance(m, VoteResponse) and m.granted and not m.pre_vote]
     assert len(grants) == 1
     rd, m = grants[0]
@@ -71,12 +71,12 @@ def test_followers_reject_pre_votes_while_they_hear_from_a_leader() -> None:
     net.elect("a")
     net.heartbeat("a")
     b = net.nodes["b"]
-    b.step(net.now, "c", VoteRequest(3, "c", 99, 2, pre_vote=True))
+    b.step(net.now, net.nodes["c"].identity, VoteRequest(3, "c", 99, 2, pre_vote=True), net.uid("b"))
     net.flush("b")
     _, resp = net.sent("b", VoteResponse)[-1]
     assert not resp.granted and resp.reason == "leader_lease"
     net.advance(net.cfg.election_timeout_min + 0.01)
-    b.step(net.now, "c", VoteRequest(3, "c", 99, 2, pre_vote=True))
+    b.step(net.now, net.nodes["c"].identity, VoteRequest(3, "c", 99, 2, pre_vote=True), net.uid("b"))
     net.flush("b")
     _, resp = net.sent("b", VoteResponse)[-1]
     assert resp.granted and resp.term == 3 and b.term == 2  # a pre-vote changes nothing

@@ -6,8 +6,13 @@ from dataclasses import replace
 
 from raft_helpers import CFG, Net, entry
 
-from dpeer.peer.consensus import Membership, NotLeader, Proposed, ReadRequested, Refused, Role
+from dpeer.peer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused, Role, force_after
 from dpeer.statemachine.entry import EntryKind
+
+
+def conf(node: RaftNode) -> tuple[set[str], set[str]]:
+    """(voters, learners) of a node's configuration in force."""
+    return set(node.membership.voters), set(node.membership.learners)
 
 
 def reads(net: Net, nid: str) -> list[tuple[int, int]]:
@@ -20,20 +25,20 @@ def test_a_learner_joins_catches_up_and_is_promoted_one_change_at_a_time() -> No
     a = net.nodes["a"]
     for i in range(3):
         net.propose("a", i)
-    assert isinstance(a.change_membership("add_learner", "b"), Proposed)
-    assert isinstance(a.change_membership("add_learner", "c"), Refused)  # one pending at a time
+    assert isinstance(a.change_membership("add_learner", "b", net.uid("b")), Proposed)
+    assert isinstance(a.change_membership("add_learner", "c", net.uid("c")), Refused)  # one pending at a time
     net.deliver()
     net.heartbeat("a")
-    assert net.nodes["b"].membership == Membership.of(["a"], ["b"])
+    assert conf(net.nodes["b"]) == ({"a"}, {"b"}) and net.nodes["b"].membership.uid_of("b") == net.uid("b")
     assert net.storages["b"].last_index == a.log.last_index()
     assert isinstance(a.change_membership("promote", "b"), Proposed)
     net.heartbeat("a")
-    assert a.membership == Membership.of(["a", "b"]) and a.commit_index == a.log.last_index()
-    refused = a.change_membership("add_voter", "c")
+    assert conf(a) == ({"a", "b"}, set()) and a.commit_index == a.log.last_index()
+    refused = a.change_membership("add_voter", "c", net.uid("c"))
     assert isinstance(refused, Refused) and "cap" in refused.reason
-    assert isinstance(a.change_membership("add_learner", "c"), Proposed)
+    assert isinstance(a.change_membership("add_learner", "c", net.uid("c")), Proposed)
     net.heartbeat("a")
-    assert net.nodes["c"].membership == Membership.of(["a", "b"], ["c"])
+    assert conf(net.nodes["c"]) == ({"a", "b"}, {"c"})
     net.isolate("b")
     net.propose("a", 9)
     assert a.commit_index < a.log.last_index()  # two voters: a alone is no majority
@@ -93,11 +98,12 @@ def test_accept_committed_appends_consistent_committed_entries_from_any_peer() -
     net.heartbeat("a")
     b_st, c = net.storages["b"], net.nodes["c"]
     batch = b_st.entries(c.commit_index, b_st.commit_index + 1)
-    res = c.accept_committed(batch, b_st.commit_index)
+    b = net.nodes["b"]
+    res = c.accept_committed(batch, b_st.commit_index, b.identity, b.term)
     assert res.accepted and res.commit == b_st.commit_index == 7
     net.flush("c")
     assert [e.index for e in net.applied["c"]] == list(range(1, 8))
-    assert c.accept_committed(batch, 7).accepted  # idempotent
+    assert c.accept_committed(batch, 7, b.identity, b.term).accepted  # idempotent
 
 
 def test_accept_committed_truncates_only_uncommitted_conflicts() -> None:
@@ -112,7 +118,8 @@ def test_accept_committed_truncates_only_uncommitted_conflicts() -> None:
     net.propose("a", 1)
     net.heartbeat("a")
     b_st, c = net.storages["b"], net.nodes["c"]
-    res = c.accept_committed(b_st.entries(2, b_st.commit_index + 1), b_st.commit_index)
+    b = net.nodes["b"]
+    res = c.accept_committed(b_st.entries(2, b_st.commit_index + 1), b_st.commit_index, b.identity, b.term)
     assert res.accepted and c.log.term(3) == 3 and c.commit_index == 4
 
 
@@ -122,15 +129,15 @@ def test_accept_committed_rejects_gaps_uncommitted_and_conflicting_batches() -> 
     for i in range(3):
         net.propose("a", i)
     net.heartbeat("a")
-    b = net.nodes["b"]
+    b, c = net.nodes["b"], net.nodes["c"].identity
     kv = {"key": "x", "value": "y"}
     gap = [entry(9, 2, EntryKind.KV_PUT, **kv)]
-    assert "overlap" in b.accept_committed(gap, 9).reason
+    assert "overlap" in b.accept_committed(gap, 9, c, 7).reason
     changed = [entry(4, 7, EntryKind.KV_PUT, **kv), entry(5, 7, EntryKind.KV_PUT, **kv)]
-    assert "conflicts" in b.accept_committed(changed, 5).reason
+    assert "conflicts" in b.accept_committed(changed, 5, c, 7).reason
     ahead = [entry(5, 2, EntryKind.KV_PUT, **kv), entry(6, 2, EntryKind.KV_PUT, **kv)]
-    assert "beyond" in b.accept_committed(ahead, 5).reason
-    assert net.nodes["a"].accept_committed(ahead, 6).reason == "leader"
+    assert "beyond" in b.accept_committed(ahead, 5, c, 7).reason
+    assert net.nodes["a"].accept_committed(ahead, 6, c, 7).reason == "leader"
     assert b.commit_index == 5
 
 
@@ -145,10 +152,12 @@ def test_force_new_configuration_restores_progress_after_losing_a_majority() -> 
     assert net.nodes["a"].commit_index == 3  # 2 of 5 voters: stuck
     while net.nodes["a"].role is Role.LEADER:
         net.heartbeat("a")  # check-quorum: the leader of a lost majority steps down
-    net.nodes["b"].force_new_configuration(["a", "b"])
-    net.deliver()
+    net.advance(force_after(CFG))
     b = net.nodes["b"]
+    assert isinstance(b.force_new_configuration(net.now, ["a", "b"], {"a"}, 1.7e9), Proposed)
+    net.deliver()
     assert b.role is Role.LEADER and b.membership.voters == {"a", "b"}
+    assert (b.epoch, b.membership.forced_at, net.nodes["a"].epoch) == (2, 1.7e9, 2)
     assert isinstance(b.propose(EntryKind.KV_PUT, {"key": "k", "value": "v"}), Proposed)
     net.heartbeat("b")
     assert net.nodes["a"].commit_index == b.commit_index == b.log.last_index()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from raft_helpers import entry
+from raft_helpers import entry, uid_for
 
 from dpeer.peer.consensus.messages import (
     AppendRequest,
@@ -11,10 +13,20 @@ from dpeer.peer.consensus.messages import (
     Heartbeat,
     HeartbeatResponse,
     InvalidMessage,
+    Peer,
     SnapshotRequest,
     VoteRequest,
     VoteResponse,
 )
+
+U = {n: uid_for(n) for n in "abc"}
+
+
+def snap(voters: tuple[str, ...], learners: tuple[str, ...], index: int = 10, data: object = b"x", epoch: int = 1,
+         uids: tuple[tuple[str, str], ...] | None = None) -> SnapshotRequest:
+    named = tuple(sorted((n, U[n]) for n in set(voters) | set(learners))) if uids is None else uids
+    return SnapshotRequest(3, "a", index, 2 if index else 0, data, voters, learners, named, epoch, 0.0)  # type: ignore[arg-type]
+
 
 GOOD = [
     VoteRequest(3, "a", 5, 2, True),
@@ -24,7 +36,9 @@ GOOD = [
     AppendResponse(3, False, 9, 4, 2),
     Heartbeat(3, "a", 7, 1),
     HeartbeatResponse(3, 1),
-    SnapshotRequest(3, "a", 10, 2, b"x", ("a", "b"), ("c",)),
+    snap(("a", "b"), ("c",)),
+    Peer("a", U["a"], 0),
+    Peer("a", U["a"], 7),
 ]
 
 BAD = [
@@ -42,10 +56,19 @@ BAD = [
     AppendResponse(3, False, 9, 4, 7),
     Heartbeat(2**64, "a", 0, 0),
     HeartbeatResponse(3, -1),
-    SnapshotRequest(3, "a", 0, 0, b"x", ("a",), ()),
-    SnapshotRequest(3, "a", 10, 2, b"x", (), ()),
-    SnapshotRequest(3, "a", 10, 2, b"x", ("a",), ("a",)),
-    SnapshotRequest(3, "a", 10, 2, "x", ("a",), ()),          # type: ignore[arg-type]
+    snap(("a",), (), index=0),
+    snap((), ()),
+    snap(("a",), ("a",)),
+    snap(("a",), (), data="x"),
+    replace(snap(("a", "b"), ()), forced_at=-1.0),
+    replace(snap(("a", "b"), ()), forced_at=0),               # an int, not a float
+    snap(("a",), (), epoch=0),
+    snap(("a", "b"), (), uids=(("a", U["a"]),)),             # b has no uid
+    snap(("a",), (), uids=(("a", "A" * 32),)),                # not lowercase hex
+    Peer("a", "", 0),
+    Peer("a", U["a"][:-1], 0),
+    Peer("", U["a"], 0),
+    Peer("a", U["a"], -1),
 ]
 
 

@@ -1,6 +1,7 @@
-"""Thousands of seeded chaos schedules: crashes, restarts, partitions (two-way and one-way),
-loss and pauses with client proposals; safety is checked at every persisted Ready, liveness
-after healing. A failure names its seed: run_schedule(seed, n) replays it exactly."""
+"""Thousands of seeded chaos schedules: crashes, restarts, restarts on wiped disks, partitions
+(two-way and one-way), loss, pauses and misused force, with client proposals; and schedules of
+a majority lost for good then forced back. Safety is checked at every persisted Ready (see
+raft_checker.py), liveness after healing. A failure names its seed and the command replaying it."""
 
 from __future__ import annotations
 
@@ -8,32 +9,68 @@ import dataclasses
 import statistics
 
 import pytest
-from raft_sim import DETECT_AFTER, election_times, run_schedule
+from raft_schedules import election_times, replay_command, run_force_schedule, run_schedule
+from raft_sim import DETECT_AFTER
 
-from dpeer.peer.consensus import LAN
+from dpeer.peer.consensus import LAN, RaftNode
 
 CHUNK = 50
 
 
-def _run_chunk(start: int, count: int) -> None:
+def _run_chunk(start: int, count: int, force: bool = False, chaos_s: float = 1.0) -> None:
     for seed in range(start, start + count):
         n = (3, 5, 7)[seed % 3]
         try:
-            run_schedule(seed, n)
+            if force:
+                run_force_schedule(seed, n)
+            else:
+                run_schedule(seed, n, chaos_s, quiet_s=max(1.5, chaos_s))
         except AssertionError as exc:
-            pytest.fail(f"seed {seed} (n={n}) failed: {exc}\n"
-                        f"reproduce: run_schedule({seed}, {n}) from tests/consensus/raft_sim.py")
+            pytest.fail(f"seed {seed} (n={n}) failed: {exc}\nreplay: {replay_command(seed, n, force, chaos_s)}")
 
 
-@pytest.mark.parametrize("start", range(0, 600, CHUNK))
+@pytest.mark.parametrize("start", range(0, 1500, CHUNK))
 def test_chaos_schedules_keep_raft_safe_and_live(start: int) -> None:
     _run_chunk(start, CHUNK)
 
 
+@pytest.mark.parametrize("start", range(0, 150, CHUNK // 2))
+def test_a_majority_lost_for_good_is_forced_back_safely_and_misused_force_is_refused(start: int) -> None:
+    _run_chunk(start, CHUNK // 2, force=True)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("start", range(600, 6000, 500))
-def test_many_more_chaos_schedules(start: int) -> None:
-    _run_chunk(start, 500)
+@pytest.mark.parametrize("start", range(1500, 7500, 500))
+def test_many_more_longer_chaos_schedules(start: int) -> None:
+    _run_chunk(start, 500, chaos_s=2.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("start", range(150, 750, 100))
+def test_many_more_forced_recoveries(start: int) -> None:
+    _run_chunk(start, 100, force=True)
+
+
+def test_the_schedules_catch_a_planted_amnesia_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the identity checks planted away, a box back on a new disk takes messages meant for
+    the store it replaced, its answers count, and it campaigns as that voter: some schedule
+    must then break an invariant (a committed entry lost, two leaders in a term)."""
+    step = RaftNode.step
+
+    def amnesiac_admit(self: RaftNode, sender: object, msg: object) -> bool:
+        self._heard[sender.node_id] = self._now  # type: ignore[attr-defined]
+        return True
+
+    monkeypatch.setattr(RaftNode, "step", lambda self, now, sender, msg, to_uid: step(self, now, sender, msg, self.uid))
+    monkeypatch.setattr(RaftNode, "_admit", amnesiac_admit)
+    monkeypatch.setattr(RaftNode, "_promotable", lambda self: self.id in self.membership.voters)
+    for seed in range(400):
+        try:
+            run_schedule(seed, (3, 5, 7)[seed % 3])
+        except AssertionError as exc:
+            assert not str(exc).startswith(f"seed {seed}:"), f"a liveness failure, not a safety one: {exc}"
+            return
+    pytest.fail("no schedule caught a node answering for a store it is not")
 
 
 def _stats(times: list[float]) -> tuple[float, float]:

@@ -38,12 +38,14 @@ def lmdb_storage() -> Storage:
 
 
 FACTORIES: dict[str, Callable[[], Storage]] = {"memory": MemoryStorage, "lmdb": lmdb_storage}
-CONF = Membership.of(["a", "b", "c"])
+UIDS = {n: f"{i:032x}" for i, n in enumerate("abc", 1)}
+CONF = Membership.of(["a", "b", "c"], [], UIDS)
 
 
 def snap(index: int, term: int) -> Snapshot:
     """A real encoded cluster state at (index, term) with CONF, valid for every storage."""
-    state = ClusterState(applied_index=index, applied_term=term, voters=tuple(sorted(CONF.voters)))
+    state = ClusterState(applied_index=index, applied_term=term, voters=tuple(sorted(CONF.voters)),
+                         uids=UIDS, epoch=1)
     return Snapshot(index, term, encode_snapshot(state).data, CONF)
 
 
@@ -71,6 +73,11 @@ def test_an_empty_storage(make: Callable[[], Storage]) -> None:
     assert (st.first_index, st.last_index, st.last_term) == (1, 0, 0)
     assert (st.snapshot_index, st.snapshot_term, st.term_at(0), st.term_at(1)) == (0, 0, 0, None)
     assert st.entries(1, 5) == [] and st.snapshot().index == 0
+
+
+def test_every_new_storage_has_an_identity_of_its_own(make: Callable[[], Storage]) -> None:
+    a, b = make(), make()
+    assert len(a.uid) == 32 and set(a.uid) <= set("0123456789abcdef") and a.uid != b.uid
 
 
 def test_hard_state_never_goes_back_nor_changes_a_vote(make: Callable[[], Storage]) -> None:

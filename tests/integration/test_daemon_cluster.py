@@ -42,6 +42,19 @@ async def formed(cluster: LocalCluster, size: int) -> dict:
     return await cluster.wait_for(ok, TIMEOUT, f"{size} members with one leader")
 
 
+async def force_when_allowed(addr: str, voters: str, timeout: float = 90.0) -> subprocess.CompletedProcess:
+    """Run `dpeer force` until the guard lets it through (no leader for 2 x the longest election
+    timeout: 24 s on lan); every refusal on the way must be that wait, nothing else."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        forced = cli("force", "--addr", addr, "--voters", voters, "--yes")
+        if forced.returncode == 0:
+            return forced
+        assert forced.returncode == 1 and "a leader was known" in forced.stderr, forced.stderr
+        assert asyncio.get_running_loop().time() < deadline, forced.stderr
+        await asyncio.sleep(2.0)
+
+
 def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:
     cluster = make_cluster(5)
     cluster.start_all()
@@ -214,8 +227,12 @@ def test_forced_reconfiguration_recovers_a_lost_majority(make_cluster) -> None:
         assert cli("kv", "put", "halted", "1", "--addr", survivor.addr, "--timeout", "3").returncode != 0
         refused = cli("force", "--addr", survivor.addr, "--voters", survivor.node_id)
         assert refused.returncode == 2 and "--yes" in refused.stderr
-        forced = cli("force", "--addr", survivor.addr, "--voters", survivor.node_id, "--yes")
-        assert forced.returncode == 0, forced.stderr
+        early = cli("force", "--addr", survivor.addr, "--voters", survivor.node_id, "--yes")
+        assert early.returncode == 1 and "force refused: a leader was known" in early.stderr, early.stderr
+        forced = await force_when_allowed(survivor.addr, survivor.node_id)
+        assert "cluster epoch 2" in forced.stdout, forced.stdout
+        doc = await cluster.status(survivor)
+        assert doc is not None and doc["epoch"] == 2 and doc["forced_at"] is not None and doc["forced"] == 1
         assert cli("kv", "put", "after", "1", "--addr", survivor.addr, "--timeout", "20").returncode == 0
         for node in lost:
             # As after etcd's --force-new-cluster: the lost voters come back on fresh data dirs

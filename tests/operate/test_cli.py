@@ -19,7 +19,7 @@ from dpeer.peer.config import NodeConfig
 from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wait_status
 
 COMMANDS = [
-    [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["leave"], ["demo"],
+    [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["leave"], ["log"], ["demo"],
     ["config"], ["config", "show"], ["config", "check"], ["job"], ["job", "retry"],
 ]
 
@@ -51,6 +51,8 @@ BAD_USAGE = [
     ["start", "--node-id", "n1", "--job", "not a job"],
     ["start", "--listen", "127.0.0.1:7101"],
     ["config", "check"],
+    ["log", "--addr", "127.0.0.1:7101", "--from", "0"],
+    ["log", "--addr", "127.0.0.1:7101", "--from", "9", "--to", "3"],
 ]
 
 
@@ -231,3 +233,29 @@ def test_cluster_commands_status_members_kv_and_leave(daemons) -> None:
     assert cli("kv", "put", "after-leave", "1", "--addr", n1.addr).returncode == 0
     assert n1.running and n2.running
     daemons.signal(n1, signal.SIGKILL)
+
+
+def log_rows(addr: str, *flags: str) -> list[dict]:
+    """`dpeer log --json` of a node, parsed (it must succeed)."""
+    result = cli("log", "--addr", addr, "--json", *flags)
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_dpeer_log_shows_equal_committed_prefixes_on_every_node(daemons) -> None:
+    n1 = daemons.start("n1")
+    n2 = daemons.start("n2", join=[n1.addr])
+    formed(n1.addr, {"n1", "n2"})
+    for i in range(3):
+        assert cli("kv", "put", f"k{i}", str(i), "--addr", n2.addr).returncode == 0
+    commit = min(wait_status(n.addr, lambda d: d["commit_index"] >= 5, "5 committed")["commit_index"] for n in (n1, n2))
+    one, two = log_rows(n1.addr, "--to", str(commit)), log_rows(n2.addr, "--to", str(commit))
+    assert one == two and [r["index"] for r in one] == list(range(1, commit + 1))
+    assert all(set(r) == {"index", "term", "kind", "hash"} and len(r["hash"]) == 64 for r in one)
+    assert one[0]["kind"] == "config_change" and sum(r["kind"] == "kv_put" for r in one) == 3
+    assert log_rows(n1.addr, "--from", "2", "--to", "3") == one[1:3]
+    text = cli("log", "--addr", n1.addr, "--to", "1")
+    assert text.returncode == 0 and text.stdout.split() == ["1", str(one[0]["term"]), "config_change", one[0]["hash"]]
+    beyond = cli("log", "--addr", n1.addr, "--from", str(commit), "--to", str(commit + 1000), "--json")
+    assert beyond.returncode == 1 and "not committed" in one_sentence(beyond.stderr)
+    assert json.loads(beyond.stdout.splitlines()[0])["index"] == commit  # what it holds comes first

@@ -62,6 +62,10 @@ def test_metrics_endpoint_reports_members_term_indexes_and_view(daemons) -> None
     assert value(s, "dpeer_invalid_messages", node="n1") == 0
     assert value(s, "dpeer_peer_rtt_seconds_count", node="n1") > 0, "no peer round trip was measured"
     assert "dpeer_recovery_seconds_count" in s and "dpeer_reforms_total" in s
+    assert value(s, "dpeer_cluster_epoch", node="n1") == 1 == doc["epoch"]  # founded, never forced
+    assert value(s, "dpeer_forced_reconfigurations_total", node="n1") == 0
+    assert value(s, "dpeer_force_refused_total", node="n1") == 0
+    assert value(s, "dpeer_identity_conflicts", node="n1") == 0
 
     # A write moves the commit index and last_applied forward in the metrics too.
     after = wait_status(n1.addr, lambda d: True, "status")

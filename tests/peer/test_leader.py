@@ -23,10 +23,12 @@ class FakeNode(SimpleNamespace):
 
 
 def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
-    members = {"a": Member("10.0.0.1:7100", "active", 1, 7101, True), "b": Member("10.0.0.2:7100", "active", 2, 7201)}
+    uids = {"a": "a" * 32, "b": "b" * 32}
+    members = {"a": Member("10.0.0.1:7100", "active", 1, 7101, True, uids["a"]),
+               "b": Member("10.0.0.2:7100", "active", 2, 7201, True, uids["b"])}
     state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
-                         view=View(4, ("a", "b"), "10.0.0.1:7101"))
-    node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state),
+                         view=View(4, ("a", "b"), "10.0.0.1:7101"), uids=MappingProxyType(uids), epoch=1)
+    node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
     return LeaderChores(node, "lan", lambda: 7101, lambda: True, lambda: False), node
 

@@ -199,3 +199,18 @@ def test_quiet_window_is_short_only_for_drops_the_group_confirmed() -> None:
     ]
     for before, after, failed, expected in cases:
         assert quiet_window(before, after, seen, failed, 0.1, 0.02) == expected, (before, after, failed)
+
+
+def test_a_member_back_on_a_new_disk_is_removed_then_added_back_as_a_learner_with_its_new_uid() -> None:
+    old, new = "1" * 32, "2" * 32
+    ms = {"a": Member("10.0.0.1:7100", "active", 1, uid="a" * 32), "b": Member("10.0.0.2:7100", "active", 2, uid=new),
+          "c": Member("10.0.0.3:7100", "active", 3, uid="c" * 32)}
+    uids = {"a": "a" * 32, "b": old, "c": "c" * 32}
+    before = ClusterState(members=MappingProxyType(ms), voters=("a", "b", "c"), uids=MappingProxyType(uids), epoch=1)
+    gossip = seen(a="alive", b="alive", c="alive")
+    d = plan_voters(before, gossip, now=0.0, grace=30.0, max_voters=5)
+    assert (d.payload["op"], d.payload["node"]) == ("remove", "b") and "new disk" in d.reason
+    del uids["b"]
+    after = ClusterState(members=MappingProxyType(ms), voters=("a", "c"), uids=MappingProxyType(uids), epoch=1)
+    d = plan_voters(after, gossip, now=0.0, grace=30.0, max_voters=5)
+    assert dict(d.payload) == {"op": "add_learner", "node": "b", "uid": new}

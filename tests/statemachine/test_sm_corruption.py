@@ -84,10 +84,13 @@ def test_crc_bad_entry_in_tail_is_moved_aside_keeping_term_and_vote(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "s"
     build(path, n=200, marked=150, applied=100)
+    with Store.open(path) as s:
+        old_uid = s.uid
     assert flip_marker(path) >= 1
     store, _ = reopen_expect_moved(path, caplog)
     with store:
         assert (store.current_term, store.voted_for) == (4, "n2"), "a fresh store must not vote twice"
+        assert store.uid != old_uid, "nor vote or acknowledge as the store whose log it lost"
 
 
 def test_crc_bad_entry_below_the_checked_tail_raises_on_read(tmp_path: Path) -> None:

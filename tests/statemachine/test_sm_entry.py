@@ -13,6 +13,7 @@ from dpeer.statemachine.entry import (
     decode_key,
     encode_entry,
     encode_key,
+    entry_digest,
     entry_from_wire,
     entry_to_wire,
     pack_payload,
@@ -20,6 +21,8 @@ from dpeer.statemachine.entry import (
     unpack_payload,
 )
 from dpeer.statemachine.errors import CorruptEntry
+
+U1, U2 = "1" * 32, "2" * 32
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.text(max_size=20),
                     st.binary(max_size=20), st.floats(allow_nan=False))
@@ -117,9 +120,19 @@ def test_decode_names_the_index() -> None:
     (EntryKind.KV_PUT, {"key": "k", "value": 3}, False),
     (EntryKind.CONTROL, {"action": "drain"}, True),
     (EntryKind.CONTROL, {"action": "stop"}, False),
-    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"]}, True),
-    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["a"]}, False),
-    (EntryKind.CONFIG_CHANGE, {"voters": [], "learners": []}, False),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"], "uids": {"a": U1, "b": U2}, "epoch": 1}, True),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": [], "uids": {"a": U1}, "epoch": 2, "forced_at": 1.5},
+     True),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["a"], "uids": {"a": U1}, "epoch": 1}, False),
+    (EntryKind.CONFIG_CHANGE, {"voters": [], "learners": [], "uids": {}, "epoch": 1}, False),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"]}, False),  # no identities
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"], "uids": {"a": U1}, "epoch": 1}, False),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": [], "uids": {"a": "xyz"}, "epoch": 1}, False),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": [], "uids": {"a": U1}, "epoch": 0}, False),
+    (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": [], "uids": {"a": U1}, "epoch": 1, "forced_at": 3},
+     False),  # forced_at is a float
+    (EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", "uid": U1}, True),
+    (EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", "uid": "nope"}, False),
     (EntryKind.NOOP, {}, True),
 ])
 def test_payload_schemas(kind: EntryKind, payload: dict, ok: bool) -> None:
@@ -134,3 +147,12 @@ def test_a_crc_trailer_rewritten_in_another_int_form_is_detected() -> None:
     value[-5] = 0xD2
     with pytest.raises(CorruptEntry, match="CRC mismatch"):
         decode_entry(1, bytes(value))
+
+
+def test_the_digest_covers_position_and_content_and_ignores_map_order() -> None:
+    a = Entry(3, 2, EntryKind.VIEW, {"generation": 1, "members": ["a"], "store_host": "h:1"})
+    same = Entry(3, 2, EntryKind.VIEW, {"store_host": "h:1", "members": ["a"], "generation": 1})
+    assert entry_digest(a) == entry_digest(same) and len(entry_digest(a)) == 64
+    others = [Entry(4, 2, a.kind, a.payload), Entry(3, 3, a.kind, a.payload),
+              Entry(3, 2, a.kind, {**a.payload, "generation": 2})]
+    assert len({entry_digest(e) for e in [a, *others]}) == 4

@@ -22,6 +22,12 @@ from dpeer.statemachine.state import (
 K = EntryKind
 
 
+def conf(voters: list[str], learners: list[str]) -> dict:
+    """A config_change payload naming each member with a store uid derived from its name."""
+    return {"voters": voters, "learners": learners, "uids": {n: f"{sum(map(ord, n)):032x}" for n in voters + learners},
+            "epoch": 1}
+
+
 def run(*specs: tuple[EntryKind, dict]) -> tuple[ClusterState, list]:
     entries = [Entry(i, 1, kind, payload) for i, (kind, payload) in enumerate(specs, 1)]
     return apply_many(ClusterState(), entries)
@@ -60,7 +66,7 @@ def test_checkpoint_kv_control_config() -> None:
     s, res = run((K.CHECKPOINT, {"step": 10, "digest": "d1", "holders": ["a"]}),
                  (K.CHECKPOINT, {"step": 10, "digest": "d2", "holders": ["a"]}),
                  (K.KV_PUT, {"key": "x", "value": "1"}), (K.KV_DELETE, {"key": "y"}),
-                 (K.CONTROL, {"action": "pause"}), (K.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"]}),
+                 (K.CONTROL, {"action": "pause"}), (K.CONFIG_CHANGE, conf(["a"], ["b"])),
                  (K.NOOP, {}), (K.KV_PUT, {"key": "x"}))
     assert [r.accepted for r in res] == [True, False, True, False, True, True, True, False]
     assert s.checkpoint is not None and s.checkpoint.digest == "d1"
@@ -96,7 +102,7 @@ specs = st.one_of(
     st.builds(lambda k, v: (K.KV_PUT, {"key": k, "value": v}), ids, st.text(max_size=3)),
     st.builds(lambda k: (K.KV_DELETE, {"key": k}), ids),
     st.builds(lambda a: (K.CONTROL, {"action": a}), st.sampled_from(["pause", "resume", "drain"])),
-    st.builds(lambda v: (K.CONFIG_CHANGE, {"voters": v[:2], "learners": v[2:]}),
+    st.builds(lambda v: (K.CONFIG_CHANGE, conf(v[:2], v[2:])),
               st.lists(ids, min_size=2, max_size=4, unique=True)),
 )
 

@@ -46,6 +46,17 @@ def test_create_and_reopen_keeps_everything(tmp_path: Path) -> None:
         assert r.entries(1, 11) == kv_entries(1, 11, term=3)
 
 
+def test_a_store_keeps_its_identity_and_a_new_store_gets_a_new_one(tmp_path: Path) -> None:
+    with open_store(tmp_path) as s:
+        uid = s.uid
+    assert len(uid) == 32 and set(uid) <= set("0123456789abcdef")
+    with Store.open(tmp_path / "s") as r:
+        assert r.uid == uid
+    (tmp_path / "s").rename(tmp_path / "s.moved-aside")  # the operator's wipe: moved aside, never deleted
+    with open_store(tmp_path) as fresh:
+        assert fresh.node_id == "n1" and fresh.uid != uid
+
+
 def test_create_needs_node_id_and_refuses_other_nodes_store(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="node_id"):
         Store.open(tmp_path / "x")

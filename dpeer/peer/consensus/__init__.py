@@ -7,11 +7,14 @@ and confirms with `advance`. See core.RaftNode for the contract.
 
 from dpeer.peer.consensus.config import EDGE, LAN, WAN, RaftConfig
 from dpeer.peer.consensus.core import RaftNode, Role
+from dpeer.peer.consensus.force import force_after
 from dpeer.peer.consensus.membership import Membership, MembershipError, bootstrap
+from dpeer.peer.consensus.messages import Peer
 from dpeer.peer.consensus.ready import (
     AcceptResult,
     HardState,
     NotLeader,
+    Outgoing,
     Proposed,
     ReadRequested,
     ReadState,
@@ -23,6 +26,6 @@ from dpeer.peer.consensus.storage import MemoryStorage, Snapshot, Storage
 
 __all__ = [
     "AcceptResult", "EDGE", "HardState", "LAN", "Membership", "MembershipError", "MemoryStorage",
-    "NotLeader", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState", "Ready",
-    "Refused", "Role", "Snapshot", "SoftState", "Storage", "WAN", "bootstrap",
+    "NotLeader", "Outgoing", "Peer", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState",
+    "Ready", "Refused", "Role", "Snapshot", "SoftState", "Storage", "WAN", "bootstrap", "force_after",
 ]

@@ -1,14 +1,19 @@
 """RaftNode: the Raft algorithm as a pure state machine (etcd-io/raft's shape, Python-sized).
 
 Contract. The caller owns the clock, the disk and the network:
-- feed it: step(now, src, msg) for each validated incoming message, tick(now) when
-  now >= next_deadline(), propose / change_membership / read_index / accept_committed;
+- feed it: step(now, sender, msg, to_uid) for each validated incoming message (sender: the
+  Peer that sent it, to_uid: the store uid it was meant for), observe(sender) for any other
+  message from a peer (gossip), tick(now) when now >= next_deadline(), propose /
+  change_membership / read_index / accept_committed / force_new_configuration;
 - drain it: while has_ready(): rd = ready(); persist rd.hard_state (term, vote), install
   rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); apply rd.committed_entries
-  in order; send rd.messages; advance(rd). Never step between ready() and advance().
+  in order; send rd.messages, each stamped with `identity`; advance(rd). Never step between
+  ready() and advance().
 Features: pre-vote, check-quorum, leader lease on votes, fast log backoff, snapshots, learners,
-single-server membership changes, ReadIndex, committed-entry resync from any peer, idle leaders
-that beat slowly, with leader_lost(node) as the failure detector's shortcut to an election.
+single-server membership changes, ReadIndex, committed-entry resync from members, idle leaders
+that beat slowly, with leader_lost(node) as the failure detector's shortcut to an election,
+member identities (node id + store uid) and cluster epochs (see membership.py), and a guarded
+forced reconfiguration (force.py).
 """
 
 from __future__ import annotations
@@ -17,17 +22,28 @@ import logging
 import math
 import random
 from enum import Enum
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from dpeer.peer.consensus.config import RaftConfig
-from dpeer.peer.consensus.log import RaftLog, check_committed_batch
-from dpeer.peer.consensus.membership import ChangeOp, Membership, MembershipError
+from dpeer.peer.consensus.follower import FollowerSide
+from dpeer.peer.consensus.force import ForceSide
+from dpeer.peer.consensus.identity import IdentitySide
+from dpeer.peer.consensus.log import RaftLog
+from dpeer.peer.consensus.membership import (
+    ChangeOp,
+    Membership,
+    MembershipError,
+    history_after_append,
+    load_history,
+    pruned_history,
+)
 from dpeer.peer.consensus.messages import (
     AppendRequest,
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
     Message,
+    Peer,
     SnapshotRequest,
     VoteRequest,
     VoteResponse,
@@ -35,9 +51,9 @@ from dpeer.peer.consensus.messages import (
 from dpeer.peer.consensus.progress import Tracker
 from dpeer.peer.consensus.replication import LeaderSide
 from dpeer.peer.consensus.ready import (
-    AcceptResult,
     HardState,
     NotLeader,
+    Outgoing,
     Proposed,
     ProposeResult,
     ReadRequested,
@@ -47,7 +63,7 @@ from dpeer.peer.consensus.ready import (
     Refused,
     SoftState,
 )
-from dpeer.peer.consensus.storage import Snapshot, Storage
+from dpeer.peer.consensus.storage import Storage
 from dpeer.peer.consensus.succession import successor_delay
 from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 
@@ -64,20 +80,26 @@ class Role(str, Enum):
     LEADER = "leader"
 
 
-class RaftNode(LeaderSide):
-    """One node's Raft state; restartable from Storage alone (see the module docstring)."""
+class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
+    """One node's Raft state; restartable from Storage alone (see the module docstring).
+
+    Identity bookkeeping, for the caller's status and the leader's replacement of lost members:
+    seen_uids (the last store uid seen from each node id), newest_epoch (the highest cluster epoch
+    any peer follows), old_epoch_peers (non-members of an older epoch whose messages were
+    refused), diverged_at (an index where a leader's entry differed from our committed one)."""
 
     def __init__(self, node_id: str, storage: Storage, config: RaftConfig,
                  rng: random.Random, now: float) -> None:
         self.id, self.cfg, self._rng, self._now = node_id, config, rng, now
+        self.uid = storage.uid
         self.log = RaftLog(storage)
         self.term: int = storage.current_term
         self.voted_for: str | None = storage.voted_for
         self.role = Role.FOLLOWER
         self.leader: str | None = None
-        self._conf_history = _load_conf_history(storage)
+        self._conf_history = load_history(storage)
         self.tracker = Tracker(self.membership)
-        self._msgs: list[tuple[str, Any]] = []
+        self._msgs: list[Outgoing] = []
         self._read_states: list[ReadState] = []
         self._votes: dict[str, bool] = {}
         self._prev_hard = HardState(self.term, self.voted_for, self.log.committed)
@@ -90,8 +112,16 @@ class RaftNode(LeaderSide):
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
         self._learner_heartbeat_due = -math.inf
+        self._beat_idle = False
         self._read_seq = 0
         self._pending_reads: list[list[Any]] = []  # [request_id, index or None]
+        self._leader_seen_at = now  # when a leader (or this node leading) was last known
+        self._heard: dict[str, float] = {}  # when each member last reached us under its uid
+        self._peer: Peer | None = None  # the sender of the message being stepped
+        self.seen_uids: dict[str, str] = {}
+        self.newest_epoch = self.epoch
+        self.old_epoch_peers: dict[str, int] = {}
+        self.diverged_at = 0
 
     # -- public state -----------------------------------------------------------------------
     @property
@@ -115,6 +145,7 @@ class RaftNode(LeaderSide):
         """Advance timers to now: heartbeats and check-quorum as leader, elections otherwise."""
         self._now = now
         if self.role is Role.LEADER:
+            self._leader_seen_at = now
             self._tick_leader(now)
         elif now >= self._election_deadline:
             self._reset_election_timer()
@@ -139,20 +170,40 @@ class RaftNode(LeaderSide):
             self.membership.voters, self.id, node, self.cfg.heartbeat_interval, self.cfg.election_timeout_min,
             self._rng.random()))
 
-    def step(self, now: float, src: str, msg: Message) -> None:
-        """Handle one message from peer src; raises InvalidMessage on absurd fields."""
+    def step(self, now: float, sender: Peer, msg: Message, to_uid: str) -> None:
+        """Handle one message from sender, meant for the store to_uid; raises InvalidMessage on
+        absurd fields. A message meant for another store is dropped (a box back on a new disk
+        never answers for the store it replaced), and so is an answer (a vote, an
+        acknowledgement) from a node the configuration names with another uid, so it is never
+        counted. Requests are taken from anyone, as Raft's rule is: our configuration may be
+        older than the sender's, and the sender addressed this very store."""
         msg.validate()
+        sender.validate()
         self._now = now
+        src = sender.node_id
         if src == self.id or (isinstance(msg, _LEADER_MSGS) and msg.leader != src):
             return
         if isinstance(msg, VoteRequest) and msg.candidate != src:
             return
-        if msg.term > self.term and not self._on_higher_term(src, msg):
+        self.observe(sender)
+        if self.superseded and self.role is not Role.FOLLOWER:
+            log.warning("%s: a peer follows cluster epoch %d, this node epoch %d (a forced reconfiguration "
+                        "gave up on it): it stops %s", self.id, self.newest_epoch, self.epoch, self.role.value)
+            self._become_follower(self.term, None)
+        if to_uid != self.uid or not self._admit(sender, msg):
             return
-        if msg.term < self.term:
-            self._on_lower_term(src, msg)
-            return
-        self._dispatch(src, msg)
+        if self.role is Role.LEADER:
+            self._leader_seen_at = now
+        self._peer = sender
+        try:
+            if msg.term > self.term and not self._on_higher_term(src, msg):
+                return
+            if msg.term < self.term:
+                self._on_lower_term(src, msg)
+                return
+            self._dispatch(src, msg, sender.epoch)
+        finally:
+            self._peer = None
 
     def propose(self, kind: EntryKind | str, payload: Mapping[str, Any]) -> ProposeResult:
         """Append an entry as leader; config changes go through change_membership."""
@@ -169,15 +220,16 @@ class RaftNode(LeaderSide):
         entry = self._leader_append(kind, dict(payload))
         return Proposed(entry.index, entry.term)
 
-    def change_membership(self, op: ChangeOp | str, node: str) -> ProposeResult:
-        """Propose one single-server change (add_learner, add_voter, promote, remove)."""
+    def change_membership(self, op: ChangeOp | str, node: str, uid: str = "") -> ProposeResult:
+        """Propose one single-server change (add_learner and add_voter with the node's store
+        uid, promote, remove)."""
         if self.role is not Role.LEADER:
             return NotLeader(self.leader)
         if self._pending_conf_index > self.log.committed:
             return Refused("a configuration change is still pending")
         op = ChangeOp(op)
         try:
-            new = self.membership.changed(op, node, self.cfg.max_voters)
+            new = self.membership.changed(op, node, self.cfg.max_voters, uid)
         except MembershipError as exc:
             return Refused(str(exc))
         if op is ChangeOp.PROMOTE and self.tracker.progress[node].match < self.log.committed:
@@ -199,43 +251,6 @@ class RaftNode(LeaderSide):
         self._broadcast_heartbeat(learners=False)
         self._check_reads()
         return ReadRequested(self._read_seq)
-
-    def accept_committed(self, entries: Iterable[Entry], commit_index: int) -> AcceptResult:
-        """Take entries committed elsewhere (fetched from any peer, commit_index being that
-        peer's). The batch must start at or below our commit index so the entry before the
-        first new one is checked (log matching); committed entries are never truncated."""
-        batch = list(entries)
-        if self.role is Role.LEADER or not batch:
-            return AcceptResult(not batch, self.log.committed, "" if not batch else "leader")
-        lo = self.log.committed
-        problem = check_committed_batch(batch, commit_index, lo)
-        if problem:
-            return AcceptResult(False, lo, problem)
-        for e in batch:
-            if e.index <= lo and self.log.term(e.index) not in (None, e.term):
-                return AcceptResult(False, lo, f"entry {e.index} conflicts with a committed entry")
-        fresh = [e for e in batch if e.index > lo]
-        conflict = self.log.find_conflict(fresh)
-        if conflict:
-            self._append(fresh[conflict - fresh[0].index:])
-        if fresh:
-            self.log.commit_to(fresh[-1].index)
-        return AcceptResult(True, self.log.committed)
-
-    def force_new_configuration(self, voters: Iterable[str]) -> None:
-        """UNSAFE BY DESIGN, for operators who lost a majority of voters for good: append a
-        config_change that shrinks the voters to the survivors and campaign under it. Entries
-        committed by the lost majority but missing here may be lost; run it on the survivor
-        with the most up-to-date log, on one node only."""
-        new = Membership.of(voters, self.membership.learners - set(voters))
-        if self.id not in new.voters:
-            raise MembershipError("force_new_configuration must keep this node a voter")
-        log.warning("FORCED reconfiguration by %s in term %d: voters %s -> %s (unsafe)",
-                    self.id, self.term, sorted(self.membership.voters), sorted(new.voters))
-        self._become_follower(self.term + 1, None)
-        self._append([Entry(self.log.last_index() + 1, self.term, EntryKind.CONFIG_CHANGE,
-                            new.to_payload())])
-        self._campaign(pre_vote=False)
 
     # -- Ready / advance --------------------------------------------------------------------
     def has_ready(self) -> bool:
@@ -274,7 +289,7 @@ class RaftNode(LeaderSide):
             self.log.stable_to(rd.entries[-1].index, rd.entries[-1].term)
         if rd.committed_entries:
             self.log.applied_to(rd.committed_entries[-1].index)
-        self._prune_conf_history()
+        self._conf_history = pruned_history(self._conf_history, self.log.committed)
         if self.role is Role.LEADER and self.id in self.tracker.progress:
             self.tracker.progress[self.id].maybe_update(self.log.stable_index())
             if self._maybe_commit():
@@ -291,7 +306,7 @@ class RaftNode(LeaderSide):
         """Adopt a higher term unless it is a (pre-)vote we must not let disrupt us."""
         if isinstance(msg, VoteRequest):
             if self._in_lease():
-                self._send(src, VoteResponse(self.term, False, msg.pre_vote, "leader_lease"))
+                self._reply(VoteResponse(self.term, False, msg.pre_vote, "leader_lease"))
                 return False
             if not msg.pre_vote:
                 self._become_follower(msg.term, None)
@@ -304,13 +319,13 @@ class RaftNode(LeaderSide):
     def _on_lower_term(self, src: str, msg: Message) -> None:
         """Tell a stale leader or pre-candidate about our term; ignore everything else."""
         if isinstance(msg, _LEADER_MSGS):
-            self._send(src, AppendResponse(self.term, False, 0))
+            self._reply(AppendResponse(self.term, False, 0))
         elif isinstance(msg, VoteRequest) and msg.pre_vote:
-            self._send(src, VoteResponse(self.term, False, True, "stale_term"))
+            self._reply(VoteResponse(self.term, False, True, "stale_term"))
 
-    def _dispatch(self, src: str, msg: Message) -> None:
+    def _dispatch(self, src: str, msg: Message, epoch: int) -> None:
         if isinstance(msg, VoteRequest):
-            self._on_vote_request(src, msg)
+            self._on_vote_request(src, msg, epoch)
         elif isinstance(msg, VoteResponse):
             self._on_vote_response(src, msg)
         elif isinstance(msg, _LEADER_MSGS):
@@ -330,7 +345,9 @@ class RaftNode(LeaderSide):
 
     # -- elections --------------------------------------------------------------------------
     def _promotable(self) -> bool:
-        return self.id in self.membership.voters and self.log.pending_snapshot is None
+        """A voter under its own store uid, with no snapshot pending, of the newest epoch known."""
+        return (self.membership.is_voter(self.id, self.uid) and self.log.pending_snapshot is None
+                and not self.superseded)
 
     def _random_timeout(self, idle: bool = False) -> float:
         if idle:
@@ -356,22 +373,26 @@ class RaftNode(LeaderSide):
             self._send(peer, req)
         self._tally()
 
-    def _on_vote_request(self, src: str, m: VoteRequest) -> None:
-        """Grant iff we may vote for src in m.term and its log is at least as up to date."""
+    def _on_vote_request(self, src: str, m: VoteRequest, epoch: int) -> None:
+        """Grant iff we may vote for src in m.term, src follows the newest epoch we know of, and
+        its log is at least as up to date as ours (the candidate counts the vote only if its
+        configuration names us with our uid)."""
         can_vote = (
             self.voted_for == src
             or (self.voted_for is None and self.leader is None)
             or (m.pre_vote and m.term > self.term)
         )
-        if not can_vote:
-            self._send(src, VoteResponse(self.term, False, m.pre_vote, "already_voted"))
+        if epoch < self.newest_epoch:
+            self._reply(VoteResponse(self.term, False, m.pre_vote, "old_epoch"))
+        elif not can_vote:
+            self._reply(VoteResponse(self.term, False, m.pre_vote, "already_voted"))
         elif not self.log.is_up_to_date(m.last_index, m.last_term):
-            self._send(src, VoteResponse(self.term, False, m.pre_vote, "log_behind"))
+            self._reply(VoteResponse(self.term, False, m.pre_vote, "log_behind"))
         else:
             if not m.pre_vote:
                 self.voted_for = src
                 self._reset_election_timer()
-            self._send(src, VoteResponse(m.term, True, m.pre_vote))
+            self._reply(VoteResponse(m.term, True, m.pre_vote))
 
     def _on_vote_response(self, src: str, m: VoteResponse) -> None:
         pre = self.role is Role.PRE_CANDIDATE
@@ -407,6 +428,7 @@ class RaftNode(LeaderSide):
 
     def _become_leader(self) -> None:
         self.role, self.leader, self._votes = Role.LEADER, self.id, {}
+        self._leader_seen_at = self._now
         self.tracker.progress = {}
         self.tracker.reset(self.membership, self.log.last_index())
         for pr in self.tracker.progress.values():
@@ -419,80 +441,22 @@ class RaftNode(LeaderSide):
         self._leader_append(EntryKind.NOOP, {})
         self._pending_conf_index = self.log.last_index()
 
-    # -- follower side ----------------------------------------------------------------------
-    def _on_leader_message(self, src: str, m: AppendRequest | Heartbeat | SnapshotRequest) -> None:
-        if self.role is Role.LEADER:
-            return
-        if self.role is not Role.FOLLOWER or self.leader != src:
-            self._become_follower(self.term, src)
-        idle = isinstance(m, Heartbeat) and m.idle and self.cfg.idle_heartbeat_interval > 0
-        self._leader_contact = self._now
-        self._lease = self.cfg.idle_election_timeout if idle else self.cfg.election_timeout_min
-        self._reset_election_timer(idle)
-        if isinstance(m, AppendRequest):
-            self._on_append(src, m)
-        elif isinstance(m, Heartbeat):
-            self.log.commit_to(m.commit)
-            self._send(src, HeartbeatResponse(self.term, m.read_seq))
-        else:
-            self._on_snapshot(src, m)
-
-    def _on_append(self, src: str, m: AppendRequest) -> None:
-        """Log matching: accept after (prev_index, prev_term) or reject with a backoff hint."""
-        if m.prev_index < self.log.committed:
-            self._send(src, AppendResponse(self.term, True, self.log.committed))
-            return
-        if not self.log.match_term(m.prev_index, m.prev_term):
-            hint, hint_term = self.log.find_conflict_by_term(m.prev_index, m.prev_term)
-            self._send(src, AppendResponse(self.term, False, m.prev_index, hint, hint_term))
-            return
-        conflict = self.log.find_conflict(m.entries)
-        if conflict:
-            self._append(m.entries[conflict - m.entries[0].index:])
-        last_new = m.prev_index + len(m.entries)
-        self.log.commit_to(min(m.commit, last_new))
-        self._send(src, AppendResponse(self.term, True, last_new))
-
-    def _on_snapshot(self, src: str, m: SnapshotRequest) -> None:
-        if m.index <= self.log.committed:
-            self._send(src, AppendResponse(self.term, True, self.log.committed))
-            return
-        if self.log.match_term(m.index, m.term_of_index):
-            self.log.commit_to(m.index)
-        else:
-            self.log.restore(Snapshot(m.index, m.term_of_index, m.data, m.membership))
-            self._conf_history = [(m.index, m.membership)]
-        self._send(src, AppendResponse(self.term, True, self.log.committed))
-
     # -- plumbing ---------------------------------------------------------------------------
     def _send(self, dst: str, msg: Any) -> None:
-        self._msgs.append((dst, msg))
+        """Queue msg for member dst, meant for the store uid the configuration names for it."""
+        uid = self.membership.uid_of(dst)
+        if uid is not None:
+            self._msgs.append(Outgoing(dst, uid, msg))
+
+    def _reply(self, msg: Any) -> None:
+        """Queue msg for the sender of the message being stepped, meant for its store."""
+        assert self._peer is not None
+        self._msgs.append(Outgoing(self._peer.node_id, self._peer.uid, msg))
 
     def _append(self, entries: list[Entry]) -> None:
         """Append to the log and follow any configuration it adds or truncates away."""
-        start = entries[0].index
         self.log.append(entries)
         before = self.membership
-        self._conf_history = [c for c in self._conf_history if c[0] < start] or self._conf_history[:1]
-        for e in entries:
-            if e.kind is EntryKind.CONFIG_CHANGE:
-                self._conf_history.append((e.index, Membership.from_payload(e.payload)))
+        self._conf_history = history_after_append(self._conf_history, entries)
         if self.membership != before and self.role is Role.LEADER:
             self.tracker.reset(self.membership, self.log.last_index())
-
-    def _prune_conf_history(self) -> None:
-        """Keep the last configuration at or below the commit index and every later one."""
-        keep = [c for c in self._conf_history if c[0] <= self.log.committed][-1:]
-        later = [c for c in self._conf_history if c[0] > self.log.committed]
-        self._conf_history = (keep or self._conf_history[:1]) + later
-
-
-def _load_conf_history(storage: Storage) -> list[tuple[int, Membership]]:
-    """The snapshot's configuration followed by every config_change in the stored log."""
-    snap = storage.snapshot()
-    history = [(snap.index, snap.membership)]
-    lo = max(storage.first_index, snap.index + 1)
-    for e in storage.entries(lo, storage.last_index + 1) if lo <= storage.last_index else []:
-        if e.kind is EntryKind.CONFIG_CHANGE:
-            history.append((e.index, Membership.from_payload(e.payload)))
-    return history

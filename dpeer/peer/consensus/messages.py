@@ -1,8 +1,8 @@
 """Raft messages as frozen dataclasses; the gRPC transport maps each one to a protobuf message.
 
-The sender's node id is not repeated in responses: the transport knows (and authenticates) who
-sent a message and passes it to RaftNode.step as `src`. validate() rejects absurd values before
-the core sees them; it raises InvalidMessage.
+The sender's identity is not repeated in the messages: the transport knows (and authenticates)
+who sent a message and passes it to RaftNode.step as a `Peer` (node id, store uid, cluster
+epoch). validate() rejects absurd values before the core sees them; it raises InvalidMessage.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Union
 
 from dpeer.peer.consensus.membership import Membership
 from dpeer.statemachine.entry import Entry
+from dpeer.statemachine.meta import valid_uid
 
 MAX_ID_LEN = 256
 _MAX_U64 = (1 << 63) - 1  # terms and indexes stay below 2**63 so term + 1 always fits in a u64
@@ -37,6 +38,23 @@ def _position(index: int, term: int, msg_term: int) -> None:
     _u64("log term", term)
     if (index == 0) != (term == 0) or term > msg_term:
         raise InvalidMessage(f"log position ({index}, {term}) is impossible in term {msg_term}")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who sent a message: its node id, the uid of its store (drawn when the store was created)
+    and the epoch of the configuration it follows (0 before it knows any)."""
+
+    node_id: str
+    uid: str
+    epoch: int
+
+    def validate(self) -> None:
+        """Raise InvalidMessage on an absurd identity."""
+        _node("node_id", self.node_id)
+        if not valid_uid(self.uid):
+            raise InvalidMessage(f"a store uid is 32 lowercase hex digits, got {self.uid!r}")
+        _u64("epoch", self.epoch)
 
 
 @dataclass(frozen=True)
@@ -167,6 +185,9 @@ class SnapshotRequest:
     data: bytes
     voters: tuple[str, ...]
     learners: tuple[str, ...]
+    uids: tuple[tuple[str, str], ...]
+    epoch: int
+    forced_at: float
 
     def validate(self) -> None:
         """Raise InvalidMessage on absurd fields."""
@@ -179,11 +200,17 @@ class SnapshotRequest:
             _node("member", n)
         if set(self.voters) & set(self.learners):
             raise InvalidMessage("a node cannot be both voter and learner")
+        if {n for n, _ in self.uids} != set(self.voters) | set(self.learners) or len(self.uids) != len(
+                set(self.voters) | set(self.learners)) or not all(valid_uid(u) for _, u in self.uids):
+            raise InvalidMessage("a snapshot names every member once with its store uid")
+        _u64("epoch", self.epoch)
+        if self.epoch == 0 or type(self.forced_at) is not float or not 0.0 <= self.forced_at < 1e12:
+            raise InvalidMessage("a snapshot needs an epoch >= 1 and a forced_at in unix seconds")
 
     @property
     def membership(self) -> Membership:
         """The configuration at the snapshot's index."""
-        return Membership.of(self.voters, self.learners)
+        return Membership.of(self.voters, self.learners, dict(self.uids), self.epoch, self.forced_at)
 
 
 Message = Union[

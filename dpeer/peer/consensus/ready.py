@@ -10,7 +10,7 @@ Persisting before sending is what makes a vote or an acknowledgement a promise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 from dpeer.peer.consensus.storage import Snapshot
 from dpeer.statemachine.entry import Entry
@@ -41,6 +41,16 @@ class ReadState:
     index: int
 
 
+class Outgoing(NamedTuple):
+    """One message to send: to node `dst`, meant for its store `uid` (the receiver drops a message
+    meant for another store: a box that lost its disk is not the member it replaced), stamped by
+    the caller with this node's identity (RaftNode.identity)."""
+
+    dst: str
+    uid: str
+    msg: Any
+
+
 @dataclass(frozen=True)
 class Ready:
     """One batch of work for the caller; see the module docstring for the order."""
@@ -50,7 +60,7 @@ class Ready:
     entries: tuple[Entry, ...]
     snapshot: Snapshot | None
     committed_entries: tuple[Entry, ...]
-    messages: tuple[tuple[str, Any], ...]
+    messages: tuple[Outgoing, ...]
     read_states: tuple[ReadState, ...]
 
 

@@ -51,7 +51,11 @@ class LeaderSide:
         if now >= self._heartbeat_due:
             beat, learner_beat = self._beat_intervals(idle)
             self._heartbeat_due = now + beat
-            learners = now >= self._learner_heartbeat_due
+            # The first idle beat goes to the learners too: it carries the commit index, which a
+            # learner whose answer crossed the last commit's broadcast would otherwise learn
+            # only at the next (slow) learner beat.
+            going_idle, self._beat_idle = idle and not self._beat_idle, idle
+            learners = now >= self._learner_heartbeat_due or going_idle
             if learners:
                 self._learner_heartbeat_due = now + learner_beat
             self._retry_stale_snapshots(now)
@@ -163,7 +167,8 @@ class LeaderSide:
             return False
         conf = snap.membership
         self._send(peer, SnapshotRequest(self.term, self.id, snap.index, snap.term, snap.data,
-                                         tuple(sorted(conf.voters)), tuple(sorted(conf.learners))))
+                                         tuple(sorted(conf.voters)), tuple(sorted(conf.learners)), conf.uids,
+                                         conf.epoch, conf.forced_at))
         self.tracker.progress[peer].become_snapshot(snap.index, self._now)
         return True
 
@@ -181,16 +186,24 @@ class LeaderSide:
                     pr.become_probe()
                 self._send_append(src)
             return
+        paused = pr.is_paused()
         if not pr.maybe_update(m.match_index) and pr.state is ProgressState.REPLICATE:
             return
         if pr.state is ProgressState.PROBE:
             pr.become_replicate()
         elif pr.state is ProgressState.SNAPSHOT and pr.match + 1 >= self.log.first_index():
             pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT:
+            pr.become_probe()  # compacted past it again meanwhile: the next snapshot goes at once
         if self._maybe_commit():
             self._broadcast_append()
+        sent = False
         while pr.next <= self.log.last_index() and self._send_append(src, allow_empty=False):
-            pass
+            sent = True
+        if paused and not sent:
+            # It was paused when the commit index last moved: tell it now (etcd does the same),
+            # or a caught-up learner of an idle leader would wait for a slow beat to learn it.
+            self._send_append(src)
 
     def _on_heartbeat_response(self, src: str, m: HeartbeatResponse) -> None:
         pr = self.tracker.progress.get(src)

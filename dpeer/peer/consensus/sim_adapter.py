@@ -3,24 +3,35 @@
 It plays the daemon's part in one process: each Ready is persisted to the MemoryStorage
 (hard state, snapshot, entries, commit) before its messages are returned to the simulator,
 so after sim.crash() the storage holds exactly what a real node would have fsynced, and
-restart() builds a new RaftActor over the same storage object.
+restart() builds a new RaftActor over the same storage object. Messages travel as Stamped:
+the sender's identity and the store uid they are meant for, as the daemon's envelopes carry.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dpeer.peer.consensus.config import RaftConfig
 from dpeer.peer.consensus.core import RaftNode
 from dpeer.peer.consensus.membership import Membership
-from dpeer.peer.consensus.messages import InvalidMessage, Message
+from dpeer.peer.consensus.messages import InvalidMessage, Message, Peer
 from dpeer.peer.consensus.ready import Ready
 from dpeer.peer.consensus.storage import MemoryStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 
 Outbox = list[tuple[str, Any]]
+
+
+@dataclass(frozen=True)
+class Stamped:
+    """A Raft message on the simulated wire: who sent it and the store uid it is meant for."""
+
+    sender: Peer
+    to_uid: str
+    msg: Message
 
 
 class Observer(Protocol):
@@ -49,10 +60,10 @@ class RaftActor:
         self._replay_applied()
 
     # -- Actor ------------------------------------------------------------------------------
-    def receive(self, now: float, src: str, msg: Message) -> Outbox:
+    def receive(self, now: float, src: str, msg: Stamped) -> Outbox:
         """Step one message, then persist and return what the node sends."""
         try:
-            self.node.step(now, src, msg)
+            self.node.step(now, msg.sender, msg.msg, msg.to_uid)
         except InvalidMessage:
             self.invalid += 1
         return self.drain()
@@ -79,7 +90,8 @@ class RaftActor:
             self._maybe_compact()
             if self.observer is not None:
                 self.observer.on_ready(self.id, self.node, rd)
-            out.extend(rd.messages)
+            me = self.node.identity
+            out.extend((dst, Stamped(me, uid, msg)) for dst, uid, msg in rd.messages)
             self.node.advance(rd)
         return out
 

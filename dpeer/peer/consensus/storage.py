@@ -9,6 +9,7 @@ test_storage_contract.py runs against any factory).
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -38,8 +39,11 @@ class Storage(Protocol):
 
     Log positions: first_index is the first entry held (entries below are compacted into the
     snapshot); last_index is 0 for an empty log; term_at(snapshot_index) is snapshot_term.
+    uid is the storage's identity, drawn when it was created: new storage, new uid.
     """
 
+    @property
+    def uid(self) -> str: ...
     @property
     def current_term(self) -> int: ...
     @property
@@ -95,7 +99,8 @@ def entry_size(entry: Entry) -> int:
 class MemoryStorage:
     """A Storage in a Python list: the test and simulator fake, with Store's errors and rules."""
 
-    def __init__(self) -> None:
+    def __init__(self, uid: str | None = None) -> None:
+        self.uid = uid or secrets.token_hex(16)
         self.current_term = 0
         self.voted_for: str | None = None
         self.commit_index = 0

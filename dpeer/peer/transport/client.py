@@ -322,9 +322,9 @@ class NodeClient:
         """A linearizable read of key through the node."""
         return await self._call("KvGet", pb.KvGetRequest(key=key))
 
-    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True) -> pb.JoinReply:
+    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "") -> pb.JoinReply:
         """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not)."""
-        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready)
+        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid)
         return await self._call("Join", request)
 
     async def force(self, voters: list[str]) -> pb.ForceReply:

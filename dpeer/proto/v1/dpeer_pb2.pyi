@@ -225,7 +225,14 @@ class RaftHeartbeatResponse(_message.Message):
     def __init__(self, term: _Optional[int] = ..., read_seq: _Optional[int] = ...) -> None: ...
 
 class SnapshotRequest(_message.Message):
-    __slots__ = ("term", "leader", "index", "term_of_index", "data", "voters", "learners")
+    __slots__ = ("term", "leader", "index", "term_of_index", "data", "voters", "learners", "uids", "epoch", "forced_at")
+    class UidsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TERM_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +240,9 @@ class SnapshotRequest(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    UIDS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FORCED_AT_FIELD_NUMBER: _ClassVar[int]
     term: int
     leader: str
     index: int
@@ -240,12 +250,18 @@ class SnapshotRequest(_message.Message):
     data: bytes
     voters: _containers.RepeatedScalarFieldContainer[str]
     learners: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., term_of_index: _Optional[int] = ..., data: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ...) -> None: ...
+    uids: _containers.ScalarMap[str, str]
+    epoch: int
+    forced_at: float
+    def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., term_of_index: _Optional[int] = ..., data: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., uids: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., forced_at: _Optional[float] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("from_id", "from_addr", "ping", "ack", "ping_req", "nack", "gossip", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "raft_heartbeat", "raft_heartbeat_response", "snapshot_request")
+    __slots__ = ("from_id", "from_addr", "from_uid", "from_epoch", "to_uid", "ping", "ack", "ping_req", "nack", "gossip", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "raft_heartbeat", "raft_heartbeat_response", "snapshot_request")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ADDR_FIELD_NUMBER: _ClassVar[int]
+    FROM_UID_FIELD_NUMBER: _ClassVar[int]
+    FROM_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TO_UID_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PING_REQ_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +277,9 @@ class Envelope(_message.Message):
     SNAPSHOT_REQUEST_FIELD_NUMBER: _ClassVar[int]
     from_id: str
     from_addr: str
+    from_uid: str
+    from_epoch: int
+    to_uid: str
     ping: Ping
     ack: Ack
     ping_req: PingReq
@@ -274,7 +293,7 @@ class Envelope(_message.Message):
     raft_heartbeat: RaftHeartbeat
     raft_heartbeat_response: RaftHeartbeatResponse
     snapshot_request: SnapshotRequest
-    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., gossip: _Optional[_Union[Gossip, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., raft_heartbeat: _Optional[_Union[RaftHeartbeat, _Mapping]] = ..., raft_heartbeat_response: _Optional[_Union[RaftHeartbeatResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., from_uid: _Optional[str] = ..., from_epoch: _Optional[int] = ..., to_uid: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., gossip: _Optional[_Union[Gossip, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., raft_heartbeat: _Optional[_Union[RaftHeartbeat, _Mapping]] = ..., raft_heartbeat_response: _Optional[_Union[RaftHeartbeatResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ...) -> None: ...
 
 class Delivered(_message.Message):
     __slots__ = ()
@@ -299,14 +318,18 @@ class FetchEntriesRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., from_index: _Optional[int] = ..., to_index: _Optional[int] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class EntryChunk(_message.Message):
-    __slots__ = ("entries", "commit_index", "term")
+    __slots__ = ("entries", "commit_index", "term", "uid", "epoch")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     commit_index: int
     term: int
-    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    uid: str
+    epoch: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ..., term: _Optional[int] = ..., uid: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class FetchSnapshotRequest(_message.Message):
     __slots__ = ("node_id", "offset")
@@ -335,16 +358,18 @@ class SnapshotChunk(_message.Message):
     def __init__(self, index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., done: _Optional[bool] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "addr", "store_port", "ready")
+    __slots__ = ("node_id", "addr", "store_port", "ready", "uid")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     STORE_PORT_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
     store_port: int
     ready: bool
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
+    uid: str
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ..., uid: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "leader_id", "leader_addr", "members", "reason")
@@ -407,12 +432,14 @@ class ForceRequest(_message.Message):
     def __init__(self, voters: _Optional[_Iterable[str]] = ..., confirm: _Optional[bool] = ...) -> None: ...
 
 class ForceReply(_message.Message):
-    __slots__ = ("term", "reason")
+    __slots__ = ("term", "reason", "epoch")
     TERM_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     term: int
     reason: str
-    def __init__(self, term: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, term: _Optional[int] = ..., reason: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class CheckpointReport(_message.Message):
     __slots__ = ("node_id", "step", "digest", "final")
