@@ -82,6 +82,7 @@ class WorkerSupervisor:
         return {"pid": self.proc.pid if self.proc else None, "ready": self.ready, "done": self.done,
                 "restarts": self.restarts, "hangs": self.hangs, "failures_reported": self.failures,
                 "groups_formed": self.reforms, "store_port": self.store_port, "halted": self.halted or None,
+                "fenced": self.fenced,
                 "last_formed": self.last_formed}
 
     def take_recoveries(self) -> list[float]:

@@ -1,0 +1,111 @@
+"""Boxes in network namespaces of the test's own, on one bridge, whose links the test cuts.
+
+Each node gets a namespace with one veth interface on a private /24, its peer end plugged into a
+bridge in the root namespace (which holds .254, so the test reaches every node while its link is
+up). Cutting a node sets its veth's root end down: everything it sends or receives is cut, its
+daemon's gRPC, the rendezvous store, Gloo and the heal alike, unlike the transport's fault hook.
+Names carry the test process's pid, so parallel runs do not collide; close() removes everything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+def why_not() -> str | None:
+    """Why namespaces cannot be made here, or None when they can (tried, then removed)."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    name = f"dpq{os.getpid() % 100000}"
+    try:
+        _ip("netns", "add", name)
+        _ip("netns", "del", name)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"cannot make a network namespace here ({exc})"
+    return None
+
+
+@dataclass
+class Net:
+    """The bridge, the namespaces and the daemons started in them."""
+
+    root: Path
+    size: int
+    tag: str = field(default_factory=lambda: f"{os.getpid() % 10000}")
+    procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.subnet = f"10.{77 + os.getpid() % 50}.{os.getpid() % 250}"
+        self.bridge = f"dp{self.tag}br"
+        _ip("link", "add", self.bridge, "type", "bridge")
+        _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
+        _ip("link", "set", self.bridge, "up")
+        for i in range(1, self.size + 1):
+            ns, host_end = self.ns(i), self.veth(i)
+            _ip("netns", "add", ns)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("link", "set", host_end, "master", self.bridge)
+            _ip("link", "set", host_end, "up")
+            _ip("-n", ns, "addr", "add", f"{self.addr_of(i)}/24", "dev", "eth0")
+            _ip("-n", ns, "link", "set", "eth0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def ns(self, i: int) -> str:
+        return f"dp{self.tag}n{i}"
+
+    def veth(self, i: int) -> str:
+        return f"dp{self.tag}h{i}"
+
+    def addr_of(self, i: int) -> str:
+        return f"{self.subnet}.{i}"
+
+    def cut(self, i: int) -> None:
+        """Cut node i off the network (its link goes down)."""
+        _ip("link", "set", self.veth(i), "down")
+
+    def heal(self, i: int) -> None:
+        """Plug node i back in."""
+        _ip("link", "set", self.veth(i), "up")
+
+    def run(self, i: int, args: list[str], log: Path) -> subprocess.Popen:
+        """Start `python -m dpeer.peer.cli ARGS` inside node i's namespace, in a session of its own."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
+        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.peer.cli", *args],
+                                    stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.procs[i] = proc
+        return proc
+
+    def cli(self, i: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        """A `dpeer` command run inside node i's namespace (it reaches node i while cut off)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
+        env["PYTHONPATH"] = str(REPO)
+        return subprocess.run(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.peer.cli", *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+
+    def close(self) -> None:
+        """SIGKILL every daemon started here (its process group: daemon and worker), then remove
+        the namespaces and the bridge."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=30)
+        for i in range(1, self.size + 1):
+            subprocess.run(["ip", "netns", "del", self.ns(i)], capture_output=True, timeout=30)
+            subprocess.run(["ip", "link", "del", self.veth(i)], capture_output=True, timeout=30)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
