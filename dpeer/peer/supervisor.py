@@ -89,7 +89,7 @@ class WorkerSupervisor:
                "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),
                "--final-out", str(self.dir / "final.pt"),
                "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
-               "--digest-every", str(t.digest_every)]
+               "--digest-every", str(t.digest_every), "--reduction", t.reduction, "--threads", str(t.threads)]
         for key, value in opts.items():
             cmd += ["--job-opt", f"{key}={value}"]
         return cmd

@@ -227,10 +227,12 @@ def restore(
 
 
 def params_digest(model: torch.nn.Module) -> str:
-    """sha256 hex over the parameters' raw bytes in ``parameters()`` order (equal on every replica)."""
+    """sha256 hex over the parameters' raw bytes in ``parameters()`` order, then the buffers' in
+    ``buffers()`` order (BatchNorm running statistics included), so replicas whose buffers drifted
+    apart are seen too (equal on every replica). A model without buffers digests as before."""
     h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(_as_bytes_view(p).numpy())
+    for t in (*model.parameters(), *model.buffers()):
+        h.update(_as_bytes_view(t).numpy())
     return h.hexdigest()
 
 

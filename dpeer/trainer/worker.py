@@ -17,7 +17,9 @@ from typing import Callable
 
 import torch
 
+from dpeer.trainer.exact import ExactModeError, configure_process
 from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec
+from dpeer.trainer.stepping import Reduction
 from dpeer.trainer.viewsource import make_view_source
 
 
@@ -63,6 +65,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=int(env("DPEER_CKPT_EVERY", "0")))
     p.add_argument("--digest-every", type=_positive, default=env("DPEER_DIGEST_EVERY", str(LoopConfig.digest_every)),
                    help="steps between parameter digests; the last step always has one")
+    p.add_argument("--reduction", choices=[r.value for r in Reduction], default=Reduction.EXACT.value,
+                   help="exact: the same bits in any world size (default); fast: float32 sums in the collective's order")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op CPU threads (0: torch's default, the core count); exact needs one count on every box")
     p.add_argument("--init-timeout", type=float, default=30.0)
     p.add_argument("--timeout-floor", type=float, default=2.0)
     p.add_argument("--timeout-mult", type=float, default=5.0)
@@ -84,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ImportError, AttributeError) as exc:
         print(f"dpeer worker: {exc}", file=sys.stderr)
         return 2
+    reduction = Reduction(args.reduction)
+    if reduction is Reduction.EXACT:
+        configure_process(args.threads)
+    elif args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     t_build = time.monotonic()
     spec = job(JobContext(args.node_id, device, options))
@@ -95,10 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     cfg = LoopConfig(
         init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
         idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
-        digest_every=args.digest_every,
+        digest_every=args.digest_every, reduction=reduction,
     )
     try:
-        Trainer(spec, source, args.node_id, cfg).run()
+        trainer = Trainer(spec, source, args.node_id, cfg)
+    except ExactModeError as exc:
+        print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        trainer.run()
     except TimeoutError as exc:
         print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
         return 1

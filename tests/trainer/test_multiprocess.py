@@ -14,7 +14,7 @@ import torch
 
 from dpeer.trainer.sampler import GlobalBatchSampler
 
-from dpeer.trainer.audit import audit, read_ledger
+from dpeer.trainer.audit import audit, read_ledger, read_records
 
 from .harness import Cluster, progress_times
 
@@ -36,8 +36,8 @@ def _figure(name: str, value) -> None:
 def check_ledgers(cluster: Cluster, opts: dict) -> None:
     """Exactly-once and consistency checks over every node's ledger (dpeer.trainer.audit)."""
     sampler = GlobalBatchSampler(opts["dataset_len"], opts["global_batch"], opts["seed"])
-    ledgers = {node: read_ledger(cluster.ledger(node)) for node in cluster.nodes}
-    problems = audit(ledgers, opts["steps"], sampler)
+    ledgers = {node: read_records(cluster.ledger(node)) for node in cluster.nodes}
+    problems = audit(ledgers, opts["steps"], sampler, opts["micro_batch"])
     assert not problems, problems
 
 
