@@ -5,12 +5,14 @@ For each job (the demo, and the demo widened to ~10.4M parameters) it runs the s
 view) once per reduction mode, alternating modes over `--repeats` rounds, and prints per mode the
 median time between consecutive committed steps (the first `--warmup` steps of each run left out)
 and the ratio exact / fast. `--methods` instead times, in this one process, the local work of the
-candidate exact reductions per micro-batch on both model sizes (the figures behind
+candidate exact reductions per micro-batch on both model sizes, and `--collectives` the Gloo
+allreduces each candidate needs per step on the demo's sizes (the figures behind
 dpeer/trainer/fixedpoint.py's choice).
 
     python scripts/bench_exact.py                 # the full comparison (minutes on 2 cores)
     python scripts/bench_exact.py --quick         # a short run, to check that it works
     python scripts/bench_exact.py --methods
+    python scripts/bench_exact.py --collectives
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 LARGE = {"hidden": "3200"}  # 32*3200 + 3200*3200 + 3200*10 weights: 10.4M parameters
@@ -143,6 +146,53 @@ def bench_methods(repeats: int) -> None:
           "micro-batch's float32 gradient (no fixed point) 4*M/param")
 
 
+def _collective_worker(rank: int, world: int, port: int, repeats: int, out: Any) -> None:
+    """One rank of the collectives benchmark: median microseconds of each allreduce."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    params, micro = params_of({}), 4
+    cases = {"max of 7 int64 exponents (a separate exponent round)": (torch.zeros(7, dtype=torch.int64), dist.ReduceOp.MAX),
+             "sum of float32 gradients (fast)": (torch.zeros(params + 1 + world), dist.ReduceOp.SUM),
+             "sum of float64 fixed point + slots (exact)": (torch.zeros(params + 64, dtype=torch.float64), dist.ReduceOp.SUM),
+             "sum of every micro-batch's float32 gradient (gather)": (torch.zeros(micro * params), dist.ReduceOp.SUM)}
+    result = {}
+    for name, (buf, op) in cases.items():
+        for _ in range(20):
+            dist.all_reduce(buf, op=op)
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, op=op)
+            samples.append(time.perf_counter() - t0)
+        result[name] = 1e6 * statistics.median(samples)
+    if rank == 0:
+        out.put(result)
+    dist.destroy_process_group()
+
+
+def bench_collectives(world: int, repeats: int) -> None:
+    """The allreduces a step needs under each candidate, timed in a `world`-process Gloo group."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_collective_worker, args=(r, world, port, repeats, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    result = out.get(timeout=600)
+    for p in procs:
+        p.join()
+    print(f"Gloo allreduce on 127.0.0.1, world {world}, demo job sizes ({params_of({}):,} parameters, "
+          f"4 micro-batches), median us:")
+    for name, us in result.items():
+        print(f"  {name}: {us:.0f}")
+
+
 def main() -> int:
     """Parse the flags and run the comparison (or the methods micro-benchmark)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -153,11 +203,14 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2, help="alternating runs per mode")
     p.add_argument("--quick", action="store_true", help="a short run to check that the benchmark works")
     p.add_argument("--methods", action="store_true", help="the single-process micro-benchmark of reduction methods")
+    p.add_argument("--collectives", action="store_true", help="the allreduces each method needs, in a Gloo group")
     args = p.parse_args()
     if args.quick:
         args.demo_steps, args.large_steps, args.warmup, args.repeats = 60, 8, 3, 1
     if args.methods:
         bench_methods(5 if args.quick else 15)
+    elif args.collectives:
+        bench_collectives(args.world, 50 if args.quick else 300)
     else:
         bench_groups(args)
     return 0

@@ -10,18 +10,24 @@ exactly: float64 addition of these values is associative. The group's float64 SU
 therefore yields the same integers everywhere, and one conversion back, q_sum * 2**(E_b - B) /
 samples rounded to the parameter's dtype, gives the same bits on every rank and in every world size.
 
-Float64 rather than int64 integers, by measurement on this machine (10M elements, one thread):
-float32 -> int64 -> float64 conversions cost 14 + 19 ms where float32 -> float64 costs 11 ms, an
-int64 add 13.5 ms against 9.4 ms; B is 53 - ceil(log2 M) bits instead of 62 - ceil(log2 M), far
-more than a float32 gradient's 24. See scripts/bench_exact.py --methods.
+The method, by measurement (scripts/bench_exact.py; a 2-core box shared with other jobs, so the
+figures are rough): exponents agreed in their own MAX allreduce before the sum would add a second
+collective per step, and on the demo's sizes at world 3 that small allreduce took 1.8 ms against
+3.9 ms for the fast path's whole float32 sum (--collectives): 45 % on the demo, three times the
+15 % budget. So each step's exponents come from the previous step's allreduce, where every rank's
+measured exponents ride as slots, and one allreduce per step remains (float64 with slots: 4.8 ms
+there). Gathering every micro-batch's float32 gradient instead (exact with no fixed point) costs
+4*M bytes per parameter (5.1 ms for M = 4 at demo size, and M times the fast path's bytes on large
+models). Integers in float64 rather than int64: per micro-batch at 10.4M parameters, 110 ms
+against 121 ms (--methods), no int64 <-> float conversions, and B = 53 - ceil(log2 M) bits is far
+more than a float32 gradient's 24.
 
 Limits, all checked where they are used:
 - micro-batches per step M <= MAX_MICRO_BATCHES (2**16), so B >= 37 (checked at build);
-- precision: an element keeps every bit of its float32 value when it is at least 2**(E_b - B + 24);
-  E_b is at most HEADROOM bits above the bucket's largest magnitude of the previous step (or
-  FLOOR_GAP below the step's largest gradient, see next_exponents), so for M = 4 (B = 51) every
-  gradient within a factor 2**23 of its bucket's largest, and any within 2**25 of the step's
-  largest, is summed exactly; smaller elements are rounded to a multiple of 2**(E_b - B);
+- precision: an element keeps every bit of its float32 value when it is at least 2**(E_b - B + 24)
+  (for M = 4, B = 51: 2**(E_b - 27)); smaller elements are rounded to a multiple of 2**(E_b - B).
+  E_b is HEADROOM bits above the bucket's largest magnitude of the previous step, or more when the
+  bucket's gradients shrank or lie far below the step's largest (see next_exponents);
 - range: E_b is kept where 2**(B - E_b) is a normal number of the gradient's dtype
   (exponent_range); a bucket whose gradients are all below 2**lo is rounded at 2**(lo - B), for
   float32 2**-127 absolute;
