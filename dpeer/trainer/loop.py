@@ -150,7 +150,7 @@ class Trainer:
             del self._lineage[old]
 
     def digest(self) -> str:
-        """Digest of the model parameters."""
+        """Digest of the model's parameters and buffers."""
         return st.params_digest(self.spec.model)
 
     def _resume(self, committed: tuple[int, str]) -> None:

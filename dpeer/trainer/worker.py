@@ -3,7 +3,8 @@
 
 The job is imported and built before the first view is requested, so peers already training never
 wait on this process's ``import torch``. Exit codes: 0 all steps done, 1 gave up (no usable view
-within the idle limit), 2 bad usage, 75 the NCCL abort watchdog fired (restart me).
+within the idle limit), 2 bad usage (or a job that exact reduction cannot run), 75 the NCCL abort
+watchdog fired (restart me).
 """
 
 from __future__ import annotations

@@ -36,6 +36,17 @@ def test_bad_usage_exits_2():
     assert r.returncode == 2 and "--digest-every" in r.stderr
 
 
+def test_a_job_exact_reduction_cannot_run_exits_2_with_the_reason(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    r = subprocess.run(
+        [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", "a", "--views", f"dir:{tmp_path}",
+         "--job-opt", "global_batch=8", "--job-opt", "micro_batch=3"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "global_batch (8) to be a multiple of micro_batch (3)" in r.stderr and "Traceback" not in r.stderr
+
+
 def _run_single(root: str, steps: int, extra: list[str], checkpoint: tuple[int, str] = (0, ""),
                 hint: tuple[int, str] | None = None) -> Cluster:
     cluster = Cluster(root, ["a"], {**OPTS, "steps": steps}, extra)
