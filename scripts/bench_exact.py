@@ -119,17 +119,19 @@ def bench_methods(repeats: int) -> None:
         row, scratch = torch.empty_like(grad), torch.empty_like(grad)
         acc64, wide = torch.zeros(nb, fx.BUCKET, dtype=torch.float64), torch.empty(nb, fx.BUCKET, dtype=torch.float64)
         acc_i, wide_i = torch.zeros(nb, fx.BUCKET, dtype=torch.int64), torch.empty(nb, fx.BUCKET, dtype=torch.int64)
-        exps = fx.bucket_exponents(grad, scratch, -200) + fx.HEADROOM
+        amax = torch.empty(nb)
+        fx.bucket_amax(grad, scratch, amax)
+        exps = fx.bucket_exponents(amax, -200) + fx.HEADROOM
         scale = fx.scales(exps, 51, torch.float32, grad.device)
 
         def f64() -> None:
             row.copy_(grad)
-            fx.bucket_exponents(row, scratch, -76)
+            fx.bucket_amax(row, scratch, amax)
             fx.accumulate(acc64, row, scale, wide)
 
         def i64() -> None:
             row.copy_(grad)
-            fx.bucket_exponents(row, scratch, -76)
+            fx.bucket_amax(row, scratch, amax)
             row.mul_(scale).round_()
             wide_i.copy_(row)
             acc_i.add_(wide_i)

@@ -72,11 +72,15 @@ def configure_process(threads: int = 0) -> None:
 
 @contextmanager
 def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Run with torch's generators seeded to ``seed``, then put their states back (fork_rng, without
-    its per-call device scan)."""
+    """Run with torch's generators (CPU, and ``device``'s when it is a GPU) seeded to ``seed``, then
+    put their states back (fork_rng, without its per-call device scan). torch.manual_seed is not
+    used: it queues a seeding of every CUDA, XPU and MTIA device, recording a Python traceback for
+    each even on a CPU-only box (0.5 ms a call here, 50 % of a demo step's exact-mode cost)."""
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
+    if cuda is not None:
+        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()].manual_seed(seed)
     try:
         yield
     finally:
@@ -190,6 +194,9 @@ class ExactStep:
         same = self.dtype == torch.float64 and home == device
         self.wide = None if same else torch.empty(self.nb, fx.BUCKET, dtype=torch.float64, device=device)
         self._views = self._grad_views()
+        self._loose: list[tuple[torch.Tensor, None, int]] = []  # parameters whose grad is no view of the row
+        self._scale: torch.Tensor | None = None
+        self._amaxes = torch.zeros(1, self.nb, dtype=self.dtype, device=home)
         self.norms = NormBuffers(spec.model)
         refuse_changing_buffers(spec, self.norms, sampler, collate, device)
         self.exponents: torch.Tensor | None = None  # this step's E per bucket, agreed by the group
@@ -197,31 +204,31 @@ class ExactStep:
         self._step = 0
         self.redos = 0  # steps whose sum was redone (first step, grown gradients, differing exponents)
         self._buf = torch.empty(0, dtype=torch.float64, device=device)
+        self._o: dict[str, int] = {}
         self._world = 0
         self._mine: list[int] = []
         self._indices: list[int] = []
 
-    # -- the allreduce buffer: [grads | M losses | w newest | w*nb exponents | w fingerprints | flag | M*norms]
+    # -- the allreduce buffer: [grads | M losses | per rank: nb exponents, fingerprint, flag, newest | M*norms]
     def _layout(self, world: int) -> dict[str, int]:
         g = self.nb * fx.BUCKET
-        offs = {"loss": g}
-        offs["seen"] = offs["loss"] + self.micro
-        offs["exp"] = offs["seen"] + world
-        offs["print"] = offs["exp"] + world * self.nb
-        offs["flag"] = offs["print"] + world
-        offs["norm"] = offs["flag"] + 1
+        offs = {"loss": g, "ranks": g + self.micro}
+        offs["norm"] = offs["ranks"] + world * (self.nb + 3)
         offs["end"] = offs["norm"] + self.micro * self.norms.numel
         return offs
 
     def _buffer(self, world: int) -> torch.Tensor:
         if world != self._world:
-            self._buf = torch.zeros(self._layout(world)["end"], dtype=torch.float64, device=self.device)
+            self._o = self._layout(world)
+            self._buf = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
             self._world = world
         return self._buf
 
     def _set_exponents(self, exponents: torch.Tensor | None) -> None:
+        """Agree on the next step's exponents; their fingerprint and scales are kept with them."""
         self.exponents = exponents
         self._print = -1 if exponents is None else zlib.crc32(exponents.to("cpu").numpy().tobytes())
+        self._scale = None if exponents is None else fx.scales(exponents, self.bits, self.dtype, self.row.device)
 
     def compute(self, step: int, rank: int, world: int) -> Trained:
         """Run this rank's micro-batches of ``step`` and sum them with the agreed exponents."""
@@ -230,9 +237,16 @@ class ExactStep:
         self._indices = self.sampler.indices_for_step(step)
         self._step = step
         self.norms.snapshot()
-        self._pass(self.exponents, rank, world)
+        self._pass(self.exponents, self._scale, rank, world)
         mb = self.spec.micro_batch
         return Trained(step, self._mine, [i for j in self._mine for i in micro_batch_slice(self._indices, mb, j)])
+
+    def _amax(self, count: int) -> torch.Tensor:
+        """A [max(count, 1), buckets] scratch for the micro-batches' largest magnitudes (zeros)."""
+        if self._amaxes.shape[0] < max(count, 1):
+            self._amaxes = torch.zeros(max(count, 1), self.nb, dtype=self.dtype, device=self.row.device)
+        out = self._amaxes[: max(count, 1)]
+        return out.zero_() if count == 0 else out
 
     def _micro_batch(self, j: int) -> float:
         """Forward and backward of micro-batch j alone; its gradient lands in ``self.row``.
@@ -243,21 +257,26 @@ class ExactStep:
         (another dtype, or replaced by the job) is copied in."""
         spec = self.spec
         self.row.zero_()
-        for p, view in zip(self.params, self._views):
-            if view is not None and (p.grad is None or p.grad.data_ptr() != view.data_ptr()):
-                p.grad = view
         self.norms.restore()
         x, y = self.collate([spec.dataset[i] for i in micro_batch_slice(self._indices, spec.micro_batch, j)])
         with seeded(micro_batch_seed(spec.seed, self._step, j), self.device):
             loss = spec.loss_fn(spec.model(x.to(self.device)), y.to(self.device))
             (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
-        flat, off = self.row.view(-1), 0
-        for p, view in zip(self.params, self._views):
-            n = p.numel()
-            if p.grad is not None and (view is None or p.grad.data_ptr() != view.data_ptr()):
-                flat[off : off + n].copy_(p.grad.reshape(-1))
-            off += n
+        for p, view, off in self._loose:
+            if p.grad is not None:
+                self.row.view(-1)[off : off + p.numel()].copy_(p.grad.reshape(-1))
         return float(loss.detach()) + 0.0
+
+    def _bind_grads(self) -> None:
+        """Make each ``.grad`` its view of the row again (the job may have replaced or dropped it)."""
+        self._loose = []
+        off = 0
+        for p, view in zip(self.params, self._views):
+            if view is None:
+                self._loose.append((p, view, off))
+            elif p.grad is not view:
+                p.grad = view
+            off += p.numel()
 
     def _grad_views(self) -> list[torch.Tensor | None]:
         """Per parameter, its slice of the row shaped like it (None where dtype or device differ)."""
@@ -268,53 +287,54 @@ class ExactStep:
             off += p.numel()
         return views
 
-    def _pass(self, exponents: torch.Tensor | None, rank: int, world: int) -> None:
-        """Run the micro-batches, quantize with ``exponents`` (None: only measure) and fill the buffer."""
-        buf, o = self._buffer(world), self._layout(world)
+    def _pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, rank: int, world: int) -> None:
+        """Run the micro-batches, quantize with ``scale`` (None: only measure) and fill the buffer."""
+        buf, o = self._buffer(world), self._o
         acc = buf[: o["loss"]].view(self.nb, fx.BUCKET)
         buf[o["loss"] :].zero_()
         if not self._mine:
             acc.zero_()
-        measured = torch.full((self.nb,), self.lo, dtype=torch.int64, device=self.row.device)
-        scale = fx.scales(exponents, self.bits, self.dtype, self.row.device) if exponents is not None else None
+        amax = self._amax(len(self._mine))
         norm_slots = buf[o["norm"] : o["end"]].view(self.micro, self.norms.numel)
+        self._bind_grads()
         losses = []
         for i, j in enumerate(self._mine):
             losses.append(self._micro_batch(j))
             if self.norms.buffers:
                 self.norms.write(norm_slots[j])
-            torch.maximum(measured, fx.bucket_exponents(self.row, self.scratch, self.lo), out=measured)
+            fx.bucket_amax(self.row, self.scratch, amax[i])
             if scale is not None:
                 fx.accumulate(acc, self.row, scale, self.wide, first=i == 0)
         self.norms.restore()  # the step's start values until combine: a failed allreduce redoes from them
+        measured = fx.bucket_exponents(amax.amax(dim=0), self.lo)
         if losses:
             buf[o["loss"] + self._mine[0] : o["loss"] + self._mine[-1] + 1] = torch.tensor(losses, dtype=torch.float64)
-        buf[o["exp"] + rank * self.nb : o["exp"] + (rank + 1) * self.nb] = measured.to(self.device)
-        buf[o["print"] + rank] = float(self._print)
         grew = exponents is None or bool((measured > exponents.to(measured.device)).any())
-        buf[o["flag"]] = float(grew)
+        block = o["ranks"] + rank * (self.nb + 3)
+        buf[block : block + self.nb] = measured.to(self.device)
+        buf[block + self.nb : block + self.nb + 2] = torch.tensor([float(self._print), float(grew)], dtype=torch.float64)
 
     def reduce(self, newest_seen: int, rank: int, world: int) -> StepReduction:
         """The step's allreduce (it commits the step); a redo when the exponents did not fit; then the
         mean gradient in every ``.grad`` and the combined norm statistics in their buffers."""
-        buf, o = self._buffer(world), self._layout(world)
-        buf[o["seen"] + rank] = float(newest_seen)
+        buf, o = self._buffer(world), self._o
+        buf[o["ranks"] + rank * (self.nb + 3) + self.nb + 2] = float(newest_seen)
         dist.all_reduce(buf)
         tail = buf[o["loss"] :].to("cpu", copy=True)  # a redo refills buf
-        at = {k: v - o["loss"] for k, v in o.items()}
-        measured = tail[at["exp"] : at["print"]].view(world, self.nb).to(torch.int64).amax(dim=0)
-        prints = set(tail[at["print"] : at["flag"]].tolist())
-        seen = [int(v) for v in tail[at["seen"] : at["exp"]].tolist()]
-        loss_mean = sum(tail[at["loss"] : at["seen"]].tolist()) / self.spec.global_batch
+        ranks = tail[self.micro : o["norm"] - o["loss"]].view(world, self.nb + 3)
+        measured = ranks[:, : self.nb].to(torch.int64).amax(dim=0)
+        prints = set(ranks[:, self.nb].tolist())
+        seen = [int(v) for v in ranks[:, self.nb + 2].tolist()]
+        loss_mean = sum(tail[: self.micro].tolist()) / self.spec.global_batch
         if bool((measured >= fx.NONFINITE).any()):
             return self._nonfinite(measured, loss_mean, seen)
         used = self.exponents
-        if used is None or float(tail[at["flag"]]) > 0 or len(prints) > 1 or -1.0 in prints:
+        if used is None or float(ranks[:, self.nb + 1].sum()) > 0 or len(prints) > 1 or -1.0 in prints:
             used = measured.clamp(min=self.lo, max=self.hi)
             self.redos += 1
-            self._pass(used, rank, world)
+            self._pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), rank, world)
             dist.all_reduce(buf[: o["loss"]])
-        self.norms.combine(tail[at["norm"] : at["end"]].view(self.micro, self.norms.numel))
+        self.norms.combine(tail[o["norm"] - o["loss"] :].view(self.micro, self.norms.numel))
         self._write_grads(fx.finish(buf[: o["loss"]].view(self.nb, fx.BUCKET), used, self.bits,
                                     self.spec.global_batch))
         self._set_exponents(fx.next_exponents(measured, used, self.lo, self.hi))
@@ -343,15 +363,13 @@ class ExactStep:
         return "?"
 
     def _write_grads(self, mean: torch.Tensor) -> None:
-        flat, off = mean.view(-1), 0
-        for p in self.params:
-            n = p.numel()
-            src = flat[off : off + n].view(p.shape)
-            if p.grad is None:
-                p.grad = src.to(device=p.device, dtype=p.dtype)
-            else:
-                p.grad.copy_(src)
-            off += n
+        """The mean gradient into every ``.grad``: one copy into the row the views share, one per
+        parameter that has no view."""
+        flat = mean.view(-1)
+        self._bind_grads()
+        self.row.view(-1)[: self.numel].copy_(flat[: self.numel])
+        for p, _view, off in self._loose:
+            p.grad = flat[off : off + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
 
     def state(self) -> dict[str, Any]:
         """The agreed exponents of the next step: part of the training state, so a healed or resumed

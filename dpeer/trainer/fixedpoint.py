@@ -67,13 +67,18 @@ def pow2(exponents: torch.Tensor) -> torch.Tensor:
     return ((exponents.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
-def bucket_exponents(row: torch.Tensor, scratch: torch.Tensor, lo: int) -> torch.Tensor:
-    """Per bucket of ``row`` ([buckets, BUCKET]), the least e >= lo with every |g| < 2**e (lo for an
-    all-zero bucket), or NONFINITE where the bucket holds a NaN or an Inf; ``scratch`` is overwritten."""
-    amax = torch.abs(row, out=scratch).amax(dim=1)
+def bucket_amax(row: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor) -> None:
+    """Each bucket's largest magnitude in ``row`` ([buckets, BUCKET]) into ``out`` (NaN propagates);
+    ``scratch`` is overwritten."""
+    torch.amax(torch.abs(row, out=scratch), dim=1, out=out)
+
+
+def bucket_exponents(amax: torch.Tensor, lo: int) -> torch.Tensor:
+    """Per bucket, from its largest magnitude, the least e >= lo with every |g| < 2**e (lo for an
+    all-zero bucket), or NONFINITE where the bucket holds a NaN or an Inf."""
     e = torch.frexp(amax).exponent.to(torch.int64).clamp_(min=lo)
-    e = torch.where(amax == 0, torch.full_like(e, lo), e)
-    return torch.where(torch.isfinite(amax), e, torch.full_like(e, NONFINITE))
+    e.masked_fill_(amax == 0, lo)
+    return e.masked_fill_(~torch.isfinite(amax), NONFINITE)
 
 
 def scales(exponents: torch.Tensor, bits: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -31,9 +31,14 @@ def gradients(seed: int) -> list[torch.Tensor]:
     return rows
 
 
+def exponents_of(row: torch.Tensor) -> torch.Tensor:
+    amax = torch.empty(row.shape[0], dtype=row.dtype)
+    fx.bucket_amax(row, torch.empty_like(row), amax)
+    return fx.bucket_exponents(amax, LO)
+
+
 def measured_exponents(rows: list[torch.Tensor]) -> torch.Tensor:
-    scratch = torch.empty_like(rows[0])
-    return torch.stack([fx.bucket_exponents(r, scratch, LO) for r in rows]).amax(dim=0)
+    return torch.stack([exponents_of(r) for r in rows]).amax(dim=0)
 
 
 def rank_sums(rows: list[torch.Tensor], exps: torch.Tensor, world: int, rng: random.Random) -> list[torch.Tensor]:
@@ -116,9 +121,8 @@ def test_bucket_exponents_report_zeros_nans_and_infs() -> None:
     row = torch.zeros(5, fx.BUCKET)
     row[0, 3], row[1, 0], row[2, 9], row[3, 1] = 3.0, float("nan"), float("-inf"), -2.0 ** -200
     row[4, 0] = 2.0 ** -149  # the smallest subnormal
-    e = fx.bucket_exponents(row, torch.empty_like(row), LO)
-    assert e.tolist() == [2, fx.NONFINITE, fx.NONFINITE, LO, LO]
-    assert fx.bucket_exponents(torch.full((1, fx.BUCKET), 0.75), torch.empty(1, fx.BUCKET), LO).tolist() == [0]
+    assert exponents_of(row).tolist() == [2, fx.NONFINITE, fx.NONFINITE, LO, LO]
+    assert exponents_of(torch.full((1, fx.BUCKET), 0.75)).tolist() == [0]
 
 
 def test_the_exponent_range_keeps_every_scale_a_normal_float32() -> None:
