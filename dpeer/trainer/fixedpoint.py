@@ -18,8 +18,8 @@ collective per step, and on the demo's sizes at world 3 that small allreduce too
 measured exponents ride as slots, and one allreduce per step remains (float64 with slots: 4.8 ms
 there). Gathering every micro-batch's float32 gradient instead (exact with no fixed point) costs
 4*M bytes per parameter (5.1 ms for M = 4 at demo size, and M times the fast path's bytes on large
-models). Integers in float64 rather than int64: per micro-batch at 10.4M parameters, 110 ms
-against 121 ms (--methods), no int64 <-> float conversions, and B = 53 - ceil(log2 M) bits is far
+models). Integers in float64 rather than int64: per micro-batch at 10.4M parameters, 64 ms
+against 119 ms (--methods), no int64 <-> float conversions, and B = 53 - ceil(log2 M) bits is far
 more than a float32 gradient's 24.
 
 Limits, all checked where they are used:
