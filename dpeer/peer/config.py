@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PresetName = Literal["lan", "wan", "edge"]
+ReductionName = Literal["exact", "fast"]
 _HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -61,7 +62,20 @@ class TrainingConfig(Strict):
                                  "halted as broken, with that reason in `dpeer status`; `dpeer job retry` restarts it")
     digest_every: int = Field(10, ge=1, description="steps between sha256 digests of the parameters (also the "
                               "last step and each group's first); the status reports the newest digested step")
+    reduction: ReductionName = Field("exact", description="exact: gradients summed in fixed point, so a run "
+                                     "with failures ends with the same bits as a fault-free run and a 1-box run "
+                                     "(global_batch a multiple of micro_batch); fast: float32 sums, equal only to "
+                                     "rounding across world sizes")
+    threads: int = Field(0, ge=0, description="intra-op CPU threads of the worker; 0 keeps torch's default (the "
+                         "core count); exact reduction needs the same count on every box")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
+
+    @model_validator(mode="after")
+    def _exact_batches(self) -> "TrainingConfig":
+        if self.reduction == "exact" and self.global_batch % self.micro_batch:
+            raise ValueError(f"reduction exact needs global_batch ({self.global_batch}) to be a multiple of "
+                             f"micro_batch ({self.micro_batch}): a step is a fixed sequence of equal micro-batches")
+        return self
 
 
 class SecurityConfig(Strict):

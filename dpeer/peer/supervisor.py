@@ -100,8 +100,8 @@ class WorkerSupervisor:
                "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),
                "--final-out", str(self.dir / "final.pt"),
                "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
-               "--digest-every", str(t.digest_every), "--store-bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-               "--parent-pid", str(os.getpid())]
+               "--digest-every", str(t.digest_every), "--reduction", t.reduction, "--threads", str(t.threads),
+               "--store-bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--parent-pid", str(os.getpid())]
         for key, value in opts.items():
             cmd += ["--job-opt", f"{key}={value}"]
         return cmd

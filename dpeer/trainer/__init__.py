@@ -11,7 +11,8 @@ Contract with the daemon (nothing here imports ``dpeer.peer``):
   The worker builds the job before its first blocking ``wait_view``, so that first call is its
   request to join. ``report_failure(reason, generation)`` says the group of that generation failed;
   ``report_progress(step, samples, loss, params_digest)`` follows every committed step; the
-  digest is empty except every ``digest_every`` steps, at a group's first step and the last.
+  digest (sha256 of the parameters, then the buffers) is empty except every ``digest_every``
+  steps, at a group's first step and the last.
   A source may also offer ``committed_checkpoint() -> (step, digest)``, the newest checkpoint the
   log recorded, which the worker resumes from before its first ``wait_view``.
 - ``View.store_host:store_port`` is hosted by the worker of ``members[0]`` (bound to exactly that

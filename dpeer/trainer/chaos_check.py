@@ -5,19 +5,30 @@ It lives in the trainer layer because it reads ledgers and torch state dicts; th
 dpeer/peer stays free of torch and of trainer imports (DESIGN.md "Layers"), as the worker
 supervisor does with ``python -m dpeer.trainer.worker``.
 
-spec: {"ledgers": {NAME: PATH}, "finals": {NODE: PATH}, "steps", "global_batch",
-       "reference_final": PATH|null, "reference_ledger": PATH|null, "exact_horizon", "max_rel_diff"}
-result: {"audit": [violations], "final": [violations], "figures": {...}}
+spec: {"ledgers": {NAME: PATH}, "finals": {NODE: PATH}, "steps", "global_batch", "micro_batch",
+       "reduction": "exact"|"fast", "reference_final": PATH|null, "reference_skipped": REASON|null,
+       "max_rel_diff"}
+result: {"checks": {NAME: {"problems": [...], "note": WHAT WAS COMPARED, "ran": bool}}, "figures": {...}}
+
+With exact reduction the final models must be equal bit for bit (state-dict digests), to each other
+and to the fault-free reference, for the whole run; with fast reduction, float32 sums change with
+the world size, so they are compared to ``max_rel_diff`` and the figure says so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 MAX_REL_DIFF = 1e-4
+AUDIT = "ledger audit: every committed step, each micro-batch trained once by the group that committed it"
+REPLICAS = "replicas agree (digests at equal steps)"
+FINISHED = "training finished on every node"
+FINAL_REPLICAS = "final replicas equal"
+REFERENCE = "final model = fault-free run"
 
 
 def check(spec: dict[str, Any]) -> dict[str, Any]:
@@ -25,105 +36,84 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from dpeer.peer.config import TrainingConfig
-    from dpeer.trainer.audit import audit, read_ledger
+    from dpeer.trainer.audit import audit_run, read_records
     from dpeer.trainer.demo import DEFAULTS
     from dpeer.trainer.sampler import GlobalBatchSampler
 
-    limit = float(spec.get("max_rel_diff", MAX_REL_DIFF))
+    exact = spec["reduction"] == "exact"
     steps, batch, length = int(spec["steps"]), int(spec["global_batch"]), int(DEFAULTS["dataset_len"])
     sampler = GlobalBatchSampler(length, batch, TrainingConfig().seed)
-    ledgers = {name: read_ledger(path) for name, path in spec["ledgers"].items()}
-    audit_problems = audit(ledgers, steps, sampler)
-    if steps * batch > length:
-        # a sample seen again in a later epoch is not "consumed twice": check once per epoch
-        audit_problems = [p for p in audit_problems if "consumed twice" not in p]
-        audit_problems += per_epoch_duplicates(ledgers, steps, batch, length)
-    final_problems: list[str] = []
+    ledgers = {name: read_records(path) for name, path in spec["ledgers"].items()}
+    result = audit_run(ledgers, steps, sampler, int(spec["micro_batch"]) if exact else None)
+    checks = {
+        AUDIT: row([p for p in result.problems if p not in result.disagreements], result.trained_summary(exact)),
+        REPLICAS: row(result.disagreements, result.digest_summary(exact)),
+    }
     figures: dict[str, Any] = {"ledger_records": sum(len(v) for v in ledgers.values())}
-    finals = {}
-    for node, path in spec["finals"].items():
-        if not Path(path).exists():
-            final_problems.append(f"{node} did not finish training (no {Path(path).name})")
-            continue
-        finals[node] = torch.load(path, weights_only=True)
-    if finals:
-        first = next(iter(finals))
-        apart = max(max_rel_diff(finals[n], finals[first]) for n in finals)
-        figures["replicas_max_rel_diff"] = apart
-        # Not required bit-identical: a node that missed the end of the job (stopped or down
-        # when its peers finished) retrains the last steps alone in a 1-member group, so its
-        # float summation order differs (seen: 6.8e-7). The ledgers hold the exact check.
-        if not apart < limit:
-            final_problems.append(f"final replicas differ (max relative difference {apart:.2e})")
-        if spec.get("reference_final"):
-            ref = torch.load(spec["reference_final"], weights_only=True)
-            ref_losses = {e["step"]: e["loss"] for e in read_ledger(spec["reference_ledger"])}
-            drift = max_rel_diff(finals[first], ref)
-            figures["reference_max_rel_diff"] = drift
-            if steps <= int(spec["exact_horizon"]):
-                if not drift < limit:
-                    final_problems.append(f"the final model drifted from the fault-free run by {drift:.2e} "
-                                          f"(limit {limit:g})")
-            else:
-                final_problems += check_trajectory(ledgers, ref_losses, figures, limit)
-    return {"audit": audit_problems, "final": final_problems, "figures": figures}
+    finals = {n: torch.load(p, weights_only=True) for n, p in spec["finals"].items() if Path(p).exists()}
+    unfinished = [f"{n} did not finish training (no {Path(p).name})" for n, p in spec["finals"].items() if n not in finals]
+    checks[FINISHED] = row(unfinished, f"{len(finals)} of {len(spec['finals'])} nodes saved a final model")
+    checks.update(compare_finals(finals, spec, exact, figures, torch))
+    return {"checks": checks, "figures": figures}
 
 
-def check_trajectory(ledgers: dict[str, list[dict]], ref_losses: dict[int, float], figures: dict[str, Any],
-                     limit: float = MAX_REL_DIFF) -> list[str]:
-    """Past the exact horizon the final model cannot match a 1-node run: the gradient's float
-    summation order depends on the world size, and this ReLU model's SGD trajectory amplifies
-    1e-7 differences to O(1) within a few thousand steps even without any fault (measured). So
-    compare the per-step loss with the fault-free run's: find where it first departs by more than
-    `limit` (relative), and call it a violation when that step is the first step of a generation
-    (right after a re-form or a heal: a faulty heal or redo shows at once) or when the loss
-    departs by more than 1e-2 in one step (float-order chaos starts small and grows)."""
-    first_of_gen: dict[int, int] = {}
-    loss: dict[int, float] = {}
-    for records in ledgers.values():
-        for e in records:
-            first_of_gen[e["gen"]] = min(first_of_gen.get(e["gen"], e["step"]), e["step"])
-            loss.setdefault(e["step"], e["loss"])
-    starts = set(first_of_gen.values())
-    onset = None
-    for step in sorted(loss):
-        ref = ref_losses.get(step)
-        if ref is not None and abs(loss[step] - ref) / max(abs(ref), 1e-12) > limit:
-            onset = step
-            break
-    figures["trajectory_onset_step"] = onset
-    if onset is None:
-        return []
-    gap = abs(loss[onset] - ref_losses[onset]) / max(abs(ref_losses[onset]), 1e-12)
-    last_start = max((s for s in starts if s <= onset), default=0)
-    figures["trajectory_onset_gap"] = gap
-    figures["trajectory_onset_after_reform"] = onset - last_start
-    if onset == last_start or gap > 1e-2:
-        return [f"the loss departs from the fault-free run at step {onset} by {gap:.1e}, "
-                f"{onset - last_start} steps after a re-form (a heal or redo gone wrong?)"]
-    return []
+def row(problems: list[str], note: str, ran: bool = True) -> dict[str, Any]:
+    """One check's outcome: its violations, what it compared, whether it ran."""
+    return {"problems": problems, "note": note, "ran": ran}
 
 
-def per_epoch_duplicates(ledgers: dict[str, list[dict]], steps: int, batch: int, length: int) -> list[str]:
-    """Samples seen twice within one epoch (stream positions [e*length, (e+1)*length))."""
-    by_step = {}
-    for records in ledgers.values():
-        for e in records:
-            by_step[e["step"]] = e["indices"]
-    seen: dict[int, set[int]] = {}
-    twice = 0
-    for step in sorted(s for s in by_step if s < steps):
-        for j, index in enumerate(by_step[step]):
-            epoch = (step * batch + j) // length
-            bucket = seen.setdefault(epoch, set())
-            twice += index in bucket
-            bucket.add(index)
-    return [f"{twice} samples consumed twice within an epoch"] if twice else []
+def compare_finals(finals: dict[str, dict], spec: dict[str, Any], exact: bool, figures: dict[str, Any],
+                   torch: Any) -> dict[str, dict[str, Any]]:
+    """The final replicas against each other and the first against the fault-free reference."""
+    limit = float(spec.get("max_rel_diff", MAX_REL_DIFF))
+    if not finals:
+        return {FINAL_REPLICAS: row([], "not run: no node saved a final model", ran=False),
+                REFERENCE: row([], "not run: no node saved a final model", ran=False)}
+    first = next(iter(finals))
+    digests = {n: state_digest(sd) for n, sd in finals.items()}
+    apart = max(max_rel_diff(finals[n], finals[first]) for n in finals)
+    figures.update(final_digests=digests, replicas_max_rel_diff=apart)
+    out = {FINAL_REPLICAS: _compare("final replicas", digests, apart, exact, limit)}
+    if spec.get("reference_final") is None:
+        out[REFERENCE] = row([], spec.get("reference_skipped") or "not run", ran=False)
+        return out
+    ref = torch.load(spec["reference_final"], weights_only=True)
+    drift = max_rel_diff(finals[first], ref)
+    figures.update(reference_digest=state_digest(ref), reference_max_rel_diff=drift)
+    out[REFERENCE] = _compare(f"{first}'s final model and the 1-node fault-free run's",
+                              {first: digests[first], "reference": state_digest(ref)}, drift, exact, limit)
+    return out
+
+
+def _compare(what: str, digests: dict[str, str], diff: float, exact: bool, limit: float) -> dict[str, Any]:
+    """Exact: digests equal, else a violation with the difference. Fast: within `limit`, said so."""
+    equal = len(set(digests.values())) == 1
+    if exact:
+        if equal:
+            return row([], f"state-dict digest equal ({next(iter(digests.values()))[:16]}) over {len(digests)} models")
+        shown = ", ".join(f"{n} {d[:12]}" for n, d in digests.items())
+        return row([f"{what} differ: digests {shown}, max relative difference {diff:.2e}"],
+                   f"state-dict digests differ, max relative difference {diff:.2e}")
+    note = (f"max relative difference {diff:.2e} (fast reduction: float32 sums differ with the world size, "
+            f"limit {limit:g}){'; digests equal' if equal else ''}")
+    return row([] if diff < limit else [f"{what} differ by {diff:.2e} (limit {limit:g})"], note)
+
+
+def state_digest(state: dict) -> str:
+    """sha256 over a state dict's keys and tensors' dtypes, shapes and bytes, in order."""
+    from dpeer.trainer.state import tensor_bytes  # torch: only where state dicts are compared
+
+    h = hashlib.sha256()
+    for key, t in state.items():
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(tensor_bytes(t))
+    return h.hexdigest()
 
 
 def max_rel_diff(a: dict, b: dict) -> float:
     """Largest |a-b| / max|b| over the tensors of two state dicts."""
-    return max(float((a[k].float() - b[k].float()).abs().max() / b[k].float().abs().max().clamp_min(1e-12)) for k in a)
+    return max((float((a[k].double() - b[k].double()).abs().max() / b[k].double().abs().max().clamp_min(1e-12))
+                for k in a if a[k].numel()), default=0.0)
 
 
 def main() -> int:

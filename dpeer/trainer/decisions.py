@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Collection, Mapping
 
 
 @dataclass(frozen=True)
@@ -24,19 +25,68 @@ class HealPlan:
         return bool(self.receivers)
 
 
-def plan_heal(steps_by_rank: dict[int, int], n_chunks: int = 1, max_donors: int | None = None) -> HealPlan:
+def pick_lineage(
+    steps_by_rank: Mapping[int, int], digests: Mapping[int, str], vouched: Collection[int] = ()
+) -> tuple[list[int], str]:
+    """The ranks whose state every other rank copies: those at the highest step holding the winning
+    parameter digest, and why it won.
+
+    Ranks at the same step can hold different parameters (two lineages: a step that committed on
+    some ranks only and was redone elsewhere, a replica restored from another checkpoint). Without
+    a tie-break the heal's digest check fails, the leader re-forms the same members and the error
+    repeats for ever. The winner, in order: the lineage that holds the committed checkpoint (a
+    majority of the group vouched for it, and a full power loss resumes from it); else the lineage
+    most of those ranks hold (fewest copies); else the one held by the lowest rank (survivors keep
+    their old rank order, so it is the longest-standing member). Every rank computes the same
+    answer from the same allgathered values."""
+    max_step = max(steps_by_rank.values())
+    holders: dict[str, list[int]] = {}
+    for rank in sorted(r for r, s in steps_by_rank.items() if s == max_step):
+        holders.setdefault(digests[rank], []).append(rank)
+    if len(holders) == 1:
+        return next(iter(holders.values())), "one lineage"
+
+    def rank_of(digest: str) -> tuple[bool, int, int]:
+        ranks = holders[digest]
+        return (not any(r in vouched for r in ranks), -len(ranks), ranks[0])
+
+    winner = min(holders, key=rank_of)
+    ranks = holders[winner]
+    if any(r in vouched for r in ranks):
+        why = "it holds the committed checkpoint"
+    elif len(ranks) > max(len(h) for d, h in holders.items() if d != winner):
+        why = f"most ranks at the step hold it ({len(ranks)} of {sum(map(len, holders.values()))})"
+    else:
+        why = f"its lowest holder, rank {ranks[0]}, is the lowest rank"
+    rivals = ", ".join(f"{d[:12]} on {h}" for d, h in sorted(holders.items()) if d != winner)
+    return ranks, f"{len(holders)} lineages at step {max_step}: {winner[:12]} on {ranks} wins ({why}) over {rivals}"
+
+
+def plan_heal(
+    steps_by_rank: dict[int, int],
+    n_chunks: int = 1,
+    max_donors: int | None = None,
+    digests: Mapping[int, str] | None = None,
+    vouched: Collection[int] = (),
+) -> HealPlan:
     """Ranks behind the highest step receive full state, its chunks spread over the ranks at it.
 
-    Each receiver's chunks are split into contiguous ranges over the donors, the donor order being
-    rotated per receiver so several receivers do not all start on the same donor.
+    With ``digests`` (every rank's parameter digest) ranks at the highest step that hold another
+    lineage than the winner (see pick_lineage) receive too. Each receiver's chunks are split into
+    contiguous ranges over the donors, the donor order being rotated per receiver so several
+    receivers do not all start on the same donor.
     """
     if not steps_by_rank:
         raise ValueError("plan_heal needs at least one rank")
     if n_chunks <= 0:
         raise ValueError(f"n_chunks must be positive, got {n_chunks}")
     max_step = max(steps_by_rank.values())
-    donors = sorted(r for r, s in steps_by_rank.items() if s == max_step)
-    receivers = sorted(r for r, s in steps_by_rank.items() if s < max_step)
+    lineage = ""
+    if digests is not None:
+        donors, lineage = pick_lineage(steps_by_rank, digests, vouched)
+    else:
+        donors = sorted(r for r, s in steps_by_rank.items() if s == max_step)
+    receivers = sorted(r for r in steps_by_rank if r not in donors)
     if not receivers:
         return HealPlan(max_step, donors, [], {}, f"all {len(donors)} ranks at step {max_step}; no heal")
     usable = donors[: max_donors] if max_donors else donors
@@ -53,9 +103,9 @@ def plan_heal(steps_by_rank: dict[int, int], n_chunks: int = 1, max_donors: int 
         assignment[recv] = ranges
     behind = ", ".join(f"{r}@{steps_by_rank[r]}" for r in receivers)
     reason = (
-        f"ranks {behind} behind max step {max_step}; {n_chunks} chunks each from "
+        f"ranks {behind} behind or apart from max step {max_step}; {n_chunks} chunks each from "
         f"{min(len(usable), n_chunks)} of donors {donors}"
-    )
+    ) + (f"; {lineage}" if lineage and lineage != "one lineage" else "")
     return HealPlan(max_step, donors, receivers, assignment, reason)
 
 

@@ -3,8 +3,8 @@
 Everything is generated from the seed (no downloads): inputs are Gaussian, labels come from a
 fixed random "teacher" network, so the task is learnable and every node builds the same data.
 Options (all optional): steps, global_batch, micro_batch, dataset_len, dim, hidden, classes,
-seed, lr, dtype (float32, or float64: the equivalence tests use it so that rounding differences
-from a changing world size stay far below their 1e-4 tolerance over thousands of steps).
+seed, lr, dtype (float32 or float64), dropout (a probability; 0: no dropout layers) and norm
+(none, or batch: a BatchNorm1d after the first layer); the defaults build the plain MLP.
 """
 
 from __future__ import annotations
@@ -26,7 +26,10 @@ DEFAULTS: dict[str, Any] = {
     "seed": 1234,
     "lr": 0.05,
     "dtype": "float32",
+    "dropout": 0.0,
+    "norm": "none",
 }
+NORMS = ("none", "batch")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -62,11 +65,17 @@ def build(ctx: JobContext) -> TrainSpec:
         raise ValueError(f"demo dtype must be one of {sorted(DTYPES)}, got {o['dtype']!r}")
     dtype = DTYPES[o["dtype"]]
     data = SyntheticDataset(int(o["dataset_len"]), int(o["dim"]), int(o["classes"]), seed, dtype)
+    if o["norm"] not in NORMS:
+        raise ValueError(f"demo norm must be one of {list(NORMS)}, got {o['norm']!r}")
     torch.manual_seed(seed)
-    hidden = int(o["hidden"])
+    hidden, dropout = int(o["hidden"]), float(o["dropout"])
+    def drop() -> list[torch.nn.Module]:
+        return [torch.nn.Dropout(dropout)] if dropout > 0 else []
+
+    norm = [torch.nn.BatchNorm1d(hidden)] if o["norm"] == "batch" else []
     model = torch.nn.Sequential(
-        torch.nn.Linear(int(o["dim"]), hidden), torch.nn.ReLU(),
-        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+        torch.nn.Linear(int(o["dim"]), hidden), *norm, torch.nn.ReLU(), *drop(),
+        torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), *drop(),
         torch.nn.Linear(hidden, int(o["classes"])),
     ).to(device=ctx.device, dtype=dtype)
     optimizer = torch.optim.SGD(model.parameters(), lr=float(o["lr"]), momentum=0.9)

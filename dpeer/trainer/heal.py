@@ -1,6 +1,7 @@
-"""Healing after a re-form: ranks behind the group's highest step copy full state from ranks at it.
+"""Healing after a re-form: ranks behind the group's highest step copy full state from ranks at it,
+and so do ranks at that step whose parameters belong to another lineage than the winning one.
 
-Every rank allgathers its step; all compute the same ``plan_heal``. The first donor broadcasts the
+Every rank allgathers its step and parameter digest; all compute the same ``plan_heal``. The first donor broadcasts the
 state header (step, RNG states, optimizer hyper-parameters, tensor specs, payload digest); each
 receiver then gets the payload in contiguous chunks from several donors over send/recv in the new
 group. The receiver checks the payload digest (every donor's bytes must equal the first donor's),
@@ -54,11 +55,15 @@ class HealResult:
     seconds: float
 
 
-def _allgather_int(value: int, world: int, device: torch.device) -> list[int]:
-    mine = torch.tensor([value], dtype=torch.int64, device=device)
-    out = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+def _allgather_replicas(step: int, digest: str, vouched: bool, world: int,
+                        device: torch.device) -> list[tuple[int, str, bool]]:
+    """Every rank's (step, parameter digest, whether its lineage holds the committed checkpoint)."""
+    words = [int.from_bytes(bytes.fromhex(digest)[i : i + 8], "big", signed=True) for i in range(0, 32, 8)]
+    mine = torch.tensor([step, int(vouched), *words], dtype=torch.int64, device=device)
+    out = [torch.zeros(6, dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(out, mine)
-    return [int(t.item()) for t in out]
+    rows = [[int(v) for v in t.tolist()] for t in out]
+    return [(r[0], b"".join(w.to_bytes(8, "big", signed=True) for w in r[2:]).hex(), bool(r[1])) for r in rows]
 
 
 def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: torch.device) -> bytes:
@@ -102,8 +107,13 @@ def heal(
     n_chunks: int | None = None,
     device: torch.device = torch.device("cpu"),
     key: bytes = b"",
+    vouched: bool = False,
 ) -> HealResult:
-    """Bring every rank of the new group to the highest step among them (collective: all ranks call).
+    """Bring every rank of the new group to the highest step among them and to one lineage
+    (collective: all ranks call). Ranks at that step whose parameters differ from the winning
+    lineage's (decisions.pick_lineage; ``vouched``: this rank's lineage holds the committed
+    checkpoint) receive its state too, so a group whose replicas forked converges instead of
+    failing its digest check at every re-form.
 
     ``device`` is where collective buffers live (cuda for NCCL); the state itself is staged on CPU.
     ``key`` (the generation's heal key, the same on every rank) authenticates the stream: the
@@ -112,8 +122,11 @@ def heal(
     """
     t0 = time.monotonic()
     chunks = n_chunks or max(1, world - 1)
-    steps = _allgather_int(my_step, world, device)
-    plan = plan_heal(dict(enumerate(steps)), chunks)
+    mine = digest()
+    replicas = _allgather_replicas(my_step, mine, vouched, world, device)
+    plan = plan_heal({r: v[0] for r, v in enumerate(replicas)}, chunks,
+                     digests={r: v[1] for r, v in enumerate(replicas)},
+                     vouched={r for r, v in enumerate(replicas) if v[2]})
     sent = received = 0
     if plan.needed:
         is_donor = rank in plan.donors
@@ -152,6 +165,6 @@ def heal(
             except StateError as exc:
                 raise HealError(f"received state rejected: {exc}") from None
     if not _planted("skip_heal"):  # TEST HOOK: the planted bug also skips the replicas' digest check
-        verify_digests(digest(), world, device)
+        verify_digests(digest() if rank in plan.receivers else mine, world, device)
     return HealResult(plan, rank in plan.receivers, sent, received, time.monotonic() - t0)
 

@@ -21,15 +21,17 @@ from typing import Any, Callable, Protocol, Sequence, TextIO
 import torch
 
 from dpeer.trainer import state as st
-from dpeer.trainer.allreduce import allreduce_step
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
+from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
 from dpeer.trainer.heal import heal
-from dpeer.trainer.sampler import GlobalBatchSampler, micro_batches, shard
+from dpeer.trainer.sampler import GlobalBatchSampler
+from dpeer.trainer.stepping import FastStep, Reduction, Trained
 from dpeer.trainer.viewsource import View, ViewSource
 
 
 STEP_TIME_WINDOW = 200
+LINEAGE_KEPT = 8  # checkpoint digests a replica remembers of its lineage (for the heal's tie-break)
 
 
 class Dataset(Protocol):
@@ -89,6 +91,7 @@ class LoopConfig:
     ckpt_every: int = 0
     ckpt_keep: int = 2
     digest_every: int = 10  # steps between parameter digests; also the last step and each group's first
+    reduction: Reduction = Reduction.EXACT  # how gradients are summed (stepping.Reduction)
 
 
 class Trainer:
@@ -116,6 +119,12 @@ class Trainer:
         self._planned = False
         self._ledger: TextIO | None = None
         self._digest_next = False
+        self._lineage: dict[int, str] = {}  # checkpoint step -> parameter digest, along this replica's lineage
+        if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
+            self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device,
+                                                           self._collate)
+        else:
+            self.stepper = FastStep(spec, self.params, self.sampler, self.group.device, self._collate)
 
     def _event(self, kind: str, **fields: Any) -> None:
         report = getattr(self.source, "report_event", None)
@@ -125,15 +134,28 @@ class Trainer:
     def capture(self) -> st.StateBlob:
         """The full training state at the current step."""
         s = self.spec
-        return st.capture(s.model, s.optimizer, s.scheduler, s.scaler, self.step, self.sampler.cursor_after(self.step))
+        blob = st.capture(s.model, s.optimizer, s.scheduler, s.scaler, self.step, self.sampler.cursor_after(self.step))
+        blob.header["reduction"] = self.stepper.state()
+        blob.header["lineage"] = sorted(self._lineage.items())
+        return blob
 
     def apply(self, blob: st.StateBlob) -> None:
         """Replace the training state with ``blob``."""
         s = self.spec
         self.step, _cursor = st.restore(blob, s.model, s.optimizer, s.scheduler, s.scaler)
+        self.stepper.load_state(blob.header.get("reduction"))
+        self._lineage = {int(k): str(v) for k, v in blob.header.get("lineage", [])}
+        if blob.header.get("params_digest"):
+            self._remember(self.step, blob.header["params_digest"])
+
+    def _remember(self, step: int, digest: str) -> None:
+        """Note this replica's digest at a checkpoint step (its lineage), keeping the newest few."""
+        self._lineage[step] = digest
+        for old in sorted(self._lineage)[:-LINEAGE_KEPT]:
+            del self._lineage[old]
 
     def digest(self) -> str:
-        """Digest of the model parameters."""
+        """Digest of the model's parameters and buffers."""
         return st.params_digest(self.spec.model)
 
     def _resume(self, committed: tuple[int, str]) -> None:
@@ -185,19 +207,6 @@ class Trainer:
             seen = newer.generation
         return seen
 
-    def _local_grads(self, indices: list[int]) -> float:
-        spec = self.spec
-        for p in self.params:
-            p.grad = None
-        loss_sum = 0.0
-        device = self.group.device
-        for mb in micro_batches(indices, spec.micro_batch):
-            x, y = self._collate([spec.dataset[i] for i in mb])
-            loss = spec.loss_fn(spec.model(x.to(device)), y.to(device))
-            (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
-            loss_sum += float(loss.detach())
-        return loss_sum
-
     def _adapt_timeout(self) -> None:
         seconds, _reason = collective_timeout(
             self.step_times, floor=self.cfg.timeout_floor, mult=self.cfg.timeout_mult,
@@ -207,17 +216,25 @@ class Trainer:
             self._timeout = seconds
             self.group.set_timeout(seconds)
 
-    def _record(self, indices: list[int], membership: Any, digest: str) -> None:
-        """Append the committed step to the ledger: one line-buffered write, no open/close per step."""
+    def _write(self, entry: dict[str, Any]) -> None:
+        """Append one ledger record: one line-buffered write, no open/close per step."""
         if not self.cfg.ledger_path:
             return
         if self._ledger is None:
             self._ledger = open(self.cfg.ledger_path, "a", buffering=1)
-        entry = {
-            "step": self.step - 1, "gen": membership.generation, "world": membership.world,
-            "rank": membership.rank, "indices": indices, "digest": digest, "loss": self.last_loss,
-        }
         self._ledger.write(json.dumps(entry) + "\n")
+
+    def _record_trained(self, trained: Trained, membership: Any) -> None:
+        """Before the step's allreduce, record what this rank trained (its micro-batches and their
+        samples), so the audit sees it even when the rank dies right after the step commits."""
+        self._write({"kind": "trained", "step": trained.step, "gen": membership.generation,
+                     "world": membership.world, "rank": membership.rank,
+                     "micro_batches": trained.micro_batches, "indices": trained.indices})
+
+    def _record(self, membership: Any, digest: str) -> None:
+        """Record the committed step with its digest (every digest_every steps) and loss."""
+        self._write({"kind": "committed", "step": self.step - 1, "gen": membership.generation,
+                     "world": membership.world, "rank": membership.rank, "digest": digest, "loss": self.last_loss})
 
     def _checkpoint(self, digest: str) -> None:
         """Write the checkpoint of this step when one is due; `digest` is the step's parameter
@@ -227,7 +244,9 @@ class Trainer:
         if self.cfg.ckpt_dir and due:
             blob = self.capture()
             params = digest or self.digest()
+            self._remember(self.step, params)
             blob.header["params_digest"] = params
+            blob.header["lineage"] = sorted(self._lineage.items())
             _, file_digest = st.write_checkpoint(self.cfg.ckpt_dir, self.step, blob.to_bytes())
             st.prune_checkpoints(self.cfg.ckpt_dir, self.cfg.ckpt_keep, protect=self._committed_hint()[0])
             self._event("checkpoint", step=self.step, digest=file_digest, params_digest=params,
@@ -238,10 +257,8 @@ class Trainer:
         m = self.group.membership
         spec = self.spec
         t0 = time.monotonic()
-        indices = self.sampler.indices_for_step(self.step)
-        loss_sum = self._local_grads(shard(indices, m.rank, m.world))
-        newest = self._peek_newest()
-        red = allreduce_step(self.params, loss_sum, newest, m.rank, m.world, spec.global_batch, self.group.device)
+        self._record_trained(self.stepper.compute(self.step, m.rank, m.world), m)
+        red = self.stepper.reduce(self._peek_newest(), m.rank, m.world)
         if spec.scaler is not None:
             spec.scaler.step(spec.optimizer)
             spec.scaler.update()
@@ -258,7 +275,7 @@ class Trainer:
         digested = self._digest_next or self.step % self.cfg.digest_every == 0 or self.step == spec.steps
         self._digest_next = False
         digest = self.digest() if digested else ""
-        self._record(indices, m, digest)
+        self._record(m, digest)
         self.source.report_progress(self.step, self.sampler.cursor_after(self.step), red.loss_mean, digest)
         self._checkpoint(digest)
         return should_switch(m.generation, red.newest_seen_by_rank).switch
@@ -275,8 +292,9 @@ class Trainer:
             m = self.group.form(view, lambda: self._peek_newest() > view.generation)
             t_formed = time.monotonic()
             self.group.set_timeout(self.cfg.init_timeout)
-            result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest, device=self.group.device,
-                          key=m.heal_key)
+            vouched = view.checkpoint_step > 0 and self._lineage.get(view.checkpoint_step) == view.checkpoint_digest
+            result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest,
+                          device=self.group.device, key=m.heal_key, vouched=vouched)
             self._timeout = self.cfg.init_timeout
             self._adapt_timeout()
             self._digest_next = True  # a replica that healed wrong differs from its first step on

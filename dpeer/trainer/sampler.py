@@ -106,3 +106,16 @@ def micro_batches(indices: list[int], micro_bs: int) -> list[list[int]]:
     if micro_bs <= 0:
         raise ValueError(f"micro batch must be positive, got {micro_bs}")
     return [indices[i : i + micro_bs] for i in range(0, len(indices), micro_bs)]
+
+
+def micro_batch_seed(seed: int, step: int, index: int) -> int:
+    """The torch seed of micro-batch ``index`` of ``step``: a function of the run's seed, the step and
+    the micro-batch only, so its random draws (dropout) are the same on whichever rank runs it,
+    in any world size, and again when a failed step is redone."""
+    x = _mix64(_mix64(_mix64(seed & _MASK64) ^ (step & _MASK64)) ^ (index & _MASK64))
+    return x >> 1  # torch.manual_seed takes a non-negative 63-bit value
+
+
+def micro_batch_slice(indices: list[int], micro_bs: int, index: int) -> list[int]:
+    """The dataset indices of micro-batch ``index`` of a step whose global indices are ``indices``."""
+    return indices[index * micro_bs : (index + 1) * micro_bs]

@@ -257,8 +257,10 @@ def restore(
 
 
 def params_digest(model: torch.nn.Module) -> str:
-    """sha256 hex over the parameters' raw bytes in ``parameters()`` order (equal on every replica)."""
+    """sha256 hex over the parameters' raw bytes in ``parameters()`` order, then the buffers' in
+    ``buffers()`` order (BatchNorm running statistics included), so replicas whose buffers drifted
+    apart are seen too (equal on every replica). A model without buffers digests as before."""
     h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(byte_view(_as_bytes_view(p)))
+    for t in (*model.parameters(), *model.buffers()):
+        h.update(byte_view(_as_bytes_view(t)))
     return h.hexdigest()

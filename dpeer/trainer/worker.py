@@ -3,8 +3,9 @@
 
 The job is imported and built before the first view is requested, so peers already training never
 wait on this process's ``import torch``. Exit codes: 0 all steps done, 1 gave up (no usable view
-within the idle limit, or the daemon that started it is gone), 2 bad usage, 3 the job's build
-raised (reported to the daemon first), 75 the NCCL abort watchdog fired (restart me).
+within the idle limit, or the daemon that started it is gone), 2 bad usage, 3 the job could not
+be built, or exact reduction cannot run it (reported to the daemon first), 75 the NCCL abort
+watchdog fired (restart me).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 
+from dpeer.trainer.exact import ExactModeError, configure_process  # noqa: E402
 from dpeer.trainer.group import bind_store_socket  # noqa: E402
 from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec  # noqa: E402
-from dpeer.trainer.viewsource import make_view_source  # noqa: E402
+from dpeer.trainer.stepping import Reduction  # noqa: E402
+from dpeer.trainer.viewsource import ViewSource, make_view_source  # noqa: E402
 
 EXIT_GAVE_UP, EXIT_USAGE, EXIT_BUILD_FAILED = 1, 2, 3
 _PR_SET_PDEATHSIG = 1
@@ -84,6 +87,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ckpt-every", type=int, default=int(env("DPEER_CKPT_EVERY", "0")))
     p.add_argument("--digest-every", type=_positive, default=env("DPEER_DIGEST_EVERY", str(LoopConfig.digest_every)),
                    help="steps between parameter digests; the last step always has one")
+    p.add_argument("--reduction", choices=[r.value for r in Reduction], default=Reduction.EXACT.value,
+                   help="exact: the same bits in any world size (default); fast: float32 sums in the collective's order")
+    p.add_argument("--threads", type=int, default=0,
+                   help="intra-op CPU threads (0: torch's default, the core count); exact needs one count on every box")
     p.add_argument("--init-timeout", type=float, default=30.0)
     p.add_argument("--timeout-floor", type=float, default=2.0)
     p.add_argument("--timeout-mult", type=float, default=5.0)
@@ -116,19 +123,31 @@ def _store_socket(spec: str | None) -> socket.socket | None:
     return bind_store_socket(host.strip("[]"), int(port))
 
 
-def _build(args: argparse.Namespace, source: object, imported_cpu: float) -> tuple[TrainSpec, socket.socket | None]:
-    """Bind the store, import and build the job; report the store's port with the build."""
+def _build(args: argparse.Namespace, source: ViewSource, imported_cpu: float) -> tuple[Trainer, TrainSpec]:
+    """Bind the store, import and build the job, and check that the chosen reduction can run it
+    (exact refuses a model it cannot make exact); report the store's port with the build."""
     store = _store_socket(args.store_bind)
     options = _parse_opts(args.job_opt)
     job = load_job(args.job)
+    reduction = Reduction(args.reduction)
+    if reduction is Reduction.EXACT:
+        configure_process(args.threads)
+    elif args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     t_build = time.monotonic()
     spec = job(JobContext(args.node_id, device, options))
+    cfg = LoopConfig(
+        init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
+        idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
+        digest_every=args.digest_every, reduction=reduction,
+    )
+    trainer = Trainer(spec, source, args.node_id, cfg, store_socket=store)
     report = getattr(source, "report_event", None)
     if report is not None:
         report("built", import_cpu_s=imported_cpu, build_cpu_s=time.process_time() - imported_cpu,
                build_s=time.monotonic() - t_build, store_port=store.getsockname()[1] if store else 0)
-    return spec, store
+    return trainer, spec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,22 +162,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpeer worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        spec, store = _build(args, source, imported_cpu)
+        trainer, spec = _build(args, source, imported_cpu)
     except Exception as exc:  # noqa: BLE001 - whatever the job's build raises, the daemon must hear it
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-        traceback.print_exc()
+        if not isinstance(exc, ExactModeError):  # that one is a sentence about the job, not a bug
+            traceback.print_exc()
         report = getattr(source, "report_job_error", None)
         if report is not None:
             report(error)
         print(f"dpeer worker {args.node_id}: the job could not be built: {error}", file=sys.stderr)
         return EXIT_BUILD_FAILED
-    cfg = LoopConfig(
-        init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
-        idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
-        digest_every=args.digest_every,
-    )
     try:
-        Trainer(spec, source, args.node_id, cfg, store_socket=store).run()
+        trainer.run()
     except TimeoutError as exc:
         print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
         return EXIT_GAVE_UP

@@ -19,4 +19,7 @@ def test_short_seeded_chaos_run_has_no_violations(tmp_path: Path, reference_cach
     assert timeline["violations"] == 0
     assert timeline["kv"]["acknowledged"] > 0, "the background writer got no write acknowledged"
     assert all(f["back_s"] is not None for f in timeline["faults"]), timeline["faults"]
-    assert timeline["figures"]["reference_max_rel_diff"] < 1e-4
+    figures = timeline["figures"]
+    assert set(figures["final_digests"].values()) == {figures["reference_digest"]}, "not bitwise equal"
+    assert "state-dict digest equal" in timeline["notes"]["final model = fault-free run"]
+    assert timeline["not_run"] == {}

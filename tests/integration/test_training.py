@@ -14,7 +14,7 @@ import signal
 import torch
 
 from dpeer.peer.cluster import LocalCluster
-from dpeer.trainer.audit import audit, read_ledger
+from dpeer.trainer.audit import audit, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler
 from tests.integration.conftest import run
@@ -59,8 +59,8 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 def assert_exact(cluster: LocalCluster, steps: int, finishers: list[str]) -> dict[str, torch.Tensor]:
     """Ledgers audit clean over `steps` and the finishers end identical; returns one final model."""
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    ledgers = {n.node_id: read_ledger(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
-    problems = audit(ledgers, steps, sampler)
+    ledgers = {n.node_id: read_records(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
+    problems = audit(ledgers, steps, sampler, CONFIG["training"]["micro_batch"])
     assert not problems, problems
     finals = {n: final_params(cluster, n) for n in finishers}
     assert max(max_rel_diff(finals[n], finals[finishers[0]]) for n in finishers) == 0.0, "replicas ended apart"

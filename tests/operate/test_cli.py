@@ -71,6 +71,10 @@ BAD_FILES = {
     "bad_value": ("training:\n  steps: -5\n", "config key training.steps"),
     "bad_type": ("max_voters: lots\n", "config key max_voters"),
     "bad_address": ("listen: nohost\n", "config key listen"),
+    "bad_reduction": ("training:\n  reduction: approximate\n", "config key training.reduction"),
+    "exact_needs_whole_micro_batches": ("training:\n  global_batch: 64\n  micro_batch: 10\n",
+                                        "config key training: reduction exact needs global_batch (64) to be a "
+                                        "multiple of micro_batch (10)"),
     "bad_security_file": ("security:\n  cluster_token_file: /nonexistent/token\n", "config key security.cluster_token_file"),
     "not_yaml": ("node_id: [n1\n", "not valid YAML at line"),
     "not_a_mapping": ("- n1\n- n2\n", "must be a mapping"),

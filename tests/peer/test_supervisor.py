@@ -74,6 +74,9 @@ def test_judge_worker(now, last, stopped, hung, why) -> None:
 def test_the_status_pairs_a_step_with_its_own_digest(tmp_path: Path) -> None:
     sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(digest_every=3), lambda g, r: None)
     assert sup.command()[sup.command().index("--digest-every") + 1] == "3"
+    assert sup.command()[sup.command().index("--reduction") + 1] == "exact"
+    fast = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(reduction="fast", threads=2), lambda g, r: None)
+    assert fast.command()[fast.command().index("--reduction") + 1:][:3] == ["fast", "--threads", "2"]
     write(tmp_path, {"kind": "progress", "t": 1.0, "step": 3, "samples": 192, "loss": 0.9, "digest": "d3"},
           {"kind": "failure", "t": 1.5, "gen": 1, "reason": "reset"},
           {"kind": "progress", "t": 2.0, "step": 4, "samples": 256, "loss": 0.8, "digest": ""},

@@ -30,7 +30,8 @@ def free_ports(n: int) -> list[int]:
 
 class Cluster:
     """Workers plus an authority thread: it publishes a view of the live, ready nodes whenever that
-    set differs from the current view or a member reports a failure of the current generation."""
+    set differs from the current view or a member reports a failure of the current generation.
+    ``{node}`` in an extra argument is replaced by the worker's node id."""
 
     def __init__(self, root: str, nodes: list[str], job_opts: dict[str, object], extra_args: list[str] | None = None):
         self.root = root
@@ -59,7 +60,7 @@ class Cluster:
         """Spawn the worker of ``node`` and mark it live; returns the spawn time."""
         args = [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", node, "--job", "demo",
                 "--views", f"dir:{self.views}", "--ledger", self.ledger(node), "--final-out", self.final(node),
-                "--idle-limit", "120", *self.extra_args]
+                "--idle-limit", "120", *(a.replace("{node}", node) for a in self.extra_args)]
         for k, v in self.job_opts.items():
             args += ["--job-opt", f"{k}={v}"]
         log = open(os.path.join(self.root, f"worker-{node}.log"), "a")

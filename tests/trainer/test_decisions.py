@@ -1,6 +1,6 @@
 import pytest
 
-from dpeer.trainer.decisions import collective_timeout, plan_heal, should_switch
+from dpeer.trainer.decisions import collective_timeout, pick_lineage, plan_heal, should_switch
 
 
 def _covers(ranges, n):
@@ -48,6 +48,33 @@ def test_plan_heal_fewer_chunks_than_donors_and_max_donors():
     assert len(plan.assignment[3]) == 2
     plan = plan_heal({0: 3, 1: 3, 2: 3, 3: 0}, n_chunks=9, max_donors=1)
     assert plan.assignment[3] == [(0, 0, 9)]
+
+
+@pytest.mark.parametrize("steps, digests, vouched, donors, why", [
+    # one lineage at the top step: its holders donate, nobody at it receives
+    ({0: 5, 1: 5, 2: 3}, {0: "x", 1: "x", 2: "y"}, set(), [0, 1], "one lineage"),
+    # two lineages at the top step: the one holding the committed checkpoint wins, even in a minority
+    ({0: 5, 1: 5, 2: 5}, {0: "x", 1: "x", 2: "y"}, {2}, [2], "holds the committed checkpoint"),
+    # no checkpoint vouches: the lineage most ranks at the step hold wins
+    ({0: 5, 1: 5, 2: 5}, {0: "y", 1: "x", 2: "x"}, set(), [1, 2], "most ranks at the step hold it (2 of 3)"),
+    # a tie: the lineage of the lowest rank wins
+    ({0: 5, 1: 5, 2: 4, 3: 5}, {0: "y", 1: "x", 2: "x", 3: "x"}, set(), [1, 3], "most ranks"),
+    ({0: 5, 1: 5}, {0: "y", 1: "x"}, set(), [0], "its lowest holder, rank 0, is the lowest rank"),
+    # a lower step never wins, whatever vouches for it
+    ({0: 5, 1: 4}, {0: "y", 1: "x"}, {1}, [0], "one lineage"),
+])
+def test_pick_lineage_table(steps, digests, vouched, donors, why):
+    got, reason = pick_lineage(steps, digests, vouched)
+    assert got == donors and why in reason, reason
+
+
+def test_plan_heal_sends_the_winning_lineage_to_every_rank_apart_from_it():
+    plan = plan_heal({0: 7, 1: 7, 2: 7, 3: 2}, n_chunks=2, digests={0: "b" * 64, 1: "a" * 64, 2: "a" * 64, 3: "c" * 64})
+    assert (plan.max_step, plan.donors, plan.receivers) == (7, [1, 2], [0, 3])
+    assert "2 lineages at step 7: aaaaaaaaaaaa on [1, 2] wins" in plan.reason
+    assert all(sum(e - s for _, s, e in plan.assignment[r]) == 2 for r in plan.receivers)
+    again = plan_heal({0: 7, 1: 7, 2: 7, 3: 7}, n_chunks=2, digests=dict.fromkeys(range(4), "a" * 64))
+    assert not again.needed  # after the heal, one lineage: the group trains on instead of re-forming for ever
 
 
 @pytest.mark.parametrize("bad", [({}, 1), ({0: 1}, 0)])

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dpeer.peer.local import publish_checkpoint
+from dpeer.peer.local import publish_checkpoint, read_reports
 from dpeer.trainer.state import list_checkpoints
 
 from dpeer.trainer.audit import read_ledger
@@ -34,6 +34,20 @@ def test_bad_usage_exits_2():
         capture_output=True, text=True, env=env, timeout=60,
     )
     assert r.returncode == 2 and "--digest-every" in r.stderr
+
+
+def test_a_job_exact_reduction_cannot_run_is_a_build_failure_with_the_reason(tmp_path):
+    """Exit 3 and a job_error report, which the daemon passes on so the leader halts the job."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    r = subprocess.run(
+        [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", "a", "--views", f"dir:{tmp_path}",
+         "--job-opt", "global_batch=8", "--job-opt", "micro_batch=3"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert r.returncode == 3, r.stderr
+    assert "global_batch (8) to be a multiple of micro_batch (3)" in r.stderr and "Traceback" not in r.stderr
+    errors = [x for x in read_reports(str(tmp_path), "a") if x["kind"] == "job_error"]
+    assert len(errors) == 1 and "multiple of micro_batch" in errors[0]["error"], errors
 
 
 def _run_single(root: str, steps: int, extra: list[str], checkpoint: tuple[int, str] = (0, ""),

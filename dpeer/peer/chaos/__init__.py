@@ -32,12 +32,16 @@ Then the checks, each a list of violations (exit 1 if any):
 - one member list per group generation across every node's samples;
 - every acknowledged `dpeer kv put` (a background writer runs during the run) reads back with its
   value through every node at the end;
-- the audit of every ledger (dpeer/trainer/audit.py): no committed step lost, samples exactly
-  once, replicas identical at each (step, generation); ledgers of wiped data dirs included;
-- training finished on every node, the final replicas agree, and they match a fault-free
-  reference run (a 1-node cluster with the same config) to a max relative difference < 1e-4
-  (up to --exact-horizon steps; past it the demo's trajectory is chaotic under float reordering
-  and the per-step loss is compared instead: see check_trajectory in dpeer/trainer/chaos_check.py);
+- the audit of every ledger (dpeer/trainer/audit.py; ledgers of wiped data dirs included): no
+  committed step lost, every micro-batch of every committed step trained exactly once by the group
+  that committed it (as its ranks recorded before the step's allreduce), with the seeded samples;
+  replicas' parameter-and-buffer digests equal at equal steps (exact reduction: across
+  generations too);
+- training finished on every node; the final replicas equal, and equal to a fault-free reference
+  run (a 1-node cluster with the same config), for the whole run: with --reduction exact (the
+  default) by state-dict digest, bit for bit; with --reduction fast within a max relative difference
+  of 1e-4, the figure printed. Each row of the table says what it compared; a check that did not
+  run (--no-reference, or a node that did not finish) says "not run", never "ok";
 - liveness: after every fault the survivors commit a step within --max-recovery seconds, and every
   faulted node is back in a group by the end.
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KINDS = ("kill", "restart", "wipe", "stop", "partition", "loss", "slow")
+REDUCTIONS = ("exact", "fast")
 DISRUPTIVE = {"kill", "restart", "wipe", "stop", "partition"}
 
 
@@ -27,6 +28,7 @@ class ChaosOptions:
     global_batch: int = 16
     micro_batch: int = 8
     lr: float = 0.05
+    reduction: str = "exact"
     out: Path = Path("chaos-out")
     dir: Path | None = None
     base_port: int | None = None
@@ -36,7 +38,6 @@ class ChaosOptions:
     finish_timeout: float = 900.0
     reference: bool = True
     reference_cache: Path | None = None
-    exact_horizon: int = 1500
     max_recovery: float = 60.0
     keep_dirs: bool = True
 
@@ -50,6 +51,11 @@ def validate(opts: ChaosOptions) -> None:
         raise ValueError("--nodes must be between 1 and 9")
     if opts.nodes < 3 and set(opts.kinds) & DISRUPTIVE:
         raise ValueError("disruptive faults need at least 3 nodes (a majority must survive)")
+    if opts.reduction not in REDUCTIONS:
+        raise ValueError(f"--reduction must be one of {', '.join(REDUCTIONS)}, got {opts.reduction!r}")
+    if opts.reduction == "exact" and opts.global_batch % opts.micro_batch:
+        raise ValueError(f"--reduction exact needs --global-batch ({opts.global_batch}) to be a multiple of "
+                         f"--micro-batch ({opts.micro_batch})")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,7 +70,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training steps (size it so training outlasts the chaos window)")
     p.add_argument("--global-batch", type=int, default=d.global_batch)
     p.add_argument("--micro-batch", type=int, default=d.micro_batch)
-    p.add_argument("--lr", type=float, default=d.lr, help="demo learning rate (lower: a longer float-order horizon)")
+    p.add_argument("--lr", type=float, default=d.lr, help="demo learning rate")
+    p.add_argument("--reduction", choices=REDUCTIONS, default=d.reduction,
+                   help="exact (default): the final model must equal the fault-free run's bit for bit; fast: "
+                        "within a max relative difference of 1e-4")
     p.add_argument("--out", type=Path, default=d.out, help="where timeline.json and summary.md go")
     p.add_argument("--dir", type=Path, default=None, help="data dirs and logs (default: a new temp dir)")
     p.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
@@ -76,9 +85,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-recovery", type=float, default=d.max_recovery,
                    help="seconds within which the survivors must commit a step after any fault")
     p.add_argument("--no-reference", action="store_true", help="skip the fault-free reference comparison")
-    p.add_argument("--exact-horizon", type=int, default=d.exact_horizon,
-                   help="up to this many steps the final model must match the fault-free run to 1e-4; "
-                        "past it the per-step loss trajectory is compared instead (see check_trajectory)")
     p.add_argument("--reference-cache", type=Path, default=None,
                    help="reuse/keep the reference model here, keyed by the training config")
 
@@ -91,5 +97,5 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         global_batch=args.global_batch, micro_batch=args.micro_batch, lr=args.lr, out=args.out, dir=args.dir,
         base_port=args.base_port, kv_every=args.kv_every, finish_timeout=args.finish_timeout,
         warmup_timeout=args.warmup_timeout, max_recovery=args.max_recovery,
-        reference=not args.no_reference, reference_cache=args.reference_cache, exact_horizon=args.exact_horizon,
+        reference=not args.no_reference, reference_cache=args.reference_cache, reduction=args.reduction,
     )

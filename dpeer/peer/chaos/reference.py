@@ -15,27 +15,25 @@ if TYPE_CHECKING:
     from dpeer.peer.chaos.run import Run
 
 
-def reference_paths(run: Run) -> tuple[Path, Path]:
-    """Final model and ledger of a 1-node, fault-free run of the same config (cached by config)."""
+def reference_final(run: Run) -> Path:
+    """The final model of a 1-node, fault-free run of the same config (cached by config)."""
     key = hashlib.sha256(json.dumps(run.config, sort_keys=True).encode()).hexdigest()[:16]
     cache = run.opts.reference_cache
     if cache is not None and (cache / f"reference-{key}.pt").exists():
         run.say(f"reference model from the cache {cache / f'reference-{key}.pt'}")
-        return cache / f"reference-{key}.pt", cache / f"reference-{key}.ledger.jsonl"
+        return cache / f"reference-{key}.pt"
     run.say("running the fault-free reference (1 node, same config)")
-    done, ledger = _train_reference(run)
+    done = _train_reference(run)
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
         shutil.copy(done, cache / f"reference-{key}.pt")
-        shutil.copy(ledger, cache / f"reference-{key}.ledger.jsonl")
-    return done, ledger
+    return done
 
 
-def _train_reference(run: Run) -> tuple[Path, Path]:
-    """Train the config on one node until its final model exists (or finish_timeout); model, ledger."""
+def _train_reference(run: Run) -> Path:
+    """Train the config on one node until its final model exists (or finish_timeout)."""
     ref = LocalCluster(run.root / "reference", 1, job="demo", config=run.config)
     done = ref.nodes[0].data_dir / "worker" / "final.pt"
-    ledger = ref.nodes[0].data_dir / "worker" / "ledger.jsonl"
     try:
         ref.start_all()
         deadline = time.monotonic() + run.opts.finish_timeout
@@ -44,4 +42,4 @@ def _train_reference(run: Run) -> tuple[Path, Path]:
         time.sleep(0.5)  # torch.save is not atomic: let the worker finish writing and exit
     finally:
         ref.stop_all()
-    return done, ledger
+    return done

@@ -20,13 +20,15 @@ def _stats(values: list[float]) -> str:
     return f"median {statistics.median(values):.2f}s, max {max(values):.2f}s (n={len(values)})"
 
 
-def summarize(run: Run, checks: dict[str, list[str]], figures: dict[str, Any], wall: float) -> str:
-    """The Markdown summary: every fault, recovery times per kind, the figures, the checks and violations."""
+def summarize(run: Run, checks: dict[str, list[str]], figures: dict[str, Any], wall: float,
+              notes: dict[str, str], skipped: dict[str, str]) -> str:
+    """The Markdown summary: every fault, recovery times per kind, the figures, the checks (each with
+    what it compared; a check that did not run says so) and violations."""
     o = run.opts
     lines = [(f"dpeer chaos: {o.nodes} nodes, seed {o.seed}, {o.duration:.0f}s chaos window "
               f"(ran {run.chaos_end or 0:.0f}s in, {wall:.0f}s wall), {o.steps} steps, {len(run.faults)} faults"), ""]
     lines += _fault_table(run) + [""] + _kind_table(run) + ["", _figures_line(run, figures), ""]
-    lines += _check_lines(checks)
+    lines += _check_lines(checks, notes, skipped)
     return "\n".join(lines)
 
 
@@ -52,23 +54,18 @@ def _kind_table(run: Run) -> list[str]:
 
 
 def _figures_line(run: Run, figures: dict[str, Any]) -> str:
-    line = (f"kv writes: {run.kv_attempts} attempted, {len(run.acked)} acknowledged, {run.kv_failed} not "
+    return (f"kv writes: {run.kv_attempts} attempted, {len(run.acked)} acknowledged, {run.kv_failed} not "
             f"acknowledged (unavailable during a fault); status samples: {len(run.samples)}; "
-            f"ledger records: {figures.get('ledger_records', 0)}; final replicas max rel diff "
-            f"{figures.get('replicas_max_rel_diff', float('nan')):.2e}; vs fault-free run "
-            f"{figures.get('reference_max_rel_diff', float('nan')):.2e}")
-    if "trajectory_onset_step" not in figures:
-        return line
-    return line + (f" (past the {run.opts.exact_horizon}-step horizon: per-step loss = fault-free run to 1e-4 up to "
-                   f"step {figures['trajectory_onset_step']}, after {figures['faults_before_onset']} faults; "
-                   f"float-order divergence there, {figures.get('trajectory_onset_after_reform')} steps into a "
-                   f"generation)")
+            f"ledger records: {figures.get('ledger_records', 0)}; reduction: {run.opts.reduction}")
 
 
-def _check_lines(checks: dict[str, list[str]]) -> list[str]:
+def _check_lines(checks: dict[str, list[str]], notes: dict[str, str], skipped: dict[str, str]) -> list[str]:
     lines = ["| check | result |", "|---|---|"]
     for name, problems in checks.items():
-        lines.append(f"| {name} | {'ok' if not problems else f'{len(problems)} VIOLATIONS'} |")
+        verdict = "ok" if not problems else f"{len(problems)} VIOLATIONS"
+        lines.append(f"| {name} | {verdict}: {notes[name]} |" if name in notes else f"| {name} | {verdict} |")
+    for name, why in skipped.items():
+        lines.append(f"| {name} | {why} |")
     lines += ["", f"violations: {violations(checks)}"]
     for name, problems in checks.items():
         for p in problems[:10]:
@@ -83,17 +80,18 @@ def violations(checks: dict[str, list[str]]) -> int:
     return sum(len(p) for p in checks.values())
 
 
-def write_report(run: Run, checks: dict[str, list[str]], figures: dict[str, Any], wall: float) -> None:
+def write_report(run: Run, checks: dict[str, list[str]], figures: dict[str, Any], wall: float,
+                 notes: dict[str, str], skipped: dict[str, str]) -> None:
     """Print the summary; write <out>/timeline.json (samples, faults, events, checks) and <out>/summary.md."""
     opts = run.opts
-    text = summarize(run, checks, figures, wall)
+    text = summarize(run, checks, figures, wall, notes, skipped)
     print(text, flush=True)
     timeline = {
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
         "root": str(run.root), "wall_s": round(wall, 1), "chaos_end": run.chaos_end, "done_at": run.done_at,
         "samples": run.samples, "faults": [asdict(f) for f in run.faults], "events": run.events,
         "kv": {"attempted": run.kv_attempts, "acknowledged": len(run.acked), "failed": run.kv_failed},
-        "figures": figures, "checks": checks, "violations": violations(checks),
+        "figures": figures, "checks": checks, "notes": notes, "not_run": skipped, "violations": violations(checks),
     }
     (opts.out / "timeline.json").write_text(json.dumps(timeline, indent=1))
     (opts.out / "summary.md").write_text(text + "\n")

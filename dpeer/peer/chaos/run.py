@@ -36,7 +36,7 @@ class Run:
         self.opts = opts
         self.root = opts.dir or Path(tempfile.mkdtemp(prefix="dpeer-chaos-"))
         self.config = {"training": {"steps": opts.steps, "global_batch": opts.global_batch,
-                                    "micro_batch": opts.micro_batch, "lr": opts.lr,
+                                    "micro_batch": opts.micro_batch, "lr": opts.lr, "reduction": opts.reduction,
                                     "checkpoint_every": 0}}
         self.cluster = LocalCluster(self.root / "cluster", opts.nodes, job="demo", base_port=opts.base_port,
                                     config=self.config)

@@ -1,0 +1,383 @@
+"""Bitwise-exact steps (``training.reduction: exact``, the default): a step's result is a function of
+the training state and the step alone, whatever the world size, whichever rank runs which
+micro-batch, in whatever order the collective sums, and again when a failed step is redone.
+
+Step semantics. The step's global batch (the sampler's seeded indices) is a fixed sequence of
+M = global_batch / micro_batch equal micro-batches; rank r of w runs the whole micro-batches
+``shard_bounds(M, r, w)``. Each micro-batch runs alone: gradients cleared, torch's generators (CPU
+and the current CUDA device) seeded from (seed, step, micro-batch) and restored afterwards,
+BatchNorm and InstanceNorm running statistics reset to the step's start values.
+
+Reduction (fixedpoint.py). The micro-batches' gradients are summed as exact fixed-point integers
+held in float64, with per-bucket exponents the group agreed in the previous step's allreduce
+(every rank's measured exponents ride in it as slots), so a step costs one allreduce, like the fast
+path, of twice the bytes. When a gradient outgrew its exponent, when the exponents are not known
+yet (the first step) or when two ranks' exponents differ, every rank sees it in the same allreduce,
+recomputes its micro-batches (a deterministic replay) and sums again with the exponents just
+measured. A NaN or an Inf raises NonFiniteGradient on every rank at the same step (with a
+GradScaler the step is skipped instead, as AMP expects).
+
+Buffers. Running statistics of norm layers are combined: each micro-batch's forward updates them
+from the step's start values, and the step's new statistics are the mean of the M updated values
+(summed in micro-batch order in float64 from per-micro-batch slots of the allreduce): the update of
+one pass with the micro-batches' mean statistics, ``num_batches_tracked`` advancing by one per step.
+Any other buffer that forward changes is refused at build (a probe forward finds it).
+
+Kernels. configure_process turns on torch.use_deterministic_algorithms and fixes the thread count;
+micro-batch gradients are then bit-identical on boxes of one kind (same CPU model, torch build and
+thread count). Across CPU models ATen, MKL and oneDNN pick code paths by instruction set, so mixed
+fleets must pin them alike (ATEN_CPU_CAPABILITY, MKL_CBWR, ONEDNN_MAX_CPU_ISA), which is assumed,
+not checked. On CUDA, deterministic algorithms need CUBLAS_WORKSPACE_CONFIG, set here if absent.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from dpeer.trainer import fixedpoint as fx
+from dpeer.trainer.allreduce import StepReduction
+from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds
+from dpeer.trainer.state import tensor_bytes
+from dpeer.trainer.stepping import Trained
+
+if TYPE_CHECKING:
+    from dpeer.trainer.loop import TrainSpec
+
+_NORMS = torch.nn.modules.batchnorm._NormBase
+
+
+class ExactModeError(ValueError):
+    """The job cannot train with exact reduction; the text says why and what to do instead."""
+
+
+class NonFiniteGradient(ArithmeticError):
+    """A micro-batch's gradient holds a NaN or an Inf; raised on every rank at the same step."""
+
+
+def configure_process(threads: int = 0) -> None:
+    """Kernel-side determinism for exact mode: deterministic algorithms, no cuDNN autotuning, the
+    cuBLAS workspace that deterministic CUDA matmuls need, and ``threads`` intra-op threads (0 keeps
+    torch's default, the box's core count, equal on boxes of one kind)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Run with torch's generators (CPU, and ``device``'s when it is a GPU) seeded to ``seed``, then
+    put their states back (fork_rng, without its per-call device scan). torch.manual_seed is not
+    used: it queues a seeding of every CUDA, XPU and MTIA device, recording a Python traceback for
+    each even on a CPU-only box (0.5 ms a call here, 50 % of a demo step's exact-mode cost)."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    torch.default_generator.manual_seed(seed)
+    if cuda is not None:
+        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()].manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
+
+
+def check_spec(spec: TrainSpec) -> int:
+    """The number of micro-batches per step, or ExactModeError for a job exact mode cannot run."""
+    if spec.global_batch % spec.micro_batch:
+        raise ExactModeError(
+            f"exact reduction needs global_batch ({spec.global_batch}) to be a multiple of micro_batch "
+            f"({spec.micro_batch}): a step is a fixed sequence of equal micro-batches")
+    count = spec.global_batch // spec.micro_batch
+    if count > fx.MAX_MICRO_BATCHES:
+        raise ExactModeError(f"exact reduction sums at most {fx.MAX_MICRO_BATCHES} micro-batches per step, "
+                             f"got {count}: raise micro_batch")
+    for name, module in spec.model.named_modules():
+        if isinstance(module, torch.nn.SyncBatchNorm):
+            raise ExactModeError(f"module {name!r} is a SyncBatchNorm, whose forward synchronises ranks; exact "
+                                 f"reduction runs each micro-batch alone and combines BatchNorm statistics itself: "
+                                 f"use BatchNorm")
+    return count
+
+
+class NormBuffers:
+    """The running statistics of the model's norm layers, combined exactly over a step's micro-batches."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.buffers = [b for m in model.modules() if isinstance(m, _NORMS) and m.track_running_stats
+                        for b in m.buffers(recurse=False)]
+        self.numel = sum(b.numel() for b in self.buffers)
+        self._start: list[torch.Tensor] = []
+
+    def snapshot(self) -> None:
+        """Remember the step's start values."""
+        self._start = [b.detach().clone() for b in self.buffers]
+
+    def restore(self) -> None:
+        """Put the step's start values back (before each micro-batch)."""
+        for b, s in zip(self.buffers, self._start):
+            b.copy_(s)
+
+    def write(self, slot: torch.Tensor) -> None:
+        """Copy the values one micro-batch's forward left into its float64 slot (-0.0 made +0.0, as the
+        collective's x + 0 would)."""
+        off = 0
+        for b in self.buffers:
+            slot[off : off + b.numel()].copy_(b.reshape(-1))
+            off += b.numel()
+        slot.add_(0.0)
+
+    def combine(self, slots: torch.Tensor) -> None:
+        """Set every buffer to the mean of its M slots ([M, numel], summed in micro-batch order)."""
+        if not self.buffers:
+            return
+        total = slots[0].clone()
+        for j in range(1, slots.shape[0]):
+            total += slots[j]
+        mean = total / slots.shape[0]
+        off = 0
+        for b in self.buffers:
+            seg = mean[off : off + b.numel()].view(b.shape)
+            off += b.numel()
+            if not b.is_floating_point():
+                if not torch.equal(seg, seg.round()):
+                    raise ExactModeError("an integer norm-layer buffer changed differently in different micro-batches")
+                seg = seg.round()
+            b.copy_(seg)
+
+
+def refuse_changing_buffers(spec: TrainSpec, norms: NormBuffers, sampler: GlobalBatchSampler,
+                            collate: Any, device: torch.device) -> None:
+    """A probe forward of step 0's first micro-batch (no gradients, generators and norm statistics
+    put back): any buffer other than norm statistics that it changes is refused with ExactModeError."""
+    others = {name: b for name, b in spec.model.named_buffers() if not any(b is n for n in norms.buffers)}
+    if not others:
+        return
+    before = {name: (id(b), b._version) for name, b in others.items()}
+    x, _ = collate([spec.dataset[i] for i in micro_batch_slice(sampler.indices_for_step(0), spec.micro_batch, 0)])
+    norms.snapshot()
+    with torch.no_grad(), seeded(0, device):
+        spec.model(x.to(device))
+    norms.restore()
+    after = dict(spec.model.named_buffers())
+    changed = sorted(n for n in before if n not in after or (id(after[n]), after[n]._version) != before[n])
+    if changed:
+        raise ExactModeError(
+            f"the model's forward changes buffer(s) {', '.join(changed)}, which exact reduction cannot combine "
+            f"over micro-batches (it combines BatchNorm and InstanceNorm running statistics only): "
+            f"use training.reduction: fast, or keep that state out of buffers")
+
+
+class ExactStep:
+    """Exact reduction: whole micro-batches per rank, each with its own random stream, gradients
+    summed in fixed point (see the module docstring)."""
+
+    def __init__(self, spec: TrainSpec, params: list[torch.Tensor], sampler: GlobalBatchSampler,
+                 device: torch.device, collate: Any) -> None:
+        self.micro = check_spec(spec)
+        self.spec, self.params, self.sampler, self.device, self.collate = spec, params, sampler, device, collate
+        self.bits = fx.fraction_bits(self.micro)
+        self.numel = sum(p.numel() for p in params)
+        self.nb = max(1, -(-self.numel // fx.BUCKET))
+        self.dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+        self.lo, self.hi = fx.exponent_range(self.bits, self.dtype)
+        home = params[0].device if params else device
+        self.row = torch.zeros(self.nb, fx.BUCKET, dtype=self.dtype, device=home)
+        self.scratch = torch.empty_like(self.row)
+        same = self.dtype == torch.float64 and home == device
+        self.wide = None if same else torch.empty(self.nb, fx.BUCKET, dtype=torch.float64, device=device)
+        self._views = self._grad_views()
+        self._loose: list[tuple[torch.Tensor, None, int]] = []  # parameters whose grad is no view of the row
+        self._scale: torch.Tensor | None = None
+        self._amaxes = torch.zeros(1, self.nb, dtype=self.dtype, device=home)
+        self.norms = NormBuffers(spec.model)
+        refuse_changing_buffers(spec, self.norms, sampler, collate, device)
+        self.exponents: torch.Tensor | None = None  # this step's E per bucket, agreed by the group
+        self._print = -1  # crc32 of the exponents (-1: none), compared across ranks in the allreduce
+        self._step = 0
+        self.redos = 0  # steps whose sum was redone (first step, grown gradients, differing exponents)
+        self._buf = torch.empty(0, dtype=torch.float64, device=device)
+        self._o: dict[str, int] = {}
+        self._world = 0
+        self._mine: list[int] = []
+        self._indices: list[int] = []
+
+    # -- the allreduce buffer: [grads | M losses | per rank: nb exponents, fingerprint, flag, newest | M*norms]
+    def _layout(self, world: int) -> dict[str, int]:
+        g = self.nb * fx.BUCKET
+        offs = {"loss": g, "ranks": g + self.micro}
+        offs["norm"] = offs["ranks"] + world * (self.nb + 3)
+        offs["end"] = offs["norm"] + self.micro * self.norms.numel
+        return offs
+
+    def _buffer(self, world: int) -> torch.Tensor:
+        if world != self._world:
+            self._o = self._layout(world)
+            self._buf = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
+            self._world = world
+        return self._buf
+
+    def _set_exponents(self, exponents: torch.Tensor | None) -> None:
+        """Agree on the next step's exponents; their fingerprint and scales are kept with them."""
+        self.exponents = exponents
+        self._print = -1 if exponents is None else zlib.crc32(tensor_bytes(exponents))
+        self._scale = None if exponents is None else fx.scales(exponents, self.bits, self.dtype, self.row.device)
+
+    def compute(self, step: int, rank: int, world: int) -> Trained:
+        """Run this rank's micro-batches of ``step`` and sum them with the agreed exponents."""
+        first, end = shard_bounds(self.micro, rank, world)
+        self._mine = list(range(first, end))
+        self._indices = self.sampler.indices_for_step(step)
+        self._step = step
+        self.norms.snapshot()
+        self._pass(self.exponents, self._scale, rank, world)
+        mb = self.spec.micro_batch
+        return Trained(step, self._mine, [i for j in self._mine for i in micro_batch_slice(self._indices, mb, j)])
+
+    def _amax(self, count: int) -> torch.Tensor:
+        """A [max(count, 1), buckets] scratch for the micro-batches' largest magnitudes (zeros)."""
+        if self._amaxes.shape[0] < max(count, 1):
+            self._amaxes = torch.zeros(max(count, 1), self.nb, dtype=self.dtype, device=self.row.device)
+        out = self._amaxes[: max(count, 1)]
+        return out.zero_() if count == 0 else out
+
+    def _micro_batch(self, j: int) -> float:
+        """Forward and backward of micro-batch j alone; its gradient lands in ``self.row``.
+
+        Each ``.grad`` is a view of the zeroed row (as DDP's gradient_as_bucket_view), so backward
+        accumulates into it in place: 0 + g is g (and -0.0 becomes +0.0), with no fresh 4-bytes-per-
+        parameter allocation and no flattening copy per micro-batch. A grad that is not the view
+        (another dtype, or replaced by the job) is copied in."""
+        spec = self.spec
+        self.row.zero_()
+        self.norms.restore()
+        x, y = self.collate([spec.dataset[i] for i in micro_batch_slice(self._indices, spec.micro_batch, j)])
+        with seeded(micro_batch_seed(spec.seed, self._step, j), self.device):
+            loss = spec.loss_fn(spec.model(x.to(self.device)), y.to(self.device))
+            (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
+        for p, view, off in self._loose:
+            if p.grad is not None:
+                self.row.view(-1)[off : off + p.numel()].copy_(p.grad.reshape(-1))
+        return float(loss.detach()) + 0.0
+
+    def _bind_grads(self) -> None:
+        """Make each ``.grad`` its view of the row again (the job may have replaced or dropped it)."""
+        self._loose = []
+        off = 0
+        for p, view in zip(self.params, self._views):
+            if view is None:
+                self._loose.append((p, view, off))
+            elif p.grad is not view:
+                p.grad = view
+            off += p.numel()
+
+    def _grad_views(self) -> list[torch.Tensor | None]:
+        """Per parameter, its slice of the row shaped like it (None where dtype or device differ)."""
+        flat, off, views = self.row.view(-1), 0, []
+        for p in self.params:
+            fits = p.dtype == self.row.dtype and p.device == self.row.device
+            views.append(flat[off : off + p.numel()].view(p.shape) if fits else None)
+            off += p.numel()
+        return views
+
+    def _pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, rank: int, world: int) -> None:
+        """Run the micro-batches, quantize with ``scale`` (None: only measure) and fill the buffer."""
+        buf, o = self._buffer(world), self._o
+        acc = buf[: o["loss"]].view(self.nb, fx.BUCKET)
+        buf[o["loss"] :].zero_()
+        if not self._mine:
+            acc.zero_()
+        amax = self._amax(len(self._mine))
+        norm_slots = buf[o["norm"] : o["end"]].view(self.micro, self.norms.numel)
+        self._bind_grads()
+        losses = []
+        for i, j in enumerate(self._mine):
+            losses.append(self._micro_batch(j))
+            if self.norms.buffers:
+                self.norms.write(norm_slots[j])
+            fx.bucket_amax(self.row, self.scratch, amax[i])
+            if scale is not None:
+                fx.accumulate(acc, self.row, scale, self.wide, first=i == 0)
+        self.norms.restore()  # the step's start values until combine: a failed allreduce redoes from them
+        measured = fx.bucket_exponents(amax.amax(dim=0), self.lo)
+        if losses:
+            buf[o["loss"] + self._mine[0] : o["loss"] + self._mine[-1] + 1] = torch.tensor(losses, dtype=torch.float64)
+        grew = exponents is None or bool((measured > exponents.to(measured.device)).any())
+        block = o["ranks"] + rank * (self.nb + 3)
+        buf[block : block + self.nb] = measured.to(self.device)
+        buf[block + self.nb : block + self.nb + 2] = torch.tensor([float(self._print), float(grew)], dtype=torch.float64)
+
+    def reduce(self, newest_seen: int, rank: int, world: int) -> StepReduction:
+        """The step's allreduce (it commits the step); a redo when the exponents did not fit; then the
+        mean gradient in every ``.grad`` and the combined norm statistics in their buffers."""
+        buf, o = self._buffer(world), self._o
+        buf[o["ranks"] + rank * (self.nb + 3) + self.nb + 2] = float(newest_seen)
+        dist.all_reduce(buf)
+        tail = buf[o["loss"] :].to("cpu", copy=True)  # a redo refills buf
+        ranks = tail[self.micro : o["norm"] - o["loss"]].view(world, self.nb + 3)
+        measured = ranks[:, : self.nb].to(torch.int64).amax(dim=0)
+        prints = set(ranks[:, self.nb].tolist())
+        seen = [int(v) for v in ranks[:, self.nb + 2].tolist()]
+        loss_mean = sum(tail[: self.micro].tolist()) / self.spec.global_batch
+        if bool((measured >= fx.NONFINITE).any()):
+            return self._nonfinite(measured, loss_mean, seen)
+        used = self.exponents
+        if used is None or float(ranks[:, self.nb + 1].sum()) > 0 or len(prints) > 1 or -1.0 in prints:
+            used = measured.clamp(min=self.lo, max=self.hi)
+            self.redos += 1
+            self._pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), rank, world)
+            dist.all_reduce(buf[: o["loss"]])
+        self.norms.combine(tail[o["norm"] - o["loss"] :].view(self.micro, self.norms.numel))
+        self._write_grads(fx.finish(buf[: o["loss"]].view(self.nb, fx.BUCKET), used, self.bits,
+                                    self.spec.global_batch))
+        self._set_exponents(fx.next_exponents(measured, used, self.lo, self.hi))
+        return StepReduction(loss_mean, seen)
+
+    def _nonfinite(self, measured: torch.Tensor, loss_mean: float, seen: list[int]) -> StepReduction:
+        """A NaN or Inf gradient somewhere in the group: skip the step under a GradScaler (every grad
+        NaN, so scaler.step skips and backs off), else raise on every rank alike."""
+        bucket = int((measured >= fx.NONFINITE).nonzero()[0])
+        if self.spec.scaler is None:
+            raise NonFiniteGradient(
+                f"step {self._step}: the gradient of parameter {self._param_at(bucket * fx.BUCKET)} "
+                f"(or another in its {fx.BUCKET}-element bucket) is NaN or Inf; exact reduction refuses to sum it")
+        for p in self.params:
+            p.grad = torch.full_like(p, float("nan"))
+        self._set_exponents(None)
+        return StepReduction(loss_mean, seen)
+
+    def _param_at(self, offset: int) -> str:
+        names = {id(p): n for n, p in self.spec.model.named_parameters()}
+        off = 0
+        for p in self.params:
+            if off + p.numel() > offset:
+                return names.get(id(p), "?")
+            off += p.numel()
+        return "?"
+
+    def _write_grads(self, mean: torch.Tensor) -> None:
+        """The mean gradient into every ``.grad``: one copy into the row the views share, one per
+        parameter that has no view."""
+        flat = mean.view(-1)
+        self._bind_grads()
+        self.row.view(-1)[: self.numel].copy_(flat[: self.numel])
+        for p, _view, off in self._loose:
+            p.grad = flat[off : off + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
+
+    def state(self) -> dict[str, Any]:
+        """The agreed exponents of the next step: part of the training state, so a healed or resumed
+        replica sums the way its peers and a fault-free run do."""
+        return {"exponents": None if self.exponents is None else self.exponents.tolist()}
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Take the exponents of a captured state (None: unknown, the next step measures them)."""
+        values = (state or {}).get("exponents")
+        self._set_exponents(None if values is None else torch.tensor(values, dtype=torch.int64))

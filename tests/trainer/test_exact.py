@@ -1,0 +1,157 @@
+"""ExactStep in one process (a 1-rank Gloo group): what it refuses at build, how it combines
+BatchNorm statistics, its random streams, the redo when gradients outgrow their exponents, and the
+NaN/Inf error. The multi-rank equalities are in test_exact_multiprocess.py."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dpeer.trainer.demo import DEFAULTS, build
+from dpeer.trainer.exact import ExactModeError, ExactStep, NonFiniteGradient
+from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
+from dpeer.trainer.sampler import GlobalBatchSampler
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def demo(**options: object) -> TrainSpec:
+    return build(JobContext("a", CPU, {"dataset_len": 256, "global_batch": 16, "micro_batch": 4, **options}))
+
+
+def stepper(spec: TrainSpec) -> ExactStep:
+    sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
+    return ExactStep(spec, [p for p in spec.model.parameters() if p.requires_grad], sampler, CPU,
+                     spec.collate or default_collate)
+
+
+def grads(spec: TrainSpec) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in spec.model.parameters()]
+
+
+def test_a_global_batch_that_is_not_a_multiple_of_the_micro_batch_is_refused() -> None:
+    with pytest.raises(ExactModeError, match=r"global_batch \(16\) to be a multiple of micro_batch \(5\)"):
+        stepper(demo(micro_batch=5))
+
+
+class Counter(torch.nn.Module):
+    """Counts its forwards in a buffer: state exact reduction cannot combine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x
+
+
+def test_a_buffer_that_forward_changes_is_refused_at_build_but_batchnorm_is_not() -> None:
+    spec = demo(norm="batch")
+    stepper(spec)  # BatchNorm statistics are combined, not refused
+    spec.model = torch.nn.Sequential(Counter(), spec.model)
+    with pytest.raises(ExactModeError, match=r"changes buffer\(s\) 0\.calls.*training\.reduction: fast"):
+        stepper(spec)
+    assert float(spec.model[0].calls) == 1.0  # the probe ran it once
+
+
+def test_sync_batchnorm_is_refused() -> None:
+    spec = demo()
+    spec.model = torch.nn.Sequential(torch.nn.SyncBatchNorm(32), spec.model)
+    with pytest.raises(ExactModeError, match="SyncBatchNorm"):
+        stepper(spec)
+
+
+def test_batchnorm_statistics_are_the_mean_of_the_micro_batches_updates(group: None) -> None:
+    spec = demo(norm="batch")
+    bn = spec.model[1]
+    start_mean, start_var = bn.running_mean.clone(), bn.running_var.clone()
+    step = stepper(spec)
+    step.compute(0, 0, 1)
+    step.reduce(1, 0, 1)
+    indices = step.sampler.indices_for_step(0)
+    means, variances = [], []
+    for j in range(4):
+        x, _ = default_collate([spec.dataset[i] for i in indices[4 * j : 4 * j + 4]])
+        h = spec.model[0](x).detach().double()
+        means.append((1 - bn.momentum) * start_mean.double() + bn.momentum * h.mean(0))
+        variances.append((1 - bn.momentum) * start_var.double() + bn.momentum * h.var(0, unbiased=True))
+    assert torch.allclose(bn.running_mean.double(), sum(means) / 4, rtol=1e-6, atol=1e-7)
+    assert torch.allclose(bn.running_var.double(), sum(variances) / 4, rtol=1e-6, atol=1e-7)
+    assert int(bn.num_batches_tracked) == 1  # one update per step, not per micro-batch
+
+
+def test_dropout_draws_depend_on_the_step_and_micro_batch_only(group: None) -> None:
+    spec = demo(dropout=0.5)
+    step = stepper(spec)
+    before = torch.get_rng_state()
+    step.compute(3, 0, 1)
+    step.reduce(1, 0, 1)
+    first = grads(spec)
+    assert torch.equal(torch.get_rng_state(), before), "the micro-batches' seeding leaked into the global stream"
+    torch.manual_seed(999)  # another history
+    step.compute(3, 0, 1)
+    step.reduce(1, 0, 1)
+    assert all(torch.equal(a, b) for a, b in zip(first, grads(spec)))
+    step.compute(4, 0, 1)
+    step.reduce(1, 0, 1)
+    assert not all(torch.equal(a, b) for a, b in zip(first, grads(spec)))
+
+
+def test_gradients_that_outgrew_their_exponents_are_summed_again(group: None) -> None:
+    fresh_spec, spec = demo(), demo()
+    fresh = stepper(fresh_spec)
+    fresh.compute(0, 0, 1)
+    fresh.reduce(1, 0, 1)
+    assert fresh.redos == 1  # the first step measures its exponents
+    step = stepper(spec)
+    step.load_state({"exponents": [-60] * step.nb})  # far too small for the demo's gradients
+    step.compute(0, 0, 1)
+    step.reduce(1, 0, 1)
+    assert step.redos == 1
+    assert all(torch.equal(a, b) for a, b in zip(grads(fresh_spec), grads(spec)))
+    assert step.state() == fresh.state()
+    step.compute(1, 0, 1)
+    step.reduce(1, 0, 1)
+    assert step.redos == 1, "a steady step needed a redo"
+
+
+class Poisoned(torch.utils.data.Dataset):
+    def __init__(self, base: torch.utils.data.Dataset, bad: int) -> None:
+        self.base, self.bad = base, bad
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.base[i]
+        return (torch.full_like(x, float("inf")) if i == self.bad else x), y
+
+
+def test_a_nan_or_inf_gradient_raises_a_clear_error(group: None) -> None:
+    spec = demo()
+    sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
+    spec.dataset = Poisoned(spec.dataset, sampler.indices_for_step(2)[9])
+    step = stepper(spec)
+    for s in range(2):
+        step.compute(s, 0, 1)
+        step.reduce(1, 0, 1)
+    step.compute(2, 0, 1)
+    with pytest.raises(NonFiniteGradient, match=r"step 2: the gradient of parameter 0\.weight .* is NaN or Inf"):
+        step.reduce(1, 0, 1)
+
+
+def test_demo_defaults_are_exact_compatible() -> None:
+    assert DEFAULTS["global_batch"] % DEFAULTS["micro_batch"] == 0
