@@ -17,7 +17,7 @@ import yaml
 from dpeer.peer import errors
 from dpeer.peer.transport.client import NodeClient
 from dpeer.peer.transport.options import Security
-from dpeer.trainer.audit import audit, read_ledger
+from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler
 from tests.integration import netns
@@ -107,7 +107,8 @@ def test_a_cut_off_box_stops_training_the_majority_goes_on_and_the_box_heals_bac
     logs = [net.cli(i, "log", "--addr", addrs[i], "--json").stdout.splitlines() for i in (1, 2, 3)]
     shortest = min(len(lines) for lines in logs)
     assert shortest > 5 and all(lines[:shortest] == logs[0][:shortest] for lines in logs), "committed logs differ"
-    ledgers = {f"n{i}": read_ledger(str(tmp_path / f"n{i}" / "worker" / "ledger.jsonl")) for i in (1, 2, 3)}
-    done = min(max(e["step"] for e in records) for records in ledgers.values())
+    paths = {f"n{i}": str(tmp_path / f"n{i}" / "worker" / "ledger.jsonl") for i in (1, 2, 3)}
+    done = min(max(e["step"] for e in read_ledger(path)) for path in paths.values())
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    assert not audit(ledgers, done, sampler)
+    records = {name: read_records(path) for name, path in paths.items()}  # trained and committed records
+    assert not audit(records, done, sampler, CONFIG["training"]["micro_batch"])
