@@ -43,9 +43,9 @@ from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpeer.peer import errors  # noqa: E402
-from dpeer.peer.cluster import LocalCluster, LocalNode, free_port_block  # noqa: E402
-from dpeer.peer.transport.client import NodeClient  # noqa: E402
+from dpeer import errors  # noqa: E402
+from dpeer.launch.cluster import LocalCluster, LocalNode, free_port_block  # noqa: E402
+from dpeer.transport.client import NodeClient  # noqa: E402
 
 FORM_TIMEOUT = 90.0
 TRIAL_TIMEOUT = 15.0

@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dpeer.peer.membership import (  # noqa: E402
+from dpeer.membership import (  # noqa: E402
     Effect, MemberAlive, MemberDead, MemberLeft, MemberRecord, MemberState, MembershipConfig, lan, wire_size,
 )
-from dpeer.peer.membership.sim_adapter import SimMember, sim_addr  # noqa: E402
+from dpeer.membership.sim_adapter import SimMember, sim_addr  # noqa: E402
 from dpeer.sim.network import LinkPolicy, SimNetwork  # noqa: E402
 from dpeer.sim.simulator import Simulator  # noqa: E402
 
@@ -146,7 +146,7 @@ def fig_false_positives(n: int, seed: int, loss: float, duration: float) -> tupl
 
 
 # -- figures (real processes) -----------------------------------------------------------------
-# Daemons on loopback through dpeer.peer.cluster.LocalCluster; the process hygiene, status
+# Daemons on loopback through dpeer.launch.cluster.LocalCluster; the process hygiene, status
 # polling and formation checks are shared with scripts/bench_agreement.py.
 REAL_TRIAL_TIMEOUT = 15.0
 REAL_POLL = 0.01

@@ -72,7 +72,7 @@ from recovery_steady import (
 )
 from recovery_torchrun import RDZV_CONF, TorchrunSide, run_torchrun
 
-from dpeer.peer.cluster import free_port_block
+from dpeer.launch.cluster import free_port_block
 
 
 def main() -> int:

@@ -24,7 +24,7 @@ from recovery_common import (
     wait_until,
 )
 
-from dpeer.peer.cluster import LocalCluster, LocalNode
+from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler

@@ -27,7 +27,7 @@ from recovery_common import (
     wait_until,
 )
 
-from dpeer.peer.cluster import free_port_block
+from dpeer.launch.cluster import free_port_block
 
 # c10d rendezvous: integer seconds only. Defaults are join 600, last_call 30, close 30, keep-alive
 # every 5 s with 3 misses allowed (a dead agent leaves the round after ~15 s). These are the

@@ -1,4 +1,4 @@
-"""The architecture as a test: which layer may import what (DESIGN.md "Layers")."""
+"""The architecture as a test: which layer may import what (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ IMPURE = {"asyncio", "grpc", "lmdb", "torch", "time", "socket", "subprocess"}
 PURE = [
     "statemachine/entry.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
     "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py",
-    "peer/views.py", "peer/resync.py", "peer/quorum.py", "peer/errors.py", "peer/checkpoints.py", "peer/worker_health.py",
-    "peer/failures.py", "peer/probe_rtt.py", "peer/demo_events.py", "peer/auth.py",
-    "peer/exposure.py",
+    "daemon/views.py", "daemon/resync.py", "daemon/quorum.py", "errors.py", "daemon/checkpoints.py",
+    "daemon/worker_health.py", "daemon/failures.py", "daemon/probe_rtt.py", "cli/demo_events.py", "security/auth.py",
+    "security/exposure.py",
     "trainer/decisions.py", "trainer/sampler.py",
-    *[p.relative_to(ROOT).as_posix() for d in ("peer/membership", "peer/consensus", "sim")
+    *[p.relative_to(ROOT).as_posix() for d in ("membership", "consensus", "sim")
       for p in sorted((ROOT / d).glob("*.py"))],
 ]
 
@@ -48,10 +48,48 @@ def test_only_the_store_imports_lmdb() -> None:
 
 
 def test_only_the_transport_and_generated_code_import_grpc() -> None:
-    assert all(p.startswith(("peer/transport/", "proto/")) for p in importers("grpc")), importers("grpc")
+    assert all(p.startswith(("transport/", "proto/")) for p in importers("grpc")), importers("grpc")
 
 
 def test_nothing_imports_the_trainer_and_the_daemon_needs_no_torch() -> None:
     outside = {p for p in importers("dpeer.trainer") if not p.startswith("trainer/")}
-    assert not outside, f"{outside} import dpeer.trainer (arrows point down: trainer -> peer)"
-    assert not {p for p in importers("torch") if p.startswith(("peer/", "statemachine/"))}
+    assert not outside, f"{outside} import dpeer.trainer (the daemon starts it as a process, never imports it)"
+    torch_users = {p for p in importers("torch") if not p.startswith("trainer/")}
+    assert not torch_users, f"{torch_users} import torch (only the worker's process may)"
+
+
+# Which layer may import which (arrows point down; a package may always import itself). The pure
+# cores at the bottom, the wire above them, the daemon that drives them, the launcher, the chaos
+# tool and the CLI on top; the trainer runs in the worker's process and talks to the daemon only
+# through the data-dir channel.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(), "proto": set(), "statemachine": set(), "channel": set(), "security": set(),
+    "sim": set(),
+    "membership": {"statemachine"},
+    "consensus": {"statemachine"},
+    "transport": {"proto", "errors", "statemachine", "membership", "consensus", "security"},
+    "daemon": {"errors", "proto", "statemachine", "membership", "consensus", "transport", "security", "channel"},
+    "trainer": {"channel"},
+    "launch": {"errors", "transport", "security"},
+    "chaos": {"errors", "transport", "security", "launch"},
+    "cli": {"errors", "proto", "statemachine", "transport", "security", "channel", "daemon", "launch", "chaos"},
+}
+
+
+def package_of(rel: str) -> str:
+    return rel.split("/")[0].removesuffix(".py")
+
+
+def test_every_package_imports_only_the_layers_below_it() -> None:
+    wrong = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        pkg = package_of(rel)
+        if pkg == "__init__":
+            continue
+        assert pkg in ALLOWED, f"{rel}: package {pkg!r} has no place in the layer table"
+        for name in imports(path):
+            parts = name.split(".")
+            if parts[0] == "dpeer" and len(parts) > 1 and parts[1] != pkg and parts[1] not in ALLOWED[pkg]:
+                wrong.append(f"{rel} imports {name}")
+    assert not wrong, "wrong-way imports:\n" + "\n".join(wrong)

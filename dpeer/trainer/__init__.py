@@ -1,6 +1,6 @@
 """The training side: worker, group (re)formation, healing, exact-once data, checkpoints.
 
-Contract with the daemon (nothing here imports ``dpeer.peer``):
+Contract with the daemon (nothing here imports ``dpeer.daemon``):
 
 - The daemon starts ``python -m dpeer.trainer.worker --node-id ID --job demo|MODULE:FUNCTION
   --views SPEC`` (or DPEER_NODE_ID / DPEER_JOB / DPEER_VIEWS). ``SPEC`` is ``dir:PATH`` (the

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from dpeer.peer.local import read_jsonl
+from dpeer.channel.local import read_jsonl
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_slice
 
 TRAINED = "trained"

@@ -1,11 +1,11 @@
-"""Training-side checks of a `dpeer chaos` run (dpeer/peer/chaos/), run as a child process:
+"""Training-side checks of a `dpeer chaos` run (dpeer/chaos/), run as a child process:
 ``python -m dpeer.trainer.chaos_check`` reads a JSON spec on stdin and prints a JSON result.
 
 It lives in the trainer layer because it reads ledgers and torch state dicts; the chaos driver in
-dpeer/peer stays free of torch and of trainer imports (DESIGN.md "Layers"), as the worker
+dpeer/chaos stays free of torch and of trainer imports (tests/test_layers.py), as the worker
 supervisor does with ``python -m dpeer.trainer.worker``.
 
-spec: {"ledgers": {NAME: PATH}, "finals": {NODE: PATH}, "steps", "global_batch", "micro_batch",
+spec: {"ledgers": {NAME: PATH}, "finals": {NODE: PATH}, "steps", "global_batch", "micro_batch", "seed",
        "reduction": "exact"|"fast", "reference_final": PATH|null, "reference_skipped": REASON|null,
        "max_rel_diff"}
 result: {"checks": {NAME: {"problems": [...], "note": WHAT WAS COMPARED, "ran": bool}}, "figures": {...}}
@@ -35,14 +35,13 @@ def check(spec: dict[str, Any]) -> dict[str, Any]:
     """Audit the ledgers, compare the final models with each other and with the reference."""
     import torch
 
-    from dpeer.peer.config import TrainingConfig
     from dpeer.trainer.audit import audit_run, read_records
     from dpeer.trainer.demo import DEFAULTS
     from dpeer.trainer.sampler import GlobalBatchSampler
 
     exact = spec["reduction"] == "exact"
     steps, batch, length = int(spec["steps"]), int(spec["global_batch"]), int(DEFAULTS["dataset_len"])
-    sampler = GlobalBatchSampler(length, batch, TrainingConfig().seed)
+    sampler = GlobalBatchSampler(length, batch, int(spec.get("seed", DEFAULTS["seed"])))
     ledgers = {name: read_records(path) for name, path in spec["ledgers"].items()}
     result = audit_run(ledgers, steps, sampler, int(spec["micro_batch"]) if exact else None)
     checks = {

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dpeer.peer.checkpoint_files import (  # noqa: F401 (the checkpoint file API, re-exported for the trainer)
+from dpeer.channel.checkpoint_files import (  # noqa: F401 (the checkpoint file API, re-exported for the trainer)
     STATE_FORMAT_VERSION,
     STATE_MAGIC,
     STATE_PREFIX,

@@ -1,6 +1,6 @@
 """The worker's feed of committed views: the ViewSource protocol and how a spec names one.
 
-The daemon's side of the default source lives in ``dpeer.peer.local`` (peer's local API, a
+The daemon's side of the default source lives in ``dpeer.channel.local`` (peer's local API, a
 directory of atomically written views and appended reports); tests use the same files as
 their "view authority".
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, runtime_checkable
 
-from dpeer.peer.local import DirViewSource, View, publish_view, read_reports
+from dpeer.channel.local import DirViewSource, View, publish_view, read_reports
 
 __all__ = ["DirViewSource", "View", "ViewSource", "make_view_source", "publish_view", "read_reports"]
 

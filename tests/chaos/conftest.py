@@ -30,7 +30,7 @@ def run_chaos(tmp: Path, args: list[str], env: dict[str, str] | None = None, tim
     """Run `dpeer chaos ARGS --out tmp/out --dir tmp/run`; (exit code, output, timeline)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "dpeer.peer.cli", "chaos", *args, *TRAINING,
+    cmd = [sys.executable, "-m", "dpeer.cli.main", "chaos", *args, *TRAINING,
            "--out", str(tmp / "out"), "--dir", str(tmp / "run")]
     log = tmp / "chaos.log"
     with open(log, "w") as out:

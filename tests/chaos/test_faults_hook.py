@@ -1,4 +1,4 @@
-"""The test-only fault injection hook (dpeer/peer/transport/faults.py): inert without its file,
+"""The test-only fault injection hook (dpeer/transport/faults.py): inert without its file,
 re-read when the file changes, and consulted by PeerSender.send."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import os
 import random
 from pathlib import Path
 
-from dpeer.peer.transport.client import Channels, PeerSender
-from dpeer.peer.transport.faults import FaultHook, Faults, write_faults
-from dpeer.peer.transport.options import Security
+from dpeer.transport.client import Channels, PeerSender
+from dpeer.transport.faults import FaultHook, Faults, write_faults
+from dpeer.transport.options import Security
 from dpeer.proto.v1 import dpeer_pb2 as pb
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dpeer.peer.chaos.options import ChaosOptions
-from dpeer.peer.chaos.report import summarize, violations
+from dpeer.chaos.options import ChaosOptions
+from dpeer.chaos.report import summarize, violations
 
 
 def test_rows_show_their_comparison_and_skipped_checks_say_not_run() -> None:

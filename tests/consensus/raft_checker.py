@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable
 
-from dpeer.peer.consensus import RaftNode, Ready, Role
+from dpeer.consensus import RaftNode, Ready, Role
 from dpeer.statemachine.entry import Entry
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from dpeer.peer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, bootstrap
+from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, bootstrap
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)

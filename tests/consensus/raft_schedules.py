@@ -18,7 +18,7 @@ import random
 
 from raft_sim import Cluster
 
-from dpeer.peer.consensus import LAN, RaftConfig, Refused, force_after
+from dpeer.consensus import LAN, RaftConfig, Refused, force_after
 
 
 def _proposals(c: Cluster, start: float, until: float, chaos: float) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 from raft_checker import Checker
 
-from dpeer.peer.consensus import LAN, MemoryStorage, RaftConfig, Role, bootstrap
-from dpeer.peer.consensus.ready import ProposeResult
-from dpeer.peer.consensus.sim_adapter import RaftActor
+from dpeer.consensus import LAN, MemoryStorage, RaftConfig, Role, bootstrap
+from dpeer.consensus.ready import ProposeResult
+from dpeer.consensus.sim_adapter import RaftActor
 from dpeer.sim.network import LinkPolicy, SimNetwork
 from dpeer.sim.simulator import Simulator
 from dpeer.statemachine.entry import EntryKind

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from raft_helpers import CFG
 
-from dpeer.peer.consensus import EDGE, LAN, WAN, Membership, force_after
-from dpeer.peer.consensus.force import force_refusal, reach_window, reachable_voters
+from dpeer.consensus import EDGE, LAN, WAN, Membership, force_after
+from dpeer.consensus.force import force_refusal, reach_window, reachable_voters
 
 U = {n: f"{i:032x}" for i, n in enumerate("abcde", 1)}
 FIVE = Membership.of("abcde", [], U)

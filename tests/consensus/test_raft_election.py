@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from raft_helpers import Net
 
-from dpeer.peer.consensus import Role
-from dpeer.peer.consensus.messages import VoteRequest, VoteResponse
+from dpeer.consensus import Role
+from dpeer.consensus.messages import VoteRequest, VoteResponse
 from dpeer.statemachine.entry import EntryKind
 
 

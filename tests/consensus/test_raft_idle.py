@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 from raft_helpers import CFG, Net, kv
 
-from dpeer.peer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
-from dpeer.peer.consensus.replication import IDLE_AFTER_BEATS
+from dpeer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
+from dpeer.consensus.replication import IDLE_AFTER_BEATS
 from dpeer.statemachine.entry import EntryKind
 
 IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,

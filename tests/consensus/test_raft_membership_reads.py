@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from raft_helpers import CFG, Net, entry
 
-from dpeer.peer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused, Role, force_after
+from dpeer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused, Role, force_after
 from dpeer.statemachine.entry import EntryKind
 
 

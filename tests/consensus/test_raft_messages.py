@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from raft_helpers import entry, uid_for
 
-from dpeer.peer.consensus.messages import (
+from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
     Heartbeat,

@@ -12,7 +12,7 @@ def test_the_core_imports_no_io_clock_or_framework_module() -> None:
     code = (
         "import sys\n"
         f"before = {{m for m in {FORBIDDEN!r} if m in sys.modules}}\n"
-        "import dpeer.peer.consensus, dpeer.peer.consensus.sim_adapter\n"
+        "import dpeer.consensus, dpeer.consensus.sim_adapter\n"
         f"print(sorted({{m for m in {FORBIDDEN!r} if m in sys.modules}} - before))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from raft_helpers import CFG, Net
 
-from dpeer.peer.consensus import Role
-from dpeer.peer.consensus.messages import AppendRequest, AppendResponse, Heartbeat, SnapshotRequest, VoteRequest
+from dpeer.consensus import Role
+from dpeer.consensus.messages import AppendRequest, AppendResponse, Heartbeat, SnapshotRequest, VoteRequest
 from dpeer.statemachine.entry import EntryKind
 
 

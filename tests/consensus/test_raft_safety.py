@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from raft_helpers import CFG, Net, kv, uid_for
 
-from dpeer.peer.consensus import Peer, Proposed, Refused, Role, force_after
-from dpeer.peer.consensus.messages import AppendRequest, AppendResponse, VoteRequest
+from dpeer.consensus import Peer, Proposed, Refused, Role, force_after
+from dpeer.consensus.messages import AppendRequest, AppendResponse, VoteRequest
 from dpeer.statemachine.entry import Entry, EntryKind
 
 

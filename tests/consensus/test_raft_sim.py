@@ -12,7 +12,7 @@ import pytest
 from raft_schedules import election_times, replay_command, run_force_schedule, run_schedule
 from raft_sim import DETECT_AFTER
 
-from dpeer.peer.consensus import LAN, RaftNode
+from dpeer.consensus import LAN, RaftNode
 
 CHUNK = 50
 

@@ -12,8 +12,8 @@ from typing import Callable
 
 import pytest
 
-from dpeer.peer.consensus import Membership, MemoryStorage, Snapshot, Storage
-from dpeer.peer.storage_adapter import StoreStorage
+from dpeer.consensus import Membership, MemoryStorage, Snapshot, Storage
+from dpeer.daemon.storage_adapter import StoreStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.snapshot import encode_snapshot
 from dpeer.statemachine.state import ClusterState

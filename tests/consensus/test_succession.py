@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpeer.peer.consensus.succession import successor_delay
+from dpeer.consensus.succession import successor_delay
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from dpeer.peer.cluster import LocalCluster
+from dpeer.launch.cluster import LocalCluster
 
 
 @pytest.fixture

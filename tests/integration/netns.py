@@ -79,11 +79,11 @@ class Net:
         _ip("link", "set", self.veth(i), "up")
 
     def run(self, i: int, args: list[str], log: Path) -> subprocess.Popen:
-        """Start `python -m dpeer.peer.cli ARGS` inside node i's namespace, in a session of its own."""
+        """Start `python -m dpeer.cli.main ARGS` inside node i's namespace, in a session of its own."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
         env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
         with open(log, "ab") as out:
-            proc = subprocess.Popen(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.peer.cli", *args],
+            proc = subprocess.Popen(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.cli.main", *args],
                                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs[i] = proc
         return proc
@@ -92,7 +92,7 @@ class Net:
         """A `dpeer` command run inside node i's namespace (it reaches node i while cut off)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
         env["PYTHONPATH"] = str(REPO)
-        return subprocess.run(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.peer.cli", *args],
+        return subprocess.run(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.cli.main", *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
 
     def close(self) -> None:

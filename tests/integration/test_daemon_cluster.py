@@ -8,9 +8,9 @@ import signal
 import subprocess
 import sys
 
-from dpeer.peer.cluster import LocalCluster
-from dpeer.peer.config import NodeConfig
-from dpeer.peer.transport.client import NodeClient
+from dpeer.launch.cluster import LocalCluster
+from dpeer.daemon.config import NodeConfig
+from dpeer.transport.client import NodeClient
 from tests.integration.conftest import run
 
 TIMEOUT = 60.0
@@ -19,7 +19,7 @@ DEFAULT_MAX_VOTERS = NodeConfig.model_fields["max_voters"].default
 
 def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     """Run the dpeer CLI as an operator would."""
-    return subprocess.run([sys.executable, "-m", "dpeer.peer.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dpeer.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 

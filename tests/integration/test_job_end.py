@@ -8,7 +8,7 @@ import signal
 
 import torch
 
-from dpeer.peer.cluster import LocalCluster
+from dpeer.launch.cluster import LocalCluster
 from tests.integration.conftest import run
 
 STEPS = 240

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dpeer.peer import errors
-from dpeer.peer.transport.client import NodeClient
-from dpeer.peer.transport.options import Security
+from dpeer import errors
+from dpeer.transport.client import NodeClient
+from dpeer.transport.options import Security
 from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler

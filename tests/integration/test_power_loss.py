@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 import time
 
-from dpeer.peer.local import read_reports
+from dpeer.channel.local import read_reports
 from tests.integration.conftest import run
 from tests.integration.test_training import TIMEOUT, assert_exact, assert_matches_clean_run, finished, training
 

@@ -13,7 +13,7 @@ import signal
 
 import torch
 
-from dpeer.peer.cluster import LocalCluster
+from dpeer.launch.cluster import LocalCluster
 from dpeer.trainer.audit import audit, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import signal
 
-from dpeer.peer.cluster import LocalCluster
+from dpeer.launch.cluster import LocalCluster
 from tests.integration.conftest import run
 from tests.integration.test_daemon_cluster import TIMEOUT, cli, force_when_allowed, formed
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from dpeer.peer.membership import (
+from dpeer.membership import (
     Effect,
     MemberAlive,
     MemberDead,
@@ -21,7 +21,7 @@ from dpeer.peer.membership import (
     lan,
     wire_size,
 )
-from dpeer.peer.membership.sim_adapter import SimMember, sim_addr
+from dpeer.membership.sim_adapter import SimMember, sim_addr
 from dpeer.sim.network import LinkPolicy, SimNetwork
 from dpeer.sim.simulator import Simulator
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from dpeer.peer.membership import (
+from dpeer.membership import (
     Ack,
     Gossip,
     HeartbeatObserved,
@@ -21,8 +21,8 @@ from dpeer.peer.membership import (
     Update,
     lan,
 )
-from dpeer.peer.membership.core import Outgoing
-from dpeer.peer.membership.messages import Heartbeat
+from dpeer.membership.core import Outgoing
+from dpeer.membership.messages import Heartbeat
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 

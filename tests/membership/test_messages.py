@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpeer.peer.membership import (
+from dpeer.membership import (
     Ack, Gossip, Heartbeat, InvalidMessage, MemberRecord, MemberState, Nack, Ping, PingReq, PushPull, Update,
     wire_size,
 )
-from dpeer.peer.membership.messages import MAX_UPDATES
+from dpeer.membership.messages import MAX_UPDATES
 
 HB = Heartbeat("n1", "10.0.0.1:7946", 3, 2, 100, 99, 12.5)
 UP = Update(MemberState.SUSPECT, "n2", "host-b:7946", 1, "n1")

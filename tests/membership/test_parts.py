@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dpeer.peer.membership import MemberState, Update, edge, lan, preset, wan
-from dpeer.peer.membership.awareness import Awareness
-from dpeer.peer.membership.broadcast import BroadcastQueue, retransmit_limit
-from dpeer.peer.membership.suspicion import Suspicion, suspicion_timeout
+from dpeer.membership import MemberState, Update, edge, lan, preset, wan
+from dpeer.membership.awareness import Awareness
+from dpeer.membership.broadcast import BroadcastQueue, retransmit_limit
+from dpeer.membership.suspicion import Suspicion, suspicion_timeout
 
 
 def up(node: str, inc: int = 0) -> Update:

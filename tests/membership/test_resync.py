@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpeer.peer.membership import Heartbeat
-from dpeer.peer.resync import FetchEntries, FetchSnapshot, LocalVersion, Nothing, ResyncTracker, plan_resync
+from dpeer.membership import Heartbeat
+from dpeer.daemon.resync import FetchEntries, FetchSnapshot, LocalVersion, Nothing, ResyncTracker, plan_resync
 
 
 def hb(term: int, last_applied: int, commit: int, node: str = "p") -> Heartbeat:

@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from dpeer.peer.membership import MemberDead, MemberState
+from dpeer.membership import MemberDead, MemberState
 from dpeer.sim.simulator import Simulator
 
 from .cluster import Cluster, first_time, make_cluster, slow

@@ -19,13 +19,13 @@ from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
-from dpeer.peer import errors
-from dpeer.peer.cluster import free_port_block
-from dpeer.peer.config import NodeConfig
-from dpeer.peer.transport.client import NodeClient
-from dpeer.peer.transport.options import Security
+from dpeer import errors
+from dpeer.launch.cluster import free_port_block
+from dpeer.daemon.config import NodeConfig
+from dpeer.transport.client import NodeClient
+from dpeer.transport.options import Security
 
-DPEER = [sys.executable, "-m", "dpeer.peer.cli"]
+DPEER = [sys.executable, "-m", "dpeer.cli.main"]
 WAIT = 60.0
 DEFAULT_MAX_VOTERS = NodeConfig.model_fields["max_voters"].default
 """Bound on any wait for a cluster to form or settle (the machine is shared and slow)."""

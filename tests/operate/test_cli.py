@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpeer.peer.config import NodeConfig
+from dpeer.daemon.config import NodeConfig
 
 from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wait_status
 

@@ -34,7 +34,7 @@ def in_fresh_venv() -> bool:
 
 def test_demo_runs_a_local_cluster_to_the_last_step(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "dpeer.peer.cli", "demo", "--nodes", "2", "--steps", "80", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "2", "--steps", "80", "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, env=clean_env(),
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -86,7 +86,7 @@ def run_in_pty(cmd: list[str], timeout: float) -> tuple[int, str]:
 
 
 def test_the_live_screen_on_a_terminal_shows_a_row_per_node_and_the_events(tmp_path: Path) -> None:
-    code, drawn = run_in_pty([sys.executable, "-m", "dpeer.peer.cli", "demo", "--nodes", "2", "--steps", "120",
+    code, drawn = run_in_pty([sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "2", "--steps", "120",
                               "--dir", str(tmp_path)], timeout=300)
     assert code == 0, drawn[-3000:]
     assert "\x1b[" in drawn, "a terminal gets a screen redrawn in place, not plain lines"
@@ -106,6 +106,6 @@ def test_the_live_screen_on_a_terminal_shows_a_row_per_node_and_the_events(tmp_p
 
 
 def test_demo_refuses_absurd_sizes() -> None:
-    result = subprocess.run([sys.executable, "-m", "dpeer.peer.cli", "demo", "--nodes", "0"],
+    result = subprocess.run([sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--nodes" in result.stderr

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import grpc
 import pytest
 
-from dpeer.peer.transport.options import MAX_MESSAGE_BYTES
+from dpeer.transport.options import MAX_MESSAGE_BYTES
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from tests.operate.conftest import cli, formed, status_of
 

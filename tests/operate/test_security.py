@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from dpeer.peer.transport.options import Security
+from dpeer.transport.options import Security
 from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, status_of, wait_until
 from tests.security.conftest import make_pki
 
@@ -27,8 +27,7 @@ def config(d: Path, name: str, cert: tuple[Path, Path] | None, ca: Path | None, 
 
 
 def security_of(path: Path) -> Security:
-    from dpeer.peer import config as cfg
-
+    from dpeer.daemon import config as cfg
     s = cfg.load(path, environ={}).security
     return Security.from_files(s.tls_cert, s.tls_key, s.tls_ca, s.cluster_token_file)
 

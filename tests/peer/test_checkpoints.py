@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpeer.peer.checkpoints import Held, decide_checkpoint, quorum, still_pending, valid_digest
+from dpeer.daemon.checkpoints import Held, decide_checkpoint, quorum, still_pending, valid_digest
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import Checkpoint, ClusterState, View
 from dpeer.trainer.decisions import plan_resume

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from types import MappingProxyType, SimpleNamespace
 
-from dpeer.peer.failures import FailurePhase, FailureReport
-from dpeer.peer.leader import LeaderChores
-from dpeer.peer.views import Observed
+from dpeer.daemon.failures import FailurePhase, FailureReport
+from dpeer.daemon.leader import LeaderChores
+from dpeer.daemon.views import Observed
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, Member, View
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpeer.peer.consensus import Membership
-from dpeer.peer.quorum import explain_no_leader
+from dpeer.consensus import Membership
+from dpeer.daemon.quorum import explain_no_leader
 
 U = {n: f"{i:032x}" for i, n in enumerate(["n0", "n1", "n2", "n3", "n4"], 1)}
 NEW = "f" * 32

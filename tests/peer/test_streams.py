@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 import pytest
 
-from dpeer.peer.errors import BadRequest
-from dpeer.peer.transport.client import Channels, PeerSender
-from dpeer.peer.transport.options import MAX_BATCH_MESSAGES, TOKEN_HEADER, Security
-from dpeer.peer.transport.server import serve
+from dpeer.errors import BadRequest
+from dpeer.transport.client import Channels, PeerSender
+from dpeer.transport.options import MAX_BATCH_MESSAGES, TOKEN_HEADER, Security
+from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
 
 WAIT = 20.0

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from dpeer.peer.config import TrainingConfig
-from dpeer.peer.supervisor import TrainStatus, WorkerSupervisor
-from dpeer.peer.worker_health import judge_worker, missed_view
+from dpeer.daemon.config import TrainingConfig
+from dpeer.daemon.supervisor import TrainStatus, WorkerSupervisor
+from dpeer.daemon.worker_health import judge_worker, missed_view
 from dpeer.statemachine.state import View
 
 

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
-from dpeer.peer.views import Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.daemon.views import Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, Member, View
 
@@ -186,7 +186,7 @@ def test_change_began_dates_a_gossip_drop_from_gossip(before, after, gossip, exp
 
 
 def test_quiet_window_is_short_only_for_drops_the_group_confirmed() -> None:
-    from dpeer.peer.views import quiet_window
+    from dpeer.daemon.views import quiet_window
 
     seen = {"a": Observed("alive", "a:1", 0.0), "b": Observed("suspect", "b:1", 1.0), "c": Observed("alive", "c:1", 0.0)}
     cases = [  # before, after, group failed, expected

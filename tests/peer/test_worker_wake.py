@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dpeer.peer.local import DirViewSource, Doorbell
-from dpeer.peer.worker_wake import WorkerWake
+from dpeer.channel.local import DirViewSource, Doorbell
+from dpeer.daemon.worker_wake import WorkerWake
 
 
 def test_urgent_reports_ring_the_doorbell_and_progress_does_not(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ from typing import Iterator
 import pytest
 import yaml
 
-from dpeer.peer import certs
-from dpeer.peer import config as cfg
-from dpeer.peer.transport.options import Security
+from dpeer.security import certs
+from dpeer.daemon import config as cfg
+from dpeer.transport.options import Security
 from tests.operate.conftest import daemons, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
 
 NODES = ("n1", "n2", "n3")

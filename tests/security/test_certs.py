@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from dpeer.peer import certs
-from dpeer.peer.auth import TLS_SERVER_NAME, Principal, Role
+from dpeer.security import certs
+from dpeer.security.auth import TLS_SERVER_NAME, Principal, Role
 from tests.operate.conftest import cli, one_sentence
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 
-from dpeer.peer.transport.options import TLS_SERVER_NAME, TOKEN_HEADER, channel_options
-from dpeer.peer import auth
+from dpeer.transport.options import TLS_SERVER_NAME, TOKEN_HEADER, channel_options
+from dpeer.security import auth
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from tests.operate.conftest import cli, formed, status_of, wait_until
 from tests.security.conftest import Pki

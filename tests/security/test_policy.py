@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dpeer.peer import auth, exposure
-from dpeer.peer.auth import Mode, Principal, Refusal, Role
+from dpeer.security import auth, exposure
+from dpeer.security.auth import Mode, Principal, Refusal, Role
 from dpeer.proto.v1 import dpeer_pb2 as pb
 
 NODE, OTHER = Principal(Role.NODE, "n1"), Principal(Role.NODE, "n2")

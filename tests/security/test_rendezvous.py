@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 
-from dpeer.peer.cluster import free_port_block
+from dpeer.launch.cluster import free_port_block
 from dpeer.trainer.group import rendezvous_prefix
 from dpeer.trainer.viewsource import View
 

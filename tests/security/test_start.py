@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpeer.peer.cluster import free_port_block
+from dpeer.launch.cluster import free_port_block
 from tests.operate.conftest import cli, one_sentence
 from tests.security.conftest import Pki
 
@@ -43,11 +43,11 @@ def test_an_exposed_address_without_security_exits_2_with_how_to_fix_it(tmp_path
 INSECURE_RUN = r"""
 set -u
 ip link set lo up
-"$PY" -m dpeer.peer.cli start --node-id a --listen 0.0.0.0:$PORT --advertise 127.0.0.1:$PORT --data-dir "$DIR" \
+"$PY" -m dpeer.cli.main start --node-id a --listen 0.0.0.0:$PORT --advertise 127.0.0.1:$PORT --data-dir "$DIR" \
     --insecure --metrics-listen 127.0.0.1:$MPORT >> "$DIR.log" 2>&1 &
 daemon=$!
 for _ in $(seq 1 300); do
-  "$PY" -m dpeer.peer.cli status --addr 127.0.0.1:$PORT --json > "$DIR.status" 2>/dev/null && break
+  "$PY" -m dpeer.cli.main status --addr 127.0.0.1:$PORT --json > "$DIR.status" 2>/dev/null && break
   sleep 0.2
 done
 "$PY" -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$MPORT/metrics').read().decode())" > "$DIR.metrics"

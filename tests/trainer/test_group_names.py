@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from dpeer.peer.cluster import free_port_block
-from dpeer.peer.local import View
+from dpeer.launch.cluster import free_port_block
+from dpeer.channel.local import View
 from dpeer.trainer.group import GroupError, GroupManager
 
 

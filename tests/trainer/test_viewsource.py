@@ -45,7 +45,7 @@ def test_a_peek_sees_a_view_published_with_an_unchanged_folder_mtime_within_the_
     PEEK_RESCAN_S, then scans anyway."""
     import os
 
-    from dpeer.peer.local import PEEK_RESCAN_S
+    from dpeer.channel.local import PEEK_RESCAN_S
 
     d = str(tmp_path)
     src = DirViewSource(d, "a")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dpeer.peer.local import publish_checkpoint, read_reports
+from dpeer.channel.local import publish_checkpoint, read_reports
 from dpeer.trainer.state import list_checkpoints
 
 from dpeer.trainer.audit import read_ledger

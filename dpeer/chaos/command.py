@@ -1,0 +1,75 @@
+"""`dpeer chaos` end to end: validate, run, stop every node, check, report; and the script entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from typing import Any
+
+from dpeer import chaos
+from dpeer.chaos.checks import check_liveness, check_protocol, check_training, protocol_notes
+from dpeer.chaos.options import ChaosOptions, add_arguments, options_from, validate
+from dpeer.chaos.report import violations, write_report
+from dpeer.chaos.run import Run
+
+
+def run_chaos(opts: ChaosOptions) -> int:
+    """Run, check, print the summary, write the JSON timeline; 0 without violations, 1 with."""
+    validate(opts)
+    started = time.monotonic()
+    signal.signal(signal.SIGTERM, _terminate)
+    run = Run(opts)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    checks = _drive(run)
+    notes = {"acknowledged kv writes readable from every node":
+             f"{len(run.acked)} acknowledged writes read back through every node",
+             "every faulted node back in a group": f"{len(run.faults)} faults",
+             "training resumes after every fault (liveness)": f"{len(run.faults)} faults, limit {opts.max_recovery:.0f}s"}
+    checks.update(check_protocol(run.samples))
+    notes.update(protocol_notes(run.samples))
+    rows, figures = check_training(run)
+    skipped: dict[str, str] = {}
+    for name, outcome in rows.items():
+        if outcome["ran"]:
+            checks[name], notes[name] = outcome["problems"], outcome["note"]
+        else:
+            skipped[name] = outcome["note"]
+    write_report(run, checks, figures, time.monotonic() - started, notes, skipped)
+    return 1 if violations(checks) else 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the run like Ctrl-C: every node is still stopped
+
+
+def _drive(run: Run) -> dict[str, list[str]]:
+    """The run itself, then every node stopped (even on Ctrl-C); the kv and liveness checks."""
+    checks: dict[str, list[str]] = {}
+    try:
+        try:
+            asyncio.run(run.main())
+        except TimeoutError as exc:
+            checks["cluster formed"] = [str(exc)]
+        checks["acknowledged kv writes readable from every node"] = run.kv_check_result
+        checks.update(check_liveness(run.faults, run.opts.max_recovery))
+    finally:
+        for node in run.cluster.nodes:
+            if node.node_id in run.stopped:
+                run.cluster.kill(node, signal.SIGCONT)
+        run.cluster.stop_all()
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of scripts/chaos.py and `python -m dpeer.chaos`; returns the exit code."""
+    p = argparse.ArgumentParser(prog="chaos", description=(chaos.__doc__ or "").splitlines()[0])
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        return run_chaos(options_from(args))
+    except ValueError as exc:
+        print(f"dpeer chaos: {exc}", file=sys.stderr)
+        return 2

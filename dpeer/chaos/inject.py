@@ -1,0 +1,151 @@
+"""Applying a planned fault to a victim node, and ending it (restart, SIGCONT, heal)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from dpeer.chaos.options import DISRUPTIVE
+from dpeer.chaos.sample import group_of
+from dpeer.chaos.schedule import Fault, Plan
+from dpeer.launch.cluster import LocalNode
+
+if TYPE_CHECKING:
+    from dpeer.chaos.run import Run
+
+
+async def inject(run: Run, plan: Plan) -> bool:
+    """Apply one planned fault if an eligible victim exists; False to retry a little later."""
+    max_down = (len(run.cluster.nodes) - 1) // 2
+    disrupted, busy = run.disrupted(), run.busy()
+    healthy = [x for x in run.cluster.nodes if x.running and x.node_id not in disrupted | busy
+               and x.node_id not in run.stopped and group_of(run.latest.get(x.node_id))]
+    if plan.kind in DISRUPTIVE and len(disrupted) >= max_down:
+        return False
+    if not healthy:
+        return False
+    victim = healthy[int(plan.pick * len(healthy)) % len(healthy)]
+    vid = victim.node_id
+    f = Fault(len(run.faults) + 1, plan.kind, [vid], round(run.now(), 3), round(2.0 + 4.0 * plan.length, 2),
+              step_at=run.survivors_step([vid]), gen_at=run.max_gen())
+    await APPLY[plan.kind](run, f, victim, plan)
+    run.faults.append(f)
+    # The step the survivors had committed when the fault hit: a fresh sample right after it
+    # (the previous one is up to `poll` old; a killed peer fails their collective in ms).
+    await run.sample()
+    f.step_at = run.survivors_step([vid])
+    run.say(f"fault {f.id}: {f.kind} {vid} ({f.detail}) at survivors' step {f.step_at}, generation {f.gen_at}")
+    return True
+
+
+async def _kill(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    length = 2.0 + 4.0 * plan.length
+    run.cluster.kill(victim, signal.SIGKILL)
+    f.detail = f"down {length:.1f}s"
+    run.later(length, lambda: _restart(run, f, victim))
+
+
+async def _graceful_restart(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    f.planned_s = 0.0
+    f.detail = "SIGTERM, restart at once"
+    await asyncio.to_thread(run.cluster.kill, victim, signal.SIGTERM)
+    _restart(run, f, victim)
+
+
+async def _wipe(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    length = 2.0 + 4.0 * plan.length
+    vid = victim.node_id
+    run.cluster.kill(victim, signal.SIGKILL)
+    run.life[vid] += 1
+    aside = victim.data_dir.with_name(f"{vid}.wiped{run.life[vid]}")
+    victim.data_dir.rename(aside)
+    run.asides[vid].append(aside)
+    f.wiped_to = str(aside)
+    f.detail = f"data dir moved to {aside.name}, down {length:.1f}s"
+    if vid in run.partitioned or vid in run.net:
+        run.write_net(victim)
+    run.later(length, lambda: _restart(run, f, victim))
+
+
+async def _stop(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    length = 2.0 + 4.0 * plan.length
+    run.cluster.kill(victim, signal.SIGSTOP)
+    run.stopped.add(victim.node_id)
+    f.detail = f"stopped {length:.1f}s"
+    run.later(length, lambda: _cont(run, f, victim))
+
+
+async def _partition(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    length = 3.0 + 5.0 * plan.length
+    f.planned_s = round(length, 2)
+    others = [x for x in run.cluster.nodes if x is not victim]
+    run.partitioned.setdefault(victim.node_id, set()).update(x.addr for x in others)
+    for x in others:
+        run.partitioned.setdefault(x.node_id, set()).add(victim.addr)
+    for x in run.cluster.nodes:
+        run.write_net(x)
+    f.detail = f"{victim.node_id} cut from {','.join(x.node_id for x in others)} for {length:.1f}s"
+    run.later(length, lambda: _heal_partition(run, f, victim))
+
+
+async def _net(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    """loss or slow: outgoing protocol messages dropped or held for a while."""
+    length = 5.0 + 5.0 * plan.length
+    f.planned_s = round(length, 2)
+    loss, delay = run.net.get(victim.node_id, (0.0, 0.0))
+    if plan.kind == "loss":
+        loss = round(0.1 + 0.2 * plan.strength, 3)
+        f.detail = f"{loss:.0%} outgoing loss for {length:.1f}s"
+    else:
+        delay = round(0.05 + 0.15 * plan.strength, 3)
+        f.detail = f"+{delay * 1000:.0f} ms per outgoing message for {length:.1f}s"
+    run.net[victim.node_id] = (loss, delay)
+    run.write_net(victim)
+    run.later(length, lambda: _heal_net(run, f, victim))
+
+
+APPLY: dict[str, Callable[[Run, Fault, LocalNode, Plan], Awaitable[None]]] = {
+    "kill": _kill, "restart": _graceful_restart, "wipe": _wipe, "stop": _stop, "partition": _partition,
+    "loss": _net, "slow": _net,
+}
+
+
+def _end(run: Run, f: Fault) -> None:
+    f.ended_at = round(run.now(), 3)
+    f.step_at_end = run.survivors_step(f.nodes)
+
+
+def _restart(run: Run, f: Fault, node: LocalNode) -> None:
+    if not node.running:
+        run.cluster.start(node)
+    if node.node_id in run.partitioned or node.node_id in run.net:
+        run.write_net(node)
+    _end(run, f)
+    run.say(f"fault {f.id}: restarted {node.node_id}" + (" on an empty data dir" if f.kind == "wipe" else ""))
+
+
+def _cont(run: Run, f: Fault, node: LocalNode) -> None:
+    run.cluster.kill(node, signal.SIGCONT)
+    run.stopped.discard(node.node_id)
+    _end(run, f)
+    run.say(f"fault {f.id}: SIGCONT {node.node_id}")
+
+
+def _heal_partition(run: Run, f: Fault, node: LocalNode) -> None:
+    run.partitioned.pop(node.node_id, None)
+    for x in run.cluster.nodes:
+        if x is not node:
+            run.partitioned.get(x.node_id, set()).discard(node.addr)
+        run.write_net(x)
+    _end(run, f)
+    run.say(f"fault {f.id}: partition of {node.node_id} healed")
+
+
+def _heal_net(run: Run, f: Fault, node: LocalNode) -> None:
+    loss, delay = run.net.get(node.node_id, (0.0, 0.0))
+    run.net[node.node_id] = (0.0, delay) if f.kind == "loss" else (loss, 0.0)
+    run.write_net(node)
+    _end(run, f)
+    run.say(f"fault {f.id}: {f.kind} on {node.node_id} ended")

@@ -1,0 +1,202 @@
+"""One chaos run: the cluster, the status sampler and the loop that drives faults and the kv writer."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from dpeer.chaos.inject import inject
+from dpeer.chaos.kv import kv_check, kv_writer
+from dpeer.chaos.options import DISRUPTIVE, ChaosOptions
+from dpeer.chaos.sample import (
+    done_of,
+    fetch_status,
+    group_of,
+    sample_row,
+    train_of,
+)
+from dpeer.chaos.schedule import Fault, schedule
+from dpeer.chaos.track import track
+from dpeer.launch.cluster import LocalCluster, LocalNode
+from dpeer.transport.client import Channels
+from dpeer.transport.faults import write_faults
+from dpeer.transport.options import Security
+
+BACK_TIMEOUT = 120.0
+
+
+TRAINING_SEED = 1234  # the model's and the data's seed; the fault schedule has its own (--seed)
+
+
+class Run:
+    """One chaos run: the cluster, the sampler, the fault driver, the writer; the checks read its record."""
+
+    def __init__(self, opts: ChaosOptions) -> None:
+        self.opts = opts
+        self.root = opts.dir or Path(tempfile.mkdtemp(prefix="dpeer-chaos-"))
+        self.config = {"training": {"steps": opts.steps, "global_batch": opts.global_batch,
+                                    "micro_batch": opts.micro_batch, "lr": opts.lr, "reduction": opts.reduction,
+                                    "checkpoint_every": 0, "seed": TRAINING_SEED}}
+        self.cluster = LocalCluster(self.root / "cluster", opts.nodes, job="demo", base_port=opts.base_port,
+                                    config=self.config)
+        self.plans = schedule(opts.seed, opts.kinds, opts.fault_every)
+        self.kv_rng = random.Random(opts.seed * 7919 + 1)
+        self.t0 = time.monotonic()
+        self.samples: list[dict] = []          # {t, node, life, term, role, leader, commit, gen, members, step, world}
+        self.latest: dict[str, dict | None] = {}
+        self.faults: list[Fault] = []
+        self.stopped: set[str] = set()
+        self.partitioned: dict[str, set[str]] = {}   # node -> addresses it drops
+        self.net: dict[str, tuple[float, float]] = {}  # node -> (loss, delay)
+        self.life: dict[str, int] = {n.node_id: 0 for n in self.cluster.nodes}
+        self.asides: dict[str, list[Path]] = {n.node_id: [] for n in self.cluster.nodes}
+        self.acked: dict[str, str] = {}
+        self.kv_attempts = 0
+        self.kv_failed = 0
+        self.kv_check_result: list[str] = []
+        self.events: list[tuple[float, str]] = []
+        self.pending: list[tuple[float, Callable[[], None]]] = []   # (due, action)
+        self.done_at: float | None = None
+        self.chaos_end: float | None = None
+        self.channels = Channels(Security())
+
+    # -- time and logging -------------------------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the run started."""
+        return time.monotonic() - self.t0
+
+    def say(self, msg: str) -> None:
+        """Print a timestamped event and keep it for the timeline."""
+        self.events.append((round(self.now(), 3), msg))
+        print(f"[{self.now():7.1f}s] {msg}", flush=True)
+
+    # -- sampling --------------------------------------------------------------------------
+    def reachable(self) -> list[LocalNode]:
+        """Nodes running and not stopped (SIGSTOP)."""
+        return [n for n in self.cluster.nodes if n.running and n.node_id not in self.stopped]
+
+    async def sample(self) -> dict[str, dict | None]:
+        """Fetch every reachable node's status, record the samples; node -> document (None: no answer)."""
+        live = self.reachable()
+        docs = await asyncio.gather(*(fetch_status(n, self.channels) for n in live))
+        t = round(self.now(), 3)
+        out: dict[str, dict | None] = {n.node_id: None for n in self.cluster.nodes}
+        for node, doc in zip(live, docs):
+            out[node.node_id] = doc
+            if doc is not None:
+                self.samples.append(sample_row(t, node.node_id, self.life[node.node_id], doc))
+        self.latest = out
+        return out
+
+    def survivors_step(self, exclude: list[str]) -> int:
+        """The highest step in the latest samples of the nodes not in `exclude`."""
+        return max((train_of(d).get("step", 0) for n, d in self.latest.items() if n not in exclude and d), default=0)
+
+    def max_gen(self) -> int:
+        """The highest group generation in the latest samples."""
+        return max((group_of(d).get("generation", 0) for d in self.latest.values() if d), default=0)
+
+    # -- fault bookkeeping --------------------------------------------------------------------
+    def write_net(self, node: LocalNode) -> None:
+        """Write the node's transport fault file from the partitions and loss/delay in force."""
+        loss, delay = self.net.get(node.node_id, (0.0, 0.0))
+        write_faults(node.data_dir, sorted(self.partitioned.get(node.node_id, set())), loss, delay)
+
+    def disrupted(self) -> set[str]:
+        """Nodes under a disruptive fault or not yet back in a group after one."""
+        out: set[str] = set()
+        for f in self.faults:
+            if f.kind in DISRUPTIVE and f.back_s is None and (f.ended_at is None or self.now() - f.ended_at < BACK_TIMEOUT):
+                out.update(f.nodes)
+        return out
+
+    def busy(self) -> set[str]:
+        """Nodes under any fault still in force."""
+        return {n for f in self.faults if f.ended_at is None for n in f.nodes}
+
+    def later(self, delay: float, action: Callable[[], None]) -> None:
+        """Run `action` (the end of a fault) `delay` seconds from now."""
+        self.pending.append((self.now() + delay, action))
+
+    async def run_pending(self) -> None:
+        """Run the actions that are due."""
+        due = [p for p in self.pending if p[0] <= self.now()]
+        self.pending = [p for p in self.pending if p[0] > self.now()]
+        for _, action in due:
+            action()
+
+    # -- the run -----------------------------------------------------------------------------
+    async def main(self) -> None:
+        """Start the cluster, wait for one group, inject faults for the window, let training finish."""
+        o = self.opts
+        self.say(f"starting {o.nodes} nodes in {self.root} (seed {o.seed}, {o.duration:.0f}s of chaos, "
+                 f"{o.steps} steps, kinds {','.join(o.kinds)})")
+        self.cluster.start_all()
+        await self._warm_up()
+        self.say(f"all {o.nodes} nodes train in one group; chaos starts")
+        stop_kv = asyncio.Event()
+        writer = asyncio.create_task(kv_writer(self, stop_kv))
+        try:
+            await self._chaos_loop()
+        finally:
+            stop_kv.set()
+            await writer
+        self.kv_check_result = await kv_check(self)
+
+    async def _warm_up(self) -> None:
+        o = self.opts
+        deadline = time.monotonic() + o.warmup_timeout
+        while True:
+            docs = await self.sample()
+            if all(group_of(d).get("world_size") == o.nodes and train_of(d).get("step", 0) > 5 for d in docs.values()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the cluster did not form a group of {o.nodes} within {o.warmup_timeout:.0f}s")
+            await asyncio.sleep(o.poll)
+
+    async def _chaos_loop(self) -> None:
+        o = self.opts
+        chaos_start = self.now()
+        plan_i = 0
+        next_at = chaos_start + self.plans[0].gap
+        while True:
+            docs = await self.sample()
+            await self.run_pending()
+            track(self)
+            now = self.now()
+            if self.done_at is None and any(done_of(d) for d in docs.values()):
+                self.done_at = now
+                self.say("a worker finished the job")
+            in_window = now - chaos_start < o.duration and self.done_at is None
+            if in_window and now >= next_at:
+                if await inject(self, self.plans[plan_i]):
+                    plan_i += 1
+                    next_at = now + self.plans[plan_i].gap
+                else:
+                    next_at = now + 1.0
+            if not in_window and self.chaos_end is None:
+                self.chaos_end = now
+                self.say(f"chaos window over after {len(self.faults)} faults; healing and letting training finish")
+            if self._finished(docs, now):
+                break
+            if self.chaos_end is not None and self.pending:
+                for p in self.pending:  # end every fault now
+                    p[1]()
+                self.pending = []
+            await asyncio.sleep(o.poll)
+
+    def _finished(self, docs: dict[str, dict | None], now: float) -> bool:
+        """After the window: every worker done and every faulted node back, or out of time."""
+        if self.chaos_end is None or self.pending:
+            return False
+        if all(d and done_of(d) for d in docs.values()) and \
+                all(f.back_s is not None for f in self.faults if f.kind in DISRUPTIVE):
+            return True
+        if now - self.chaos_end > self.opts.finish_timeout:
+            self.say("training did not finish in time")
+            return True
+        return False

@@ -1,0 +1,5 @@
+"""`python -m dpeer.cli`: the `dpeer` command."""
+
+from dpeer.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,210 @@
+"""`dpeer demo`: a local cluster on loopback training the demo job, shown live in the terminal.
+
+With --chaos, a seeded schedule kills a node (SIGKILL of its daemon and worker) and restarts it
+on its data dir a little later, never taking down more nodes than a quorum allows; each
+recovery is measured from the kill to the survivors' next committed step, and each rejoin from
+the restart to the restarted node training again. SIGINT, SIGTERM and SIGHUP (the terminal
+closing) stop every process the demo started. The exit code is 0 only when every replica ends
+with the job's committed final step and digest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+from rich.live import Live
+
+from dpeer.launch.cluster import LocalCluster
+from dpeer.daemon.config import TrainingConfig
+from dpeer.cli.demo_events import Docs, EventLog, newest_step, train_of
+from dpeer.cli.demo_screen import Frame, final_table, plain, render
+
+REFRESH = 0.5
+PLAIN_EVERY = 2.0
+RATE_WINDOW = 5.0
+
+
+class Stopped(BaseException):
+    """A signal asked the demo to stop (SIGINT, SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass
+class Chaos:
+    """A seeded schedule: a kill every `every` seconds, the node restarted `down_for` seconds later."""
+
+    rng: random.Random
+    every: float = 12.0
+    down_for: float = 4.0
+    next_at: float = 0.0
+
+
+def _outcome(docs: Docs) -> tuple[int, str] | None:
+    """The run's end once every node is up and agrees the job ended: (exit code, verdict)."""
+    if not docs or any(d is None for d in docs.values()):
+        return None
+    jobs = [d.get("job") or {} for d in docs.values() if d]
+    failed = next((j for j in jobs if j.get("state") == "failed"), None)
+    if failed is not None:
+        return 1, f"the job failed: {failed.get('error')}"
+    if not all(j.get("state") == "finished" for j in jobs):
+        return None
+    step, digest = jobs[0]["step"], jobs[0]["digest"]
+    if not all(d and (d.get("worker") or {}).get("done") for d in docs.values()):
+        return None
+    held = {n: (train_of(d).get("step"), train_of(d).get("params_digest")) for n, d in docs.items()}
+    wrong = {n: h for n, h in held.items() if h != (step, digest)}
+    if wrong:
+        listed = "; ".join(f"{n} at step {s} with {str(dg)[:12]}" for n, (s, dg) in sorted(wrong.items()))
+        return 1, f"training finished, but not every replica holds the final state: {listed}"
+    return 0, (f"training finished: every replica holds step {step} with digest {digest[:12]}, "
+               "the final state the cluster committed")
+
+
+class Demo:
+    """One run: the cluster, the chaos schedule, the event log and the screen."""
+
+    def __init__(self, cluster: LocalCluster, steps: int, chaos: Chaos | None, console: Console) -> None:
+        self.cluster, self.steps, self.chaos, self.console = cluster, steps, chaos, console
+        self.started = time.monotonic()
+        self.log = EventLog(self.started)
+        self.history: list[tuple[float, int]] = []
+        self.losses: list[float] = []
+        self.docs: Docs = {}
+        self._last_loss_step = -1
+
+    def frame(self, now: float) -> Frame:
+        """What the screen shows now."""
+        return Frame(now - self.started, self.docs, self.steps, self._rate(), self.losses, self.log.events)
+
+    def _rate(self) -> float:
+        if len(self.history) < 2:
+            return 0.0
+        (t0, s0), (t1, s1) = self.history[0], self.history[-1]
+        return (s1 - s0) / max(1e-9, t1 - t0)
+
+    async def observe(self) -> list:
+        """Read every node's status and fold it into the history and the event log."""
+        docs = dict(await self.cluster.statuses(timeout=1.0))
+        docs.update({n.node_id: None for n in self.cluster.nodes if not n.running})
+        self.docs = docs
+        now = time.monotonic()
+        step = newest_step(docs)
+        self.history = [(t, s) for t, s in self.history if now - t < RATE_WINDOW] + [(now, step)]
+        losses = [train_of(d).get("loss") for d in docs.values() if train_of(d).get("step") == step]
+        if losses and losses[0] is not None and (not self.losses or step != self._last_loss_step):
+            self.losses.append(float(losses[0]))
+            self._last_loss_step = step
+        events = self.log.update(now, docs)
+        if self.chaos is not None:
+            self._chaos_step(now)
+        return events
+
+    def _chaos_step(self, now: float) -> None:
+        assert self.chaos is not None
+        for kill in self.log.kills:
+            if kill.restarted_at is None and now - kill.at >= self.chaos.down_for:
+                self.cluster.start(self.cluster.node(kill.node))
+                self.log.restarted(now, kill.node)
+        finished = any(((d or {}).get("job") or {}).get("state") == "finished" for d in self.docs.values())
+        down = [n for n in self.cluster.nodes if not n.running]
+        quorum_safe = len(down) < (len(self.cluster.nodes) - 1) // 2 + (len(self.cluster.nodes) == 2)
+        if now >= self.chaos.next_at and quorum_safe and not finished:
+            victim = self.chaos.rng.choice([n for n in self.cluster.nodes if n.running])
+            self.cluster.kill(victim, signal.SIGKILL)
+            self.log.killed(now, victim.node_id, newest_step(self.docs))
+            self.chaos.next_at = now + self.chaos.every
+
+    async def run(self) -> int:
+        """Show the cluster until the job ends; returns the exit code."""
+        if self.chaos is not None:
+            self.chaos.next_at = self.started + self.chaos.every
+        if self.console.is_terminal:
+            return await self._run_live()
+        return await self._run_plain()
+
+    async def _run_live(self) -> int:
+        with Live(render(self.frame(time.monotonic())), console=self.console, auto_refresh=False,
+                  transient=False) as live:
+            while True:
+                await self.observe()
+                live.update(render(self.frame(time.monotonic())), refresh=True)
+                end = _outcome(self.docs)
+                if end is not None:
+                    break
+                await asyncio.sleep(REFRESH)
+        return self._finish(end)
+
+    async def _run_plain(self) -> int:
+        last_line = 0.0
+        while True:
+            for event in await self.observe():
+                print(f"  {event.at:7.1f}s  {event.text}", flush=True)
+            now = time.monotonic()
+            if now - last_line >= PLAIN_EVERY:
+                print(plain(self.frame(now)), flush=True)
+                last_line = now
+            end = _outcome(self.docs)
+            if end is not None:
+                return self._finish(end)
+            await asyncio.sleep(REFRESH)
+
+    def _finish(self, end: tuple[int, str]) -> int:
+        code, verdict = end
+        print("\n" + final_table(self.docs) + "\n\n" + verdict, flush=True)
+        recovered = [k for k in self.log.kills if k.recovered]
+        if self.log.kills:
+            print(f"{len(self.log.kills)} kills, {len(recovered)} recovered", flush=True)
+        return code
+
+
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Start the cluster, show it until the job ends (or a signal), then stop every node."""
+    if args.nodes < 1 or args.nodes > 9:
+        raise ValueError("--nodes must be between 1 and 9")
+    steps = args.steps or TrainingConfig().steps
+    if steps < 1:
+        raise ValueError("--steps must be positive")
+    root = args.dir or Path(tempfile.mkdtemp(prefix="dpeer-demo-"))
+    cluster = LocalCluster(root, args.nodes, job="demo", base_port=args.base_port,
+                           config={"training": {"steps": steps}})
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    print(f"starting {args.nodes} nodes on 127.0.0.1 (data and logs in {root}); Ctrl-C stops them", flush=True)
+    try:
+        cluster.start_all()
+        demo = Demo(cluster, steps, Chaos(random.Random(args.seed)) if args.chaos else None, Console())
+        return asyncio.run(demo.run())
+    except Stopped as stop:
+        _tell(f"\nstopped by {stop}; stopping the cluster")
+        return 128 + stop.signum
+    finally:
+        for sig in previous:  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
+        cluster.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _tell(text: str) -> None:
+    """Say something on stderr if it still leads anywhere (a closed terminal's does not)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except OSError:
+        pass

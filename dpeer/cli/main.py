@@ -1,0 +1,455 @@
+"""The `dpeer` command line: the public contract of DESIGN.md "Interfaces".
+
+Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config,
+3 node unreachable. Errors go to stderr as one clear sentence.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from dpeer.daemon import config as cfg
+from dpeer import errors
+from dpeer.chaos.options import add_arguments as chaos_arguments
+from dpeer.chaos.options import options_from as chaos_options
+
+if TYPE_CHECKING:  # grpc loads only where a command talks to a node: `start` spawns its worker first
+    from dpeer.transport.client import NodeClient
+    from dpeer.transport.options import Security
+
+EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+EXAMPLES = {
+    "dpeer": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir d1\n"
+    "  dpeer status --addr 127.0.0.1:7101 --json",
+    "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
+    "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo",
+    "status": "dpeer status --addr 127.0.0.1:7101 --json",
+    "members": "dpeer members --addr 127.0.0.1:7101",
+    "kv": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101\n  dpeer kv get lr --addr 127.0.0.1:7101 --json",
+    "leave": "dpeer leave --addr 127.0.0.1:7102",
+    "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
+    "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
+    "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
+    "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
+    "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
+    "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
+    "kv put": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101",
+    "kv get": "dpeer kv get lr --addr 127.0.0.1:7101 --json",
+    "config show": "dpeer config show --config dpeer.yaml --preset edge",
+    "job": "dpeer job retry --addr 127.0.0.1:7101",
+    "job retry": "dpeer job retry --addr 127.0.0.1:7101",
+    "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
+    "certs": "dpeer certs create-ca --dir pki\n  dpeer certs create-node n1 --host 10.0.0.1 --dir pki\n"
+    "  dpeer certs create-client alice --operator --dir pki",
+    "certs create-ca": "dpeer certs create-ca --dir /etc/dpeer/certs",
+    "certs create-node": "dpeer certs create-node n1 --host 10.0.0.1 --host box1.lan --dir /etc/dpeer/certs",
+    "certs create-client": "dpeer certs create-client alice --operator --dir pki",
+}
+
+
+class UsageError(Exception):
+    """Bad flags or config: exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one sentence and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with an example (EXAMPLES[path or name])."""
+    return subs.add_parser(
+        name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[path or name]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--addr", required=True, help="HOST:PORT of any node")
+    p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default 10)")
+    p.add_argument("--tls-ca", type=Path, help="the cluster's CA certificate (PEM); overrides --config's")
+    p.add_argument("--tls-cert", type=Path, help="your client certificate (`dpeer certs create-client`)")
+    p.add_argument("--tls-key", type=Path, help="your client certificate's key")
+    p.add_argument("--token-file", type=Path, help="file holding the cluster token")
+
+
+def _certs_parser(subs: argparse._SubParsersAction) -> None:
+    certs = _sub(subs, "certs", "make the cluster's CA, token, node and client certificates (keys 0600, never overwritten)")
+    cs = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
+    ca = _sub(cs, "create-ca", "a new CA (ca.pem, ca.key) and cluster token (cluster.token)", "certs create-ca")
+    node = _sub(cs, "create-node", "node-NODE_ID.pem/.key: a node certificate naming dpeer://node/NODE_ID",
+                "certs create-node")
+    node.add_argument("node_id", help="the node's --node-id")
+    node.add_argument("--host", action="append", default=[], help="a DNS name or IP the node is reached at (repeat)")
+    client = _sub(cs, "create-client", "a client certificate: read-only, or --operator to change the cluster",
+                  "certs create-client")
+    client.add_argument("name", help="who holds it, e.g. alice or backup-job")
+    client.add_argument("--operator", action="store_true", help="may kv put, leave, force and read the log")
+    for p in (ca, node, client):
+        p.add_argument("--dir", type=Path, default=Path("."), help="where the files go (default: here)")
+        p.add_argument("--days", type=int, default=None, help="validity in days")
+    for p in (node, client):
+        p.add_argument("--ca-dir", type=Path, default=None, help="where ca.pem and ca.key are (default: --dir)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command tree."""
+    parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.",
+                     epilog=f"example:\n  {EXAMPLES['dpeer']}\n\n"
+                     "exit codes: 0 success, 1 a negative answer (absent key, not committed, refused),\n"
+                     "  2 bad usage or config, 3 node unreachable",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    start = _sub(subs, "start", "run a node in the foreground")
+    start.add_argument("--node-id", help="unique, stable name of this box")
+    start.add_argument("--listen", help="HOST:PORT the gRPC server binds")
+    start.add_argument("--data-dir", type=Path, help="folder for the store and checkpoints")
+    start.add_argument("--join", help="HOST:PORT[,HOST:PORT...] of live members")
+    start.add_argument("--advertise", help="HOST:PORT peers dial when it differs from --listen")
+    start.add_argument("--config", type=Path, help="YAML config file")
+    start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
+    start.add_argument("--job", help="demo or MODULE:FUNCTION")
+    start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
+    start.add_argument("--insecure", action="store_true", default=None,
+                       help="run off loopback without mutual TLS and token (anyone who reaches the port controls "
+                       "the node); warned at every start and shown in status")
+    for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
+        p = _sub(subs, name, help_)
+        _client_flags(p)
+        p.add_argument("--json", action="store_true", help="print JSON")
+    kv = _sub(subs, "kv", "read and write cluster settings")
+    kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
+    put = _sub(kvs, "put", "commit KEY=VALUE; exit 0 only once committed", "kv put")
+    put.add_argument("key", help="1-256 characters")
+    put.add_argument("value", help="at most 64 KiB")
+    _client_flags(put)
+    get = _sub(kvs, "get", "linearizable read; exit 1 when absent", "kv get")
+    get.add_argument("key", help="the key to read")
+    get.add_argument("--json", action="store_true", help="print JSON")
+    _client_flags(get)
+    leave = _sub(subs, "leave", "make a node leave gracefully; its daemon exits")
+    _client_flags(leave)
+    force = _sub(subs, "force", "UNSAFE: after losing a majority of voters for good, make the survivors the voters")
+    _client_flags(force)
+    force.add_argument("--voters", required=True, help="comma-separated surviving voters, the addressed node among them")
+    force.add_argument("--yes", action="store_true", help="confirm: entries only the lost majority held may be lost")
+    job = _sub(subs, "job", "control the cluster's job")
+    jobs = job.add_subparsers(dest="job_command", required=True, parser_class=_Parser)
+    retry = _sub(jobs, "retry", "train again after the leader halted the job as broken (fix the cause first)",
+                 "job retry")
+    _client_flags(retry)
+    log = _sub(subs, "log", "print a node's committed entries: index, term, kind and the sha256 of each entry's "
+               "canonical bytes, to compare two nodes' committed prefixes")
+    _client_flags(log)
+    log.add_argument("--from", dest="first", type=int, default=None, metavar="I",
+                     help="first index (default: the first the node still holds)")
+    log.add_argument("--to", dest="last", type=int, default=None, metavar="J", help="last index (default: its commit index)")
+    log.add_argument("--json", action="store_true", help="one JSON object per line: {index, term, kind, hash}")
+    demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
+    demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
+    demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
+    demo.add_argument("--chaos", action="store_true", help="kill and restart nodes on a schedule")
+    demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
+    demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
+    demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
+    chaos = _sub(subs, "chaos", "a seeded chaos run of a local cluster training the demo job, then checks")
+    chaos_arguments(chaos)
+    conf = _sub(subs, "config", "show the effective config or check a file")
+    confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    show = _sub(confs, "show", "print the effective config as YAML (defaults < file < DPEER_* env < flags)",
+                "config show")
+    show.add_argument("--config", type=Path, help="YAML config file")
+    show.add_argument("--preset", choices=["lan", "wan", "edge"])
+    show.add_argument("--node-id")
+    check = _sub(confs, "check", "validate a config file; exit 2 when it is wrong", "config check")
+    check.add_argument("file", type=Path, help="the YAML config file")
+    _certs_parser(subs)
+    return parser
+
+
+def _security(args: argparse.Namespace) -> Security:
+    """The client's credentials: --config's security block, each file overridden by its flag."""
+    from dpeer.transport.options import Security
+
+    s = cfg.load(args.config).security if args.config is not None else cfg.SecurityConfig()
+    files = {"--tls-cert": args.tls_cert or s.tls_cert, "--tls-key": args.tls_key or s.tls_key,
+             "--tls-ca": args.tls_ca or s.tls_ca, "--token-file": args.token_file or s.cluster_token_file}
+    for flag, path in files.items():
+        if path is not None and not path.is_file():
+            raise UsageError(f"{flag}: file {path} does not exist")
+    try:
+        return Security.from_files(*files.values())
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("security.tls_cert, tls_key and tls_ca", "--tls-cert, --tls-key and --tls-ca"))
+
+
+def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
+    import asyncio
+
+    from dpeer.transport.client import NodeClient
+
+    cfg.parse_hostport(args.addr)
+
+    async def go() -> Any:
+        async with NodeClient(args.addr, _security(args), timeout=args.timeout) as client:
+            return await call(client)
+
+    return asyncio.run(go())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print one JSON object (--json) or a short summary."""
+    doc = json.loads(_run(args, lambda c: c.status()).json)
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+        return EXIT_OK
+    group, train = doc.get("group"), doc.get("train")
+    print(f"node {doc['node_id']}  role {doc['role']}  term {doc['term']}  leader {doc['leader']}")
+    print(f"commit {doc['commit_index']}  applied {doc['last_applied']}  members {len(doc['members'])}")
+    if group:
+        print(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
+    if train:
+        print(f"train step {train['step']}  samples {train['samples']}  loss {train['loss']}")
+    no_leader = doc.get("no_leader")
+    if no_leader:
+        print(f"no leader for {no_leader['since_s']:.0f}s: {no_leader['reason']}")
+        if no_leader["action"]:
+            print(f"what to do: {no_leader['action']}")
+    return EXIT_OK
+
+
+def cmd_members(args: argparse.Namespace) -> int:
+    """Print the members table this node sees."""
+    members = json.loads(_run(args, lambda c: c.status()).json)["members"]
+    if args.json:
+        print(json.dumps(members, sort_keys=True))
+        return EXIT_OK
+    print(f"{'NODE':<20} {'ADDR':<22} {'STATE':<8} {'INC':>4} {'VERSION':>8}")
+    for m in members:
+        print(f"{m['node_id']:<20} {m['addr']:<22} {m['state']:<8} {m['incarnation']:>4} {m['version']:>8}")
+    return EXIT_OK
+
+
+def cmd_kv(args: argparse.Namespace) -> int:
+    """kv put waits for the commit; kv get reads linearizably and exits 1 when absent."""
+    if args.kv_command == "put":
+        reply = _run(args, lambda c: c.kv_put(args.key, args.value, timeout=args.timeout))
+        if not reply.committed:
+            print(f"dpeer: not committed: {reply.reason}", file=sys.stderr)
+            return EXIT_NO
+        print(f"committed at index {reply.index}")
+        return EXIT_OK
+    reply = _run(args, lambda c: c.kv_get(args.key))
+    if args.json:
+        print(json.dumps({"key": args.key, "found": reply.found, "value": reply.value if reply.found else None}))
+    elif reply.found:
+        print(reply.value)
+    if not reply.found:
+        if not args.json:
+            print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
+        return EXIT_NO
+    return EXIT_OK
+
+
+def cmd_force(args: argparse.Namespace) -> int:
+    """Forced reconfiguration; refuses without --yes."""
+    if not args.yes:
+        raise UsageError("force can lose entries that only the lost voters held; add --yes to confirm")
+    voters = [v.strip() for v in args.voters.split(",") if v.strip()]
+    reply = _run(args, lambda c: c.force(voters))
+    print(f"forced: voters are now {', '.join(voters)} (term {reply.term}); {reply.reason}")
+    return EXIT_OK
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    """Print committed entries [--from, --to]; exit 1 when part of the range is compacted away
+    or not committed on that node (what it holds of the range is printed first)."""
+    if (args.first is not None and args.first < 1) or (args.last is not None and args.last < 1):
+        raise UsageError("--from and --to are log indexes, 1 or more")
+    if args.first is not None and args.last is not None and args.first > args.last:
+        raise UsageError(f"--from {args.first} is after --to {args.last}")
+    from dpeer.transport.codec import entry_in
+    from dpeer.statemachine.entry import entry_digest
+
+    async def fetch(client: NodeClient) -> tuple[dict[str, Any], list[Any]]:
+        doc = json.loads((await client.status()).json)
+        lo = doc["first_index"] if args.first is None else max(args.first, doc["first_index"])
+        hi = doc["commit_index"] if args.last is None else min(args.last, doc["commit_index"])
+        chunks = [c async for c in client.fetch_entries(lo, hi, "")] if lo <= hi else []
+        return doc, [entry_in(e) for c in chunks for e in c.entries]
+
+    doc, entries = _run(args, fetch)
+    for e in entries:
+        row = {"index": e.index, "term": e.term, "kind": e.kind.value, "hash": entry_digest(e)}
+        print(json.dumps(row, sort_keys=True) if args.json else f"{e.index:>10} {e.term:>6} {e.kind.value:<14} {row['hash']}")
+    if args.first is not None and args.first < doc["first_index"]:
+        print(f"dpeer: entries below {doc['first_index']} are compacted on {doc['node_id']} (snapshot at "
+              f"{doc['snapshot_index']}); start at --from {doc['first_index']}", file=sys.stderr)
+        return EXIT_NO
+    if args.last is not None and args.last > doc["commit_index"]:
+        print(f"dpeer: entries after {doc['commit_index']} are not committed on {doc['node_id']}", file=sys.stderr)
+        return EXIT_NO
+    return EXIT_OK
+
+
+def cmd_leave(args: argparse.Namespace) -> int:
+    """Ask the node to leave; exit 1 if it refuses."""
+    reply = _run(args, lambda c: c.leave())
+    if not reply.accepted:
+        print(f"dpeer: the node did not leave: {reply.reason}", file=sys.stderr)
+        return EXIT_NO
+    print("left")
+    return EXIT_OK
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    """`job retry`: commit the job as running again; exit 1 when it was not failed."""
+    reply = _run(args, lambda c: c.job_control("retry"))
+    if not reply.accepted:
+        print(f"dpeer: not retried: {reply.reason}", file=sys.stderr)
+        return EXIT_NO
+    print(f"{reply.reason} (committed at index {reply.index})")
+    return EXIT_OK
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Show the effective config or check a file."""
+    import yaml
+
+    if args.config_command == "check":
+        cfg.check_file(args.file)
+        print(f"{args.file}: ok")
+        return EXIT_OK
+    effective = cfg.load(args.config, {"preset": args.preset, "node_id": args.node_id})
+    print(yaml.safe_dump(json.loads(effective.model_dump_json()), sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """Run the daemon in the foreground until SIGTERM, SIGINT or `dpeer leave`."""
+    flags = {
+        "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
+        "advertise": args.advertise, "preset": args.preset, "job": args.job,
+        "metrics_listen": args.metrics_listen, "security.insecure": args.insecure,
+    }
+    config = cfg.load(args.config, flags)
+    if config.node_id is None:
+        raise UsageError("--node-id (or node_id in the config, or DPEER_NODE_ID) is required")
+    check_security(config)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    worker = start_worker_early(config)
+    from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
+
+    return run_daemon(config, worker)
+
+
+def check_security(config: cfg.NodeConfig) -> None:
+    """Refuse (exit 2) to start exposed without mutual TLS and token, or with a certificate that
+    names another node; before the worker is spawned, so nothing is left running."""
+    from dpeer.security import auth, exposure
+    s = config.security
+    tls = [s.tls_cert, s.tls_key, s.tls_ca]
+    if any(tls) and not all(tls):
+        raise UsageError("mutual TLS needs all of security.tls_cert, tls_key and tls_ca")
+    mode = auth.mode_of(all(tls), s.cluster_token_file is not None)
+    reason = exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure)
+    if reason is not None:
+        raise UsageError(reason)
+    if s.tls_cert is not None:
+        from dpeer.security import certs
+        try:
+            named = certs.identity_of(s.tls_cert.read_bytes())
+        except (OSError, certs.CertError) as exc:
+            raise UsageError(f"security.tls_cert {s.tls_cert}: {exc}") from None
+        if named != auth.Principal(auth.Role.NODE, config.node_id or ""):
+            raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
+                             f"node's certificate with `dpeer certs create-node {config.node_id}`")
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    """Make a CA and token, a node certificate or a client certificate."""
+    from dpeer.security import certs
+    days = {} if args.days is None else {"days": args.days}
+    if args.days is not None and args.days < 1:
+        raise UsageError("--days must be at least 1")
+    try:
+        if args.certs_command == "create-ca":
+            made, token = certs.create_ca(args.dir, **days)
+            print(f"wrote {made.cert} (the CA certificate: give it to every node and client), {made.key} "
+                  f"(keep it private: it signs certificates) and {token} (the cluster token)")
+            return EXIT_OK
+        ca_dir = args.ca_dir or args.dir
+        if args.certs_command == "create-node":
+            made = certs.create_node(ca_dir, args.dir, args.node_id, args.host, **days)
+        else:
+            made = certs.create_client(ca_dir, args.dir, args.name, args.operator, **days)
+    except certs.CertError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {made.cert} and {made.key}")
+    return EXIT_OK
+
+
+def start_worker_early(config: cfg.NodeConfig) -> Any:
+    """Spawn the job's worker before the daemon's heavy imports (see daemon.start_worker)."""
+    if not config.job:
+        return None
+    from dpeer.daemon.supervisor import WorkerSupervisor
+
+    worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training, lambda g, r: None,
+                              store_bind=config.store_bind)
+    worker.start(0.0)
+    return worker
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Start a local cluster training the demo job and show it live."""
+    from dpeer.cli.demo import run_demo
+
+    return run_demo(args)
+
+
+def cmd_chaos(args: argparse.Namespace) -> int:
+    """Run a seeded chaos run and its checks; exit 1 on any violation."""
+    from dpeer.chaos.command import run_chaos
+
+    return run_chaos(chaos_options(args))
+
+
+COMMANDS = {
+    "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
+    "leave": cmd_leave, "force": cmd_force, "log": cmd_log, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
+    "job": cmd_job, "certs": cmd_certs,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `dpeer` command; returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except (UsageError, cfg.ConfigError, ValueError) as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except errors.Unreachable as exc:
+        print(f"dpeer: {exc}; is its daemon running?", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except errors.Denied as exc:
+        print(f"dpeer: refused: {exc}", file=sys.stderr)
+        return EXIT_NO
+    except errors.PeerError as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return EXIT_NO
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""A pure Raft consensus core in the manner of etcd-io/raft: no I/O, no clock, no threads.
+
+The caller owns disk, network and time: it feeds messages and `now` in, then drains a `Ready`
+(persist hard state and entries, install a snapshot, apply committed entries, send messages)
+and confirms with `advance`. See core.RaftNode for the contract.
+"""
+
+from dpeer.consensus.config import EDGE, LAN, WAN, RaftConfig
+from dpeer.consensus.core import RaftNode, Role
+from dpeer.consensus.force import force_after
+from dpeer.consensus.membership import Membership, MembershipError, bootstrap
+from dpeer.consensus.messages import Peer
+from dpeer.consensus.ready import (
+    AcceptResult,
+    HardState,
+    NotLeader,
+    Outgoing,
+    Proposed,
+    ReadRequested,
+    ReadState,
+    Ready,
+    Refused,
+    SoftState,
+)
+from dpeer.consensus.storage import MemoryStorage, Snapshot, Storage
+
+__all__ = [
+    "AcceptResult", "EDGE", "HardState", "LAN", "Membership", "MembershipError", "MemoryStorage",
+    "NotLeader", "Outgoing", "Peer", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState",
+    "Ready", "Refused", "Role", "Snapshot", "SoftState", "Storage", "WAN", "bootstrap", "force_after",
+]

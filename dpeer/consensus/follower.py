@@ -1,0 +1,144 @@
+"""The follower's half of RaftNode: leader messages, log matching, snapshots, committed resync.
+
+A mixin, like replication.LeaderSide: it uses RaftNode's state (log, membership, term, _now,
+_reply...) and is never instantiated alone. Every acknowledgement claims only a match this node
+checked: an append that reaches below our commit index is compared entry by entry with what we
+committed, never answered "matches up to our commit index" on trust.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import Iterable
+
+from dpeer.consensus.log import check_committed_batch
+from dpeer.consensus.messages import (
+    AppendRequest,
+    AppendResponse,
+    Heartbeat,
+    HeartbeatResponse,
+    Peer,
+    SnapshotRequest,
+)
+from dpeer.consensus.ready import AcceptResult
+from dpeer.consensus.storage import Snapshot
+from dpeer.statemachine.entry import Entry
+
+log = logging.getLogger("dpeer.consensus.core")
+
+
+class FollowerSide:
+    """Follower-only behaviour of RaftNode."""
+
+    def _on_leader_message(self, src: str, m: AppendRequest | Heartbeat | SnapshotRequest) -> None:
+        if self.role.value == "leader":
+            return
+        if self.role.value != "follower" or self.leader != src:
+            self._become_follower(self.term, src)
+        idle = isinstance(m, Heartbeat) and m.idle and self.cfg.idle_heartbeat_interval > 0
+        self._leader_contact = self._leader_seen_at = self._now
+        self._lease = self.cfg.idle_election_timeout if idle else self.cfg.election_timeout_min
+        self._reset_election_timer(idle)
+        if isinstance(m, AppendRequest):
+            self._on_append(m)
+        elif isinstance(m, Heartbeat):
+            self.log.commit_to(m.commit)
+            self._reply(HeartbeatResponse(self.term, m.read_seq))
+        else:
+            self._on_snapshot(m)
+
+    def _on_append(self, m: AppendRequest) -> None:
+        """Log matching: accept after (prev_index, prev_term) or reject with a backoff hint."""
+        if m.prev_index < self.log.committed:
+            checked = self._check_below_commit(m)
+            if checked is None:
+                return
+            m = checked
+        if not self.log.match_term(m.prev_index, m.prev_term):
+            hint, hint_term = self.log.find_conflict_by_term(m.prev_index, m.prev_term)
+            self._reply(AppendResponse(self.term, False, m.prev_index, hint, hint_term))
+            return
+        conflict = self.log.find_conflict(m.entries)
+        if conflict:
+            self._append(list(m.entries[conflict - m.entries[0].index:]))
+        last_new = m.prev_index + len(m.entries)
+        self.log.commit_to(min(m.commit, last_new))
+        self._reply(AppendResponse(self.term, True, last_new))
+
+    def _check_below_commit(self, m: AppendRequest) -> AppendRequest | None:
+        """An append reaching below our commit index: compare what it overlaps with our committed
+        entries. All checked up to our commit index: the rest of the message, after it. Checked
+        only partway: acknowledge that far and no further. A committed entry that differs, or
+        nothing we could check (compacted here): no answer, since no match was verified."""
+        committed, verified = self.log.committed, None
+        for index, leader_term in [(m.prev_index, m.prev_term)] + [(e.index, e.term) for e in m.entries]:
+            if index > committed:
+                break
+            term = self.log.term(index)
+            if term is None:
+                continue
+            if term != leader_term:
+                self.diverged_at = index
+                log.error("%s: leader %s has entry %d of term %d, but this node committed term %d there: "
+                          "the logs diverged on committed entries; not acknowledging", self.id, m.leader,
+                          index, leader_term, term)
+                return None
+            verified = index
+        if verified is None:
+            return None
+        if verified < committed:
+            self._reply(AppendResponse(self.term, True, verified))
+            return None
+        rest = tuple(e for e in m.entries if e.index > committed)
+        return replace(m, prev_index=committed, prev_term=self.log.term(committed), entries=rest)
+
+    def _on_snapshot(self, m: SnapshotRequest) -> None:
+        if m.index <= self.log.committed:
+            if self.log.match_term(m.index, m.term_of_index):
+                self._reply(AppendResponse(self.term, True, m.index))
+            return
+        if self.log.match_term(m.index, m.term_of_index):
+            self.log.commit_to(m.index)
+        else:
+            self.log.restore(Snapshot(m.index, m.term_of_index, m.data, m.membership))
+            self._conf_history = [(m.index, m.membership)]
+        self._reply(AppendResponse(self.term, True, self.log.committed))
+
+    def accept_committed(self, entries: Iterable[Entry], commit_index: int, sender: Peer,
+                         sender_term: int) -> AcceptResult:
+        """Take entries committed elsewhere (fetched from a peer; commit_index and sender_term
+        being that peer's). Only from a member of the configuration in force, by identity, in our
+        epoch, with no entry of a term above the sender's own. The batch must start at or below
+        our commit index so the entry before the first new one is checked (log matching);
+        committed entries are never truncated."""
+        batch = list(entries)
+        if self.role.value == "leader" or not batch:
+            return AcceptResult(not batch, self.log.committed, "" if not batch else "leader")
+        lo = self.log.committed
+        problem = self._untrusted_source(batch, sender, sender_term) or check_committed_batch(batch, commit_index, lo)
+        if problem:
+            return AcceptResult(False, lo, problem)
+        for e in batch:
+            if e.index <= lo and self.log.term(e.index) not in (None, e.term):
+                return AcceptResult(False, lo, f"entry {e.index} conflicts with a committed entry")
+        fresh = [e for e in batch if e.index > lo]
+        conflict = self.log.find_conflict(fresh)
+        if conflict:
+            self._append(fresh[conflict - fresh[0].index:])
+        if fresh:
+            self.log.commit_to(fresh[-1].index)
+        return AcceptResult(True, self.log.committed)
+
+    def _untrusted_source(self, batch: list[Entry], sender: Peer, sender_term: int) -> str:
+        """Why committed entries from sender cannot be taken, or '' when they may."""
+        conf = self.membership
+        if sender.node_id == self.id or not conf.is_member(sender.node_id, sender.uid):
+            return (f"{sender.node_id} (store {sender.uid[:8]}) is not a member of the configuration in "
+                    f"force here")
+        if sender.epoch != conf.epoch:
+            return f"{sender.node_id} follows cluster epoch {sender.epoch}, this node epoch {conf.epoch}"
+        high = max(e.term for e in batch)
+        if high > sender_term:
+            return f"an entry of term {high} is above the sender's term {sender_term}"
+        return ""

@@ -1,0 +1,506 @@
+"""`dpeer start`: one node's daemon: store, cores, gRPC server, leader chores, worker, signals.
+
+Lifecycle: open the store (moving a corrupt one aside), found a cluster or resume or join,
+serve, tell systemd READY=1 once this node is an active member, run until SIGTERM/SIGINT or
+`dpeer leave`, then leave gracefully (a committed member_left) with the store flushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any, Awaitable, Callable
+
+from dpeer.transport import codec
+
+from dpeer import errors
+
+from dpeer.security import exposure
+
+from dpeer.daemon import logs
+from dpeer.daemon.checkpoints import Held
+from dpeer.daemon.failures import FailurePhase, FailureReport
+from dpeer.daemon.final_state import fetch_final, holds
+from dpeer.daemon.config import NodeConfig
+from dpeer.consensus import bootstrap
+from dpeer.daemon.leader import LeaderChores
+from dpeer.daemon.metrics import Metrics
+from dpeer.daemon.node import Node
+from dpeer.daemon.notify import Notifier, watchdog_interval
+from dpeer.daemon.resyncer import Resyncer
+from dpeer.daemon.service import Service
+from dpeer.daemon.status import document, identity
+from dpeer.daemon.storage_adapter import StoreStorage
+from dpeer.daemon.supervisor import WorkerSupervisor
+from dpeer.daemon.worker_health import missed_view
+from dpeer.daemon.worker_wake import WorkerWake
+from dpeer.transport.client import Channels, NodeClient, PeerSender
+from dpeer.transport.faults import FaultHook
+from dpeer.transport.options import Security
+from dpeer.transport.server import serve
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
+from dpeer.statemachine.state import JobState
+from dpeer.statemachine.store import Store
+
+log = logging.getLogger("dpeer.daemon")
+JOIN_RETRY = 0.5
+LEAVE_TIMEOUT = 10.0
+INTRODUCE_EVERY = 1.0
+MISSED_VIEW_REPORT_EVERY = 1.0
+CHECKPOINT_REPORT_EVERY, CHECKPOINT_REPORT_TRIES = 1.0, 30
+FETCH_RETRY = 5.0
+
+
+class Daemon:
+    """Everything one `dpeer start` runs; built by run_daemon."""
+
+    def __init__(
+        self, config: NodeConfig, store: Store, security: Security, worker: WorkerSupervisor | None = None,
+    ) -> None:
+        assert config.node_id is not None
+        self.config, self.store, self.security = config, store, security
+        self.node_id = config.node_id
+        self.addr = config.advertise_addr
+        self.channels = Channels(security)
+        # faults: the test-only fault injection hook (transport/faults.py); inert without <data_dir>/faults.json
+        self.metrics = Metrics(self.node_id)
+        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0, on_rtt=self.metrics.rtt.observe,
+                                 faults=FaultHook.for_data_dir(config.data_dir))
+        if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
+            bootstrap(StoreStorage(store), [self.node_id], uids={self.node_id: store.uid})
+            log.info("founded a new cluster (store identity %s)", store.uid)
+        self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
+                         max_voters=config.max_voters)
+        self.resyncer = Resyncer(self.node, self.channels)
+        self.worker = worker
+        if worker is not None:
+            worker.on_failure = self._group_failed
+            worker.on_checkpoint = self._checkpoint_written
+            if store.state.checkpoint is not None:
+                worker.publish_checkpoint(store.state.checkpoint)
+            if store.state.job.state is JobState.FAILED:
+                worker.halt(store.state.job.error)
+        self.leader = LeaderChores(self.node, config.preset, self._store_port, self._ready,
+                                   lambda: self.leaving, config.training.failure_repeats)
+        self.node.chores.append(self.leader)
+        # chores stay frequent while this node is not yet an active member, and while a worker
+        # runs without a doorbell (its reports are then only found by polling)
+        self._wake: WorkerWake | None = None
+        self.node.busy_checks.append(
+            lambda: (self.worker is not None and self._wake is None) or not self.joined or self.leaving)
+        self.node.apply_listeners.append(self._on_apply)
+        self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
+                               self.leader.checkpoint_reported, config.data_dir / "checkpoints")
+        self.notifier = Notifier()
+        self.started = time.monotonic()
+        self.joined = False
+        self._last_metrics = self._last_introduce = self._next_join = 0.0
+        self._join_task: asyncio.Task | None = None
+        self._reforms_counted = self._forced_counted = self._refused_counted = 0
+        self._no_leader_note = ""
+        self._leader_seen = self.node.clock()
+        self.fence_after = 3 * self.node.raft_config.election_timeout_max
+        self.leaving = False
+        self._tasks: list[asyncio.Task] = []
+        self._held: Held | None = None
+        self._next_missed_report = 0.0
+        self._next_report, self._reports_left = 0.0, 0
+        self._report_task: asyncio.Task | None = None
+        self._fetch_task: asyncio.Task | None = None
+        self._next_fetch = 0.0
+
+    def _refused(self, addr: str) -> None:
+        self.node.refused(addr)
+
+    def _store_port(self) -> int:
+        """The port the worker bound for the rendezvous store it hosts as rank 0 (0: no worker)."""
+        return self.worker.store_port if self.worker is not None else 0
+
+    def _ready(self) -> bool:
+        """Whether this node can train now: no job, or a worker that built it and waits."""
+        return self.worker is None or self.worker.ready
+
+    def _on_apply(self, entry: Any, result: Any) -> None:
+        if self.worker is not None and entry.kind is EntryKind.JOB and result.accepted:
+            job = self.store.state.job
+            if job.state is JobState.FAILED:
+                self.worker.halt(job.error)
+            else:
+                self.worker.resume(self.node.clock())
+        if self.worker is not None and entry.kind is EntryKind.CHECKPOINT and result.accepted:
+            self.worker.publish_checkpoint(self.store.state.checkpoint)
+        if self.worker is not None and entry.kind is EntryKind.VIEW and result.accepted:
+            view = self.store.state.view
+            if view is not None and view.generation == entry.payload["generation"]:
+                self.worker.publish(view, self.store.state.checkpoint)
+
+    def _group_failed(self, generation: int, report: FailureReport) -> None:
+        """The worker's group (or its job's build) failed: tell the leader (directly when it is us)."""
+        log.info("worker reports a %s failure (generation %d, step %d): %s", report.phase.value, generation,
+                 report.step, report.error)
+        self.metrics.failures.inc()
+        if self.node.role == "leader":
+            self.leader.group_failed(generation, report)
+            return
+        self._tasks = [t for t in self._tasks if not t.done()]
+        request = pb.GroupFailedRequest(node_id=self.node_id, generation=generation, reason=report.error,
+                                        phase=report.phase.value, step=report.step, error=report.error,
+                                        attempt=report.attempt)
+        self._tasks.append(asyncio.get_running_loop().create_task(
+            self._tell_leader("the failure", lambda c: c.group_failed(request))))
+
+    def _report_missed_view(self, now: float) -> None:
+        """While our worker waits on a committed view it was never handed, report that group failed
+        (again each second: the report is lost while no leader is known), so a new generation
+        re-forms it; after a full power loss or a lone box's worker crash nothing else would."""
+        assert self.worker is not None
+        view = self.store.state.view
+        if view is None or now < self._next_missed_report:
+            return
+        verdict = missed_view(view.generation, self.node_id in view.members, self.worker.ready,
+                              self.worker.given_generation)
+        if verdict.hung:
+            self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
+            self._group_failed(view.generation, FailureReport(self.node_id, FailurePhase.GROUP, 0, verdict.reason,
+                                                              view.generation))
+
+    def _checkpoint_written(self, held: Held) -> None:
+        """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""
+        if self._held is None or held.step > self._held.step:
+            self._held = held
+            self._next_report, self._reports_left = 0.0, CHECKPOINT_REPORT_TRIES
+
+    def _take_final_state(self, now: float) -> None:
+        """The job finished while this box was away: fetch the final checkpoint from a holder (again
+        every FETCH_RETRY seconds while none serves it), then restart the worker to load it."""
+        assert self.worker is not None
+        job, ckpt = self.store.state.job, self.store.state.checkpoint
+        if job.state is not JobState.FINISHED or ckpt is None or self.worker.done or now < self._next_fetch:
+            return
+        if self._fetch_task is not None and not self._fetch_task.done():
+            return
+        ckpt_dir = self.config.data_dir / "checkpoints"
+        if holds(ckpt_dir, job.step, job.digest):
+            return
+        self._next_fetch = now + FETCH_RETRY
+        sources = [(n, self.store.state.members[n].addr) for n in ckpt.holders
+                   if n != self.node_id and n in self.store.state.members]
+        self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_final(job.step, job.digest, sources))
+
+    async def _fetch_final(self, step: int, digest: str, sources: list[tuple[str, str]]) -> None:
+        assert self.worker is not None
+        log.info("the job finished at step %d while this box was away: fetching that state from %s",
+                 step, ", ".join(n for n, _ in sources) or "nobody (no other holder)")
+        source = await fetch_final(step, digest, sources, self.config.data_dir / "checkpoints", self.channels)
+        if source is not None:
+            self.worker.restart(self.node.clock(), f"load the final state of step {step} fetched from {source}")
+
+    def _report_checkpoint(self, now: float) -> None:
+        """While the held checkpoint is newer than the committed one, tell the leader (again)."""
+        committed = self.store.state.checkpoint
+        held = self._held
+        if held is None or (committed is not None and committed.step >= held.step) or now < self._next_report:
+            return
+        if self._reports_left <= 0:
+            log.info("the checkpoint of step %d was not recorded after %d reports (no majority of the group "
+                     "holds it); the next checkpoint will be reported", held.step, CHECKPOINT_REPORT_TRIES)
+            self._held = None
+            return
+        self._reports_left -= 1
+        self._next_report = now + CHECKPOINT_REPORT_EVERY
+        if self.node.role == "leader":
+            self.leader.checkpoint_reported(self.node_id, held)
+        elif self._report_task is None or self._report_task.done():
+            report = self._tell_leader(f"the checkpoint of step {held.step}", lambda c: c.report_checkpoint(
+                self.node_id, held.step, held.digest, held.final))
+            self._report_task = asyncio.get_running_loop().create_task(report)
+
+    async def _tell_leader(self, what: str, call: Callable[[NodeClient], Awaitable[object]]) -> None:
+        """Make one call to the current leader over the shared channels; a failure is logged only
+        (the callers retry on their own schedule)."""
+        leader = self.node.addrs.get(self.node.leader_id or "")
+        if leader is None:
+            return
+        try:
+            await call(NodeClient(leader, channels=self.channels, timeout=5.0))
+        except errors.PeerError as exc:
+            log.info("could not report %s to the leader: %s", what, exc)
+
+    def status(self) -> dict[str, Any]:
+        """The status document (see status.document)."""
+        train = self.worker.train if self.worker is not None else None
+        extra = {
+            "train": None if train is None else {"step": train.step, "samples": train.samples,
+                                                 "loss": train.loss, "params_digest": train.params_digest,
+                                                 "latest_step": self.worker.latest_step},
+            "job": self.job_status(),
+            "worker": self.worker.status() if self.worker is not None else None,
+            "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "joined": self.joined,
+            "security": self.security_status(),
+        }
+        return document(self.node, extra)
+
+    def security_status(self) -> dict[str, Any]:
+        """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure, refusals so far."""
+        server = getattr(self, "server", None)
+        return {"mode": self.security.mode.value, "insecure": self.config.security.insecure,
+                "refused": sum(server.refusals.values()) if server is not None else 0}
+
+    def job_status(self) -> dict[str, Any] | None:
+        """The status's `job`: waiting, training, failed (with the reason) or finished (with the
+        final step and digest); None when this node runs no job."""
+        if self.worker is None:
+            return None
+        job, view = self.store.state.job, self.store.state.view
+        if job.state is JobState.FAILED:
+            return {"state": "failed", "error": job.error, "node": job.node, "step": job.step}
+        if job.state is JobState.FINISHED:
+            return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
+        formed = (view is not None and self.node_id in view.members and self.worker.proc is not None
+                  and self.worker.given_generation == view.generation)
+        return {"state": "training" if formed else "waiting", "error": None}
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Serve until told to stop (a signal or `dpeer leave`); returns exit code 0."""
+        self.server = await serve(self.config.listen, self.service, self.security)
+        log.info("listening on %s (advertised %s), security %s", self.config.listen, self.addr,
+                 self.security.mode.value)
+        warning = exposure.warning(self.config.listen.rsplit(":", 1)[0], self.security.mode,
+                                   self.config.security.insecure)
+        if warning is not None:
+            log.warning("%s", warning)
+        self.metrics.insecure.set(1 if self.config.security.insecure else 0)
+        if self.config.metrics_listen:
+            self.metrics.serve(self.config.metrics_listen)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self.node.chores.append(self._chores)
+        if self.worker is not None:
+            self._watch_worker(loop, self.worker)
+        if self.config.join:
+            self.node.join_seeds(self.config.join)
+        try:
+            await self.node.run()
+        finally:
+            await self._shutdown()
+        return 0
+
+    def _watch_worker(self, loop: asyncio.AbstractEventLoop, worker: WorkerSupervisor) -> None:
+        """Run the chores at once when the worker rings its doorbell or exits."""
+        self._wake = WorkerWake.start(loop, str(worker.dir), self.node.chores_now, self._worker_exited)
+        if self._wake is None:
+            return
+        worker.on_spawn = self._wake.watch_exit
+        if worker.proc is not None:
+            self._wake.watch_exit(worker.proc.pid)
+
+    def _worker_exited(self) -> None:
+        """Notice the exit now, and keep the chores frequent so the restart comes on time."""
+        self.node.chores_now()
+        self.node.poke()
+
+    def _chores(self, now: float) -> None:
+        if self.worker is not None:
+            self._fence(now)
+            self.worker.poll(now)
+            self._report_missed_view(now)
+            self._report_checkpoint(now)
+            self._take_final_state(now)
+        self._sync_membership(now)
+        self._report_no_leader()
+        member = self.store.state.members.get(self.node_id)
+        if not self.joined and member is not None and member.status == "active":
+            self.joined = True
+            log.info("joined the cluster as an active member")
+            self.notifier.ready(f"member of a cluster of {len(self.store.state.members)}")
+        if now - self._last_metrics >= 0.5:
+            self._last_metrics = now
+            self._update_metrics()
+        if now - self._last_introduce >= INTRODUCE_EVERY:
+            self._last_introduce = now
+            self._introduce_committed_members()
+
+    def _report_no_leader(self) -> None:
+        """Log why no leader can be elected and what to do, once per reason, after two election
+        timeouts without one (a normal election takes less)."""
+        doc = identity(self.node)["no_leader"]
+        if doc is None or doc["since_s"] < 2 * self.node.raft_config.election_timeout_max:
+            self._no_leader_note = "" if doc is None else self._no_leader_note
+            return
+        if doc["reason"] != self._no_leader_note:
+            self._no_leader_note = doc["reason"]
+            level = logging.WARNING if doc["action"] else logging.INFO
+            log.log(level, "no leader for %.1fs: %s%s", doc["since_s"], doc["reason"],
+                    f". What to do: {doc['action']}" if doc["action"] else "")
+
+    def _introduce_committed_members(self) -> None:
+        """Push-pull with committed active members that gossip does not know (missed joins, reaped
+        after a long partition), so the log's membership and gossip's converge."""
+        unknown = [m.addr for n, m in self.store.state.members.items()
+                   if m.status == "active" and n != self.node_id and self.node.swim.state_of(n) is None]
+        if unknown:
+            self.node.join_seeds(unknown)
+
+    def _update_metrics(self) -> None:
+        m, store = self.metrics, self.store
+        counts: dict[str, int] = {}
+        for rec in self.node.swim.members():
+            counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
+        m.set_members(counts)
+        m.term.set(store.current_term)
+        m.is_leader.set(1 if self.node.role == "leader" else 0)
+        m.commit_index.set(store.commit_index)
+        m.last_applied.set(store.last_applied)
+        m.invalid.set(self.node.invalid_messages)
+        m.count_refusals(self.server.refusals)
+        m.epoch.set(self.node.raft.epoch)
+        m.strangers.set(len(self.node.raft.strangers()))
+        m.forced.inc(self.node.forced - self._forced_counted)
+        m.force_refused.inc(self.node.force_refused - self._refused_counted)
+        self._forced_counted, self._refused_counted = self.node.forced, self.node.force_refused
+        if self.worker is not None:
+            if self.worker.train is not None:
+                m.step.set(self.worker.train.step)
+                m.samples.set(self.worker.train.samples)
+            m.reforms.inc(self.worker.reforms - self._reforms_counted)
+            self._reforms_counted = self.worker.reforms
+            for seconds in self.worker.take_recoveries():
+                m.recovery.observe(seconds)
+        m.generation.set(store.state.view.generation if store.state.view else 0)
+        job = self.job_status()
+        m.set_job(job["state"] if job is not None else None)
+        if self.notifier.enabled and watchdog_interval() is not None:
+            self.notifier.watchdog()
+
+    def _fence(self, now: float) -> None:
+        """A node in the committed view that has known no leader for fence_after seconds is on
+        the minority side (or alone): its worker stops, so two groups never train at once."""
+        assert self.worker is not None
+        if self.node.leader_id is not None:
+            self._leader_seen = now
+        view = self.store.state.view
+        in_view = view is not None and self.node_id in view.members
+        silent = now - self._leader_seen
+        if in_view and silent > self.fence_after:
+            self.worker.fence(True, f"no leader for {silent:.1f}s: this node cannot reach a quorum", now)
+        elif self.node.leader_id is not None:
+            self.worker.fence(False, f"leader {self.node.leader_id} is reachable again", now)
+
+    def _sync_membership(self, now: float) -> None:
+        """While our committed member record (address, store port, readiness) is out of date and
+        we do not lead, ask the leader or the seeds to update it (a join is the first such update)."""
+        if self.node.role == "leader" or self.leaving or now < self._next_join:
+            return
+        if self._join_task is not None and not self._join_task.done():
+            return
+        member = self.store.state.members.get(self.node_id)
+        wanted = ("active", self.addr, self._store_port(), self._ready(), self.store.uid)
+        if member is not None and (member.status, member.addr, member.store_port, member.ready, member.uid) == wanted:
+            return
+        self._next_join = now + JOIN_RETRY
+        self._join_task = asyncio.get_running_loop().create_task(self._join_once(wanted[3]))
+
+    async def _join_once(self, ready: bool) -> None:
+        leader = self.node.addrs.get(self.node.leader_id or "")
+        members = [m.addr for n, m in self.store.state.members.items() if n != self.node_id and m.status == "active"]
+        for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
+            try:
+                async with NodeClient(addr, self.security, timeout=5.0) as client:
+                    reply = await client.join(self.node_id, self.addr, self._store_port(), ready, self.store.uid)
+            except errors.PeerError as exc:
+                log.info("membership update through %s failed: %s", addr, exc)
+                continue
+            if reply.accepted:
+                log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
+                self.node.admitted_by = reply.leader_id
+                self.node.join_seeds([m.addr for m in reply.members if m.node_id != self.node_id])
+                return
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("received %s: leaving the cluster", signal.Signals(sig).name)
+        asyncio.get_running_loop().create_task(self._graceful_leave())
+
+    async def _graceful_leave(self) -> None:
+        self.leaving = True
+        self.notifier.stopping()
+        try:
+            await asyncio.wait_for(self.service.leave_cluster(), LEAVE_TIMEOUT)
+        except (errors.PeerError, asyncio.TimeoutError) as exc:
+            log.warning("could not commit the leave (%s); exiting anyway, the store is durable", exc)
+            self.node.stop()
+
+    async def _leave_done(self) -> None:
+        """member_left is committed: gossip it briefly, then stop."""
+        self._send_leave_gossip()
+        asyncio.get_running_loop().call_later(0.3, self.node.stop)
+
+    def _send_leave_gossip(self) -> None:
+        for addr, msg in self.node.swim.leave(self.node.clock()):
+            self.sender.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
+
+    async def _shutdown(self) -> None:
+        if self._wake is not None:
+            self._wake.close()
+        if self.worker is not None:
+            self.worker.stop()
+        for task in self._tasks + [t for t in (self._join_task, self._report_task, self._fetch_task) if t is not None]:
+            task.cancel()
+        await self.server.stop(grace=0.5)
+        await self.sender.close()
+        await self.channels.close()
+        self.store.close()
+        log.info("stopped; store closed")
+
+
+def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None) -> int:
+    """Open the store and run the daemon in the foreground, with the worker the CLI started
+    before loading the daemon (so `import torch` overlaps our start-up); returns the exit code."""
+    try:
+        return _run_daemon(config, worker)
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
+    assert config.node_id is not None
+    logs.setup(lambda: {"node": config.node_id})
+    try:
+        security = Security.from_files(config.security.tls_cert, config.security.tls_key,
+                                       config.security.tls_ca, config.security.cluster_token_file)
+    except (OSError, ValueError) as exc:
+        print(f"dpeer: cannot load the security files: {exc}", file=sys.stderr)
+        return 2
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        store = Store.open(config.data_dir / "store", node_id=config.node_id)
+    except (StoreFormatError, NodeIdMismatch) as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return 2
+    except StoreError as exc:
+        print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
+        return 1
+    daemon = Daemon(config, store, security, worker)
+
+    def context() -> dict[str, Any]:
+        try:
+            view = store.state.view
+            return {"node": config.node_id, "term": store.current_term, "generation": view.generation if view else 0}
+        except StoreError:
+            return {"node": config.node_id}
+
+    logs.setup(context)
+    try:
+        return asyncio.run(daemon.run())
+    except OSError as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,207 @@
+"""The leader's chores: keep committed membership, voters and the training view in line with gossip.
+
+Runs on every node every chore interval and acts only while the node leads, one proposal in
+flight at a time, in priority order: admit itself, the next view once the wanted members have
+held still for the quiet window (training waits on it; the wanted members already follow
+gossip, so a dead member's committed status can come after), reconcile member statuses, adjust
+voters, and last the newest checkpoint a majority of the group reported holding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import Callable
+
+from dpeer.daemon.checkpoints import Held, decide_checkpoint, still_pending
+from dpeer.errors import PeerError
+from dpeer.daemon.failures import REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_failure, reform_delay
+from dpeer.daemon.node import Node
+from dpeer.daemon.views import (
+    Decision, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
+)
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState
+
+log = logging.getLogger("dpeer.leader")
+
+# Per preset: how long wanted members must hold still before a view change (folds several
+# failures into one generation), and how long a voter may stay dead before a learner replaces it.
+QUIET_WINDOW = {"lan": 0.1, "wan": 0.5, "edge": 2.0}
+# The quiet window when the group itself reported the failure of the members gossip suspects
+# (views.quiet_window): long enough to fold boxes lost together, short on the kill path.
+CONFIRMED_QUIET = {"lan": 0.02, "wan": 0.1, "edge": 0.5}
+DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
+# How long a failed group waits for gossip to explain the failure (a dead or hung member) before
+# it is re-formed with the same members under a new generation. A member gossip already suspects
+# is dropped as soon as its group reports the failure (views.training_members).
+FAILURE_GRACE = {"lan": 0.5, "wan": 2.0, "edge": 5.0}
+PROPOSAL_TIMEOUT = 5.0
+RETRY_AFTER_FAILURE = 0.1
+# A group failure more than this long after the previous one, or at a later step, starts the
+# re-form backoff again: the job made progress in between.
+PROGRESS_RESET = 30.0
+
+
+class LeaderChores:
+    """Callable chore; see the module docstring."""
+
+    def __init__(
+        self, node: Node, preset: str, self_store_port: Callable[[], int], self_ready: Callable[[], bool],
+        self_leaving: Callable[[], bool], repeat_limit: int = REPEAT_LIMIT,
+    ) -> None:
+        self.node = node
+        self.quiet = QUIET_WINDOW[preset]
+        self.confirmed_quiet = CONFIRMED_QUIET[preset]
+        self._before: list[str] | None = None
+        self.grace = DEAD_VOTER_GRACE[preset]
+        self.self_store_port = self_store_port
+        self.self_ready = self_ready
+        self.self_leaving = self_leaving
+        self.failure_grace = FAILURE_GRACE[preset]
+        self.failed_generation = 0
+        self._failed_at = 0.0
+        self.last_decision: Decision | None = None
+        self._task: asyncio.Task | None = None
+        self._wanted: list[str] | None = None
+        self._changed_at = 0.0
+        self._last_failure = ""
+        self.checkpoints: dict[str, Held] = {}
+        self._last_checkpoint_note = ""
+        self.repeat_limit = repeat_limit
+        self.streak = Streak()
+        self._halt: Decision | None = None
+        self.failures_in_a_row = 0
+        self._last_failure_step = -1
+        self._job_seen = RUNNING_JOB
+
+    def __call__(self, now: float) -> None:
+        """Decide and start at most one proposal while leading."""
+        if self.node.role != "leader":
+            self._wanted = None
+            return
+        if self._task is not None and not self._task.done():
+            return
+        decision = self.decide(now)
+        if decision is not None:
+            self.last_decision = decision
+            self._task = asyncio.get_running_loop().create_task(self._carry_out(decision))
+
+    def decide(self, now: float) -> Decision | None:
+        """The next entry this leader should propose, or None."""
+        node, state = self.node, self.node.store.state
+        me = state.members.get(node.id)
+        wanted = ("active", node.addr, self.self_store_port(), self.self_ready(), node.store.uid)
+        if (me is None or (me.status, me.addr, me.store_port, me.ready, me.uid) != wanted) and not self.self_leaving():
+            payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3],
+                       "uid": wanted[4]}
+            return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
+        if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
+            self._job_seen, self.streak, self._halt = state.job, Streak(), None
+        if self._halt is not None:
+            return self._halt
+        observed = node.observed()
+        for decision in (
+            self._view_decision(state, observed, now),
+            reconcile_members(state, observed),
+            plan_voters(state, observed, now, self.grace, node.raft_config.max_voters),
+        ):
+            if decision.propose:
+                return decision
+        return self._checkpoint_decision()
+
+    def _view_decision(self, state: ClusterState, observed: dict[str, Observed], now: float) -> Decision:
+        """The next view, from the wanted members and when they last changed. A new leader
+        compares them with the committed view, so a member gossip dropped before the election
+        does not wait out the quiet window again."""
+        train = training_members(state, observed, self.failed_generation)
+        members = train.members
+        if members != self._wanted:
+            if self._wanted is not None:
+                log.info("training members now %s: %s", members, train.reason)
+            before = self._wanted
+            if before is None and state.view is not None:
+                before = list(state.view.members)
+            self._changed_at = change_began(before, members, observed, now)
+            self._wanted, self._before = members, before
+        ports = {n: state.members[n].store_port for n in members}
+        delay = reform_delay(self.failures_in_a_row, self.failure_grace)
+        failed = self.failed_generation if now - self._failed_at >= delay else 0
+        reported = state.view is not None and self.failed_generation == state.view.generation
+        quiet = quiet_window(self._before, members, observed, reported, self.quiet, self.confirmed_quiet)
+        return decide_view(state, members, self._changed_at, now, quiet, ports, failed)
+
+    def checkpoint_reported(self, node_id: str, held: Held) -> int:
+        """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""
+        committed = self.node.store.state.checkpoint
+        committed_step = committed.step if committed is not None else 0
+        before = self.checkpoints.get(node_id)
+        if held.step > committed_step and (before is None or held.step >= before.step):
+            self.checkpoints[node_id] = held
+        return committed_step
+
+    def _checkpoint_decision(self) -> Decision | None:
+        state = self.node.store.state
+        committed = state.checkpoint.step if state.checkpoint is not None else 0
+        self.checkpoints = still_pending(self.checkpoints, committed)
+        if not self.checkpoints:
+            return None
+        decision = decide_checkpoint(state, self.checkpoints)
+        if not decision.propose and decision.reason != self._last_checkpoint_note:
+            self._last_checkpoint_note = decision.reason
+            if "diverged" in decision.reason:
+                log.error("checkpoint reports disagree: %s", decision.reason)
+        return decision if decision.propose else None
+
+    def group_failed(self, generation: int, report: FailureReport) -> None:
+        """A box reports its group of `generation` failed, or its job's build did: judge whether the
+        job is broken (halt it) and re-form a failed current group, backing off while it keeps failing."""
+        verdict = judge_failure(self.streak, report, self.repeat_limit)
+        self.streak = verdict.streak
+        if verdict.halt and self._halt is None and self.node.store.state.job.state is JobState.RUNNING:
+            log.error("halting the job: %s", verdict.reason)
+            payload = {"state": JobState.FAILED.value, "error": verdict.reason, "node": report.node, "step": report.step}
+            self._halt = Decision(EntryKind.JOB, payload, f"the job cannot train: {verdict.reason}")
+            self.node.poke()
+            return
+        view = self.node.store.state.view
+        if report.phase is FailurePhase.BUILD or view is None or generation != view.generation:
+            return
+        if generation != self.failed_generation:
+            now = self.node.clock()
+            progressed = report.step > self._last_failure_step or now - self._failed_at > PROGRESS_RESET
+            self.failures_in_a_row = 1 if progressed else self.failures_in_a_row + 1
+            self._last_failure_step = report.step
+            log.info("group of generation %d failed (%s: %s); re-forming in %.1fs", generation, report.node,
+                     report.error, reform_delay(self.failures_in_a_row, self.failure_grace))
+            self.failed_generation = generation
+            self._failed_at = now
+            self.node.poke()
+
+    async def _carry_out(self, decision: Decision) -> None:
+        assert decision.kind is not None and decision.payload is not None
+        try:
+            if decision.kind is EntryKind.CONFIG_CHANGE:
+                p = decision.payload
+                await self.node.change_membership(p["op"], p["node"], p.get("uid", ""), PROPOSAL_TIMEOUT)
+            else:
+                await self.node.propose(decision.kind, _with_secret(decision), PROPOSAL_TIMEOUT)
+            log.info("committed %s: %s", decision.kind.value, decision.reason)
+        except PeerError as exc:
+            message = f"could not commit {decision.kind.value} ({decision.reason}): {exc}"
+            if message != self._last_failure:
+                log.warning("%s", message)
+            self._last_failure = message
+            await asyncio.sleep(RETRY_AFTER_FAILURE)
+            self.node.poke()
+
+
+def _with_secret(decision: Decision) -> dict:
+    """The payload to propose; a view gets a fresh random secret, which only the cluster's members
+    learn (through the log, over the authenticated control plane) and from which the group derives
+    its rendezvous keys and heal key (trainer/group.py), so no outsider can take part."""
+    payload = dict(decision.payload or {})
+    if decision.kind is EntryKind.VIEW:
+        payload["secret"] = secrets.token_hex(16)
+    return payload

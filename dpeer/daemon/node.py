@@ -1,0 +1,446 @@
+"""One node's runtime driver: feeds the membership and consensus cores, persists, sends.
+
+Everything runs on one asyncio loop, so the cores are only ever touched from one thread.
+The driver owns the clock and the I/O the pure cores leave to their caller: it persists each
+Raft Ready to the store before releasing its messages, turns core messages into Envelopes,
+and reports applied entries to whoever waits for them (RPCs, the worker supervisor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from dpeer.transport import codec
+from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused
+from dpeer.consensus.ready import ProposeResult
+from dpeer.consensus.config import PRESETS as RAFT_PRESETS
+from dpeer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
+from dpeer.errors import BadRequest, Unavailable
+from dpeer.membership import (
+    Ack,
+    HeartbeatObserved,
+    MemberAlive,
+    MemberDead,
+    MemberLeft,
+    MemberRecord,
+    MemberState,
+    MemberSuspect,
+    Membership,
+    Ping,
+)
+from dpeer.membership import preset as membership_preset
+from dpeer.daemon.probe_rtt import ProbeTimes
+from dpeer.daemon.resync import LocalVersion
+from dpeer.daemon.storage_adapter import StoreStorage
+from dpeer.daemon.views import Observed
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.errors import CommittedEntryError, CorruptState
+from dpeer.statemachine.snapshot import decode_snapshot
+from dpeer.statemachine.state import ApplyResult
+from dpeer.statemachine.store import Store
+
+log = logging.getLogger("dpeer.node")
+Sender = Callable[[str, pb.Envelope], None]
+# How often chores run: the leader's decide views and membership (latency matters); the others'
+# only watch their worker and their own membership record. Once nothing has changed for
+# CHORES_BUSY_FOR seconds (no membership change, applied entry or role change; see poke()) and no
+# busy check holds, chores run every IDLE_CHORES instead.
+LEADER_CHORES, FOLLOWER_CHORES, IDLE_CHORES = 0.02, 0.1, 1.0
+# Applied entries that give the chores nothing to react to (a training box commits a checkpoint
+# every few hundred steps; waking the chores for each kept a daemon busy beside its worker).
+_QUIET_KINDS = frozenset({EntryKind.CHECKPOINT, EntryKind.KV_PUT, EntryKind.NOOP})
+CHORES_BUSY_FOR = 1.0
+# An input that moves the next deadline later by more than this re-arms the sleeping loop's
+# alarm instead of letting it fire for nothing; smaller moves are not worth a new timer.
+REARM_SLACK = 0.005
+_LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
+ApplyListener = Callable[[Entry, ApplyResult], None]
+
+
+class Node:
+    """The cores of one node wired to its store and network; see the module docstring."""
+
+    def __init__(
+        self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
+        max_voters: int = 5, clock: Callable[[], float] = time.monotonic, seed: int | None = None,
+        snapshot_every: int = 10_000, snapshot_keep: int = 1_000, wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.id, self.addr, self.store, self.clock, self.wall = node_id, addr, store, clock, wall
+        self.storage = StoreStorage(store)
+        self._send = sender
+        rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
+        now = clock()
+        self.raft_config = replace(RAFT_PRESETS[preset], max_voters=max_voters)
+        self.raft = RaftNode(node_id, self.storage, self.raft_config, rng, now)
+        known = [MemberRecord(n, m.addr, MemberState.ALIVE, 0) for n, m in store.state.members.items()
+                 if n != node_id and m.status == "active"]
+        self.swim = Membership(node_id, addr, membership_preset(preset), rng, now, known=known)
+        self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
+        self.addrs[node_id] = addr
+        self.since: dict[str, tuple[str, float]] = {}
+        self.probes = ProbeTimes()
+        self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
+        self.role, self.leader_id = "follower", None
+        self.apply_listeners: list[ApplyListener] = []
+        self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
+        self.chores: list[Callable[[float], None]] = []
+        self.busy_checks: list[Callable[[], bool]] = []
+        self.stopping = False
+        self.invalid_messages = 0
+        self.forced = self.force_refused = 0
+        self.admitted_by: str | None = None
+        self.entries_written = 0
+        self._waiters: dict[int, list[tuple[int, asyncio.Future]]] = {}
+        self._reads: dict[int, asyncio.Future] = {}
+        self._applied_waiters: list[tuple[int, asyncio.Future]] = []
+        self._waiter: asyncio.Future | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._sleep_until = math.inf
+        self._next_chores = now
+        self._busy_until = now + CHORES_BUSY_FOR
+
+    # -- inputs ---------------------------------------------------------------------------
+    def deliver(self, envelope: pb.Envelope) -> None:
+        """Take one Envelope from a peer; BadRequest when it is malformed or forged."""
+        msg = codec.decode(envelope)
+        peer = codec.sender(envelope)
+        now = self.clock()
+        self.raft.observe(peer)
+        if isinstance(msg, codec.MEMBERSHIP_TYPES):
+            if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
+                raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
+            self.addrs.setdefault(msg.hb.node_id, msg.hb.addr)
+            if isinstance(msg, Ack) and msg.hb.node_id == envelope.from_id:
+                self.probes.acked(envelope.from_id, msg.seq, now)
+            self._send_swim(self.swim.receive(now, msg))
+            self._swim_effects(now)
+        else:
+            self._admit_raft(peer, msg)
+            self.addrs.setdefault(envelope.from_id, envelope.from_addr)
+            self.raft.step(now, peer, msg, envelope.to_uid)
+            try:
+                self.drain()
+            except CommittedEntryError as exc:
+                log.error("the leader %s would overwrite committed entries here (%s): this node's log "
+                          "diverged, as after a forced reconfiguration; move its data dir aside and "
+                          "rejoin", envelope.from_id, exc)
+                raise BadRequest(f"log diverges from {envelope.from_id!r} on committed entries") from None
+        self._wake_if_sooner()
+
+    def _admit_raft(self, peer: Peer, msg: Any) -> None:
+        """Raft messages come only from nodes the configuration in force here names (the core
+        drops those under another store uid, a lost disk, and refuses, once loudly, those of an
+        older cluster epoch), or, while this node has not yet learned a configuration that
+        includes it, from the leader that admitted it; and a snapshot must decode first."""
+        src, conf = peer.node_id, self.raft.membership
+        joining = (not conf.is_member(self.id, self.raft.uid) and isinstance(msg, _LEADER_MSGS)
+                   and src == self.admitted_by)
+        old_epoch = 0 < peer.epoch < conf.epoch
+        if src not in conf.members and not joining and not old_epoch:
+            raise BadRequest(f"Raft message from {src!r}, which is not a member of this cluster")
+        if isinstance(msg, SnapshotRequest):
+            try:
+                decode_snapshot(msg.index, msg.term_of_index, msg.data)
+            except CorruptState as exc:
+                raise BadRequest(f"snapshot from {src!r} does not decode: {exc}") from None
+
+    def refused(self, addr: str) -> None:
+        """A connection to addr was refused: strong evidence its process is gone."""
+        now = self.clock()
+        self._send_swim(self.swim.unreachable(now, addr))
+        self._swim_effects(now)
+        self._wake_if_sooner()
+
+    def join_seeds(self, seeds: list[str]) -> None:
+        """Start gossip through the seed addresses (push-pull with each)."""
+        self._send_swim(self.swim.join(self.clock(), seeds))
+        self._wake_if_sooner()
+
+    # -- the loop ---------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run timers until stop(): Raft ticks, SWIM probes, resyncs and leader chores.
+
+        The loop sleeps until the earliest deadline; an input wakes it only when it brought a
+        deadline forward (most messages do not), so an idle node wakes a few times per second.
+        """
+        loop = asyncio.get_running_loop()
+        while not self.stopping:
+            now = self.clock()
+            due = self._due()
+            if due > now:
+                self._waiter = waiter = loop.create_future()
+                self._arm(due, now)
+                await waiter
+                self._timer.cancel()
+                self._waiter, self._sleep_until = None, math.inf
+            self.step_timers()
+
+    def _arm(self, due: float, now: float) -> None:
+        """Set the sleeping loop's alarm for `due` (at most a second away)."""
+        self._sleep_until = due
+        self._timer = asyncio.get_running_loop().call_later(min(due - now, 1.0), _resolve, self._waiter)
+
+    def _due(self) -> float:
+        swim_due = self.swim.next_tick()
+        return min(self.raft.next_deadline(), math.inf if swim_due is None else swim_due, self._next_chores)
+
+    def _wake(self) -> None:
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    def _wake_if_sooner(self) -> None:
+        """After an input: wake the loop if its next deadline came forward; move the alarm
+        out if the deadline went later (an ack answered a probe), so the loop sleeps through."""
+        if self._waiter is None:
+            return
+        due = self._due()
+        if due < self._sleep_until:
+            _resolve(self._waiter)
+        elif due > self._sleep_until + REARM_SLACK and self._timer is not None:
+            self._timer.cancel()
+            self._arm(due, self.clock())
+
+    def poke(self) -> None:
+        """Something chores may act on changed: keep them on their short period for a while."""
+        now = self.clock()
+        self._busy_until = now + CHORES_BUSY_FOR
+        self._next_chores = min(self._next_chores, now + self._chore_period(now))
+        self._wake_if_sooner()
+
+    def chores_now(self) -> None:
+        """Run the chores at the next loop turn, once (the worker rang: a report to act on)."""
+        self._next_chores = min(self._next_chores, self.clock())
+        self._wake_if_sooner()
+
+    def _chore_period(self, now: float) -> float:
+        if now < self._busy_until or any(check() for check in self.busy_checks):
+            return LEADER_CHORES if self.role == "leader" else FOLLOWER_CHORES
+        return IDLE_CHORES
+
+    def step_timers(self) -> None:
+        """Run whatever timers are due now."""
+        now = self.clock()
+        if now >= self.raft.next_deadline():
+            self.raft.tick(now)
+        swim_due = self.swim.next_tick()
+        if swim_due is not None and now >= swim_due:
+            self._send_swim(self.swim.tick(now))
+        self._swim_effects(now)
+        self.drain()
+        if now >= self._next_chores:
+            for chore in self.chores:
+                chore(now)
+            self._next_chores = now + self._chore_period(now)
+
+    def stop(self) -> None:
+        """Make run() return at its next wake-up."""
+        self.stopping = True
+        self._wake()
+
+    # -- Raft Ready -------------------------------------------------------------------------
+    def drain(self) -> None:
+        """Persist, send, then apply every pending Ready.
+
+        Hard state, new entries and the commit index go to disk in one synced transaction; the
+        messages (votes, acknowledgements) leave only after that, and applying committed entries
+        comes after sending, so a follower's acknowledgement never waits on its own apply.
+        """
+        while self.raft.has_ready():
+            rd = self.raft.ready()
+            if rd.snapshot is not None:
+                self.storage.install_snapshot(rd.snapshot)
+                log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
+            hs = rd.hard_state
+            if hs is not None or rd.entries:
+                term, vote = (hs.term, hs.voted_for) if hs else (self.store.current_term, self.store.voted_for)
+                self.store.save(term, vote, rd.entries, hs.commit if hs else self.store.commit_index)
+                self.entries_written += len(rd.entries)
+            for dst, uid, msg in rd.messages:
+                self._send_raft(dst, uid, msg)
+            if rd.committed_entries:
+                self._applied(self.store.apply_to(rd.committed_entries[-1].index))
+            for rs in rd.read_states:
+                fut = self._reads.pop(rs.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(rs.index)
+            if rd.soft_state is not None:
+                self._on_soft(rd.soft_state.leader, rd.soft_state.role)
+            self.raft.advance(rd)
+        if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
+            log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
+        self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
+        self._wake_if_sooner()
+
+    def _on_soft(self, leader: str | None, role: str) -> None:
+        if (leader, role) != (self.leader_id, self.role):
+            log.info("role %s, leader %s", role, leader)
+            self.leader_id, self.role = leader, role
+            self.poke()
+        if role != "leader":
+            for fut in list(self._reads.values()):
+                if not fut.done():
+                    fut.set_exception(Unavailable("leadership changed during the read; try again"))
+            self._reads.clear()
+
+    def _applied(self, done: list[tuple[Entry, ApplyResult]]) -> None:
+        if any(entry.kind not in _QUIET_KINDS for entry, _ in done):
+            self.poke()
+        for entry, result in done:
+            if entry.kind is EntryKind.MEMBER_JOINED:
+                self.addrs[entry.payload["node_id"]] = entry.payload["addr"]
+            for term, fut in self._waiters.pop(entry.index, []):
+                if not fut.done():
+                    fut.set_result((entry.term == term, entry, result))
+            for listener in self.apply_listeners:
+                listener(entry, result)
+        applied = self.store.last_applied
+        keep = []
+        for index, fut in self._applied_waiters:
+            if index <= applied:
+                if not fut.done():
+                    fut.set_result(applied)
+            else:
+                keep.append((index, fut))
+        self._applied_waiters = keep
+
+    # -- commands ---------------------------------------------------------------------------
+    async def propose(self, kind: EntryKind, payload: dict[str, Any], timeout: float) -> tuple[Entry, ApplyResult]:
+        """Propose an entry as leader and wait until it is applied; Unavailable if it is not."""
+        result = self.raft.propose(kind, payload)
+        return await self._wait_proposal(result, timeout)
+
+    async def change_membership(self, op: str, node: str, uid: str, timeout: float) -> tuple[Entry, ApplyResult]:
+        """Propose one single-server configuration change (uid: the store uid of a node being
+        added) and wait until it is applied."""
+        return await self._wait_proposal(self.raft.change_membership(op, node, uid), timeout)
+
+    async def _wait_proposal(self, result: Any, timeout: float) -> tuple[Entry, ApplyResult]:
+        if isinstance(result, NotLeader):
+            raise Unavailable(f"not the leader (leader: {result.leader or 'unknown'})")
+        if isinstance(result, Refused):
+            raise BadRequest(f"refused: {result.reason}")
+        assert isinstance(result, Proposed)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(result.index, []).append((result.term, fut))
+        self.drain()
+        self._wake_if_sooner()
+        try:
+            same_term, entry, applied = await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"entry {result.index} was not committed within {timeout:g}s (no quorum?)") from None
+        if not same_term:
+            raise Unavailable(f"leadership changed before entry {result.index} committed; try again")
+        return entry, applied
+
+    async def read_barrier(self, timeout: float) -> int:
+        """ReadIndex: wait until a quorum confirmed leadership and the read index is applied."""
+        result = self.raft.read_index()
+        if isinstance(result, NotLeader):
+            raise Unavailable(f"not the leader (leader: {result.leader or 'unknown'})")
+        assert isinstance(result, ReadRequested)
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._reads[result.request_id] = fut
+        self.drain()
+        self._wake_if_sooner()
+        try:
+            index = await asyncio.wait_for(fut, timeout)
+            await self.wait_applied(index, timeout)
+        except asyncio.TimeoutError:
+            self._reads.pop(result.request_id, None)
+            raise Unavailable(f"leadership not confirmed by a quorum within {timeout:g}s") from None
+        return index
+
+    async def wait_applied(self, index: int, timeout: float) -> int:
+        """Wait until last_applied >= index."""
+        if self.store.last_applied >= index:
+            return self.store.last_applied
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._applied_waiters.append((index, fut))
+        return await asyncio.wait_for(fut, timeout)
+
+    def accept_committed(self, entries: list[Entry], commit_index: int, sender: Peer, sender_term: int) -> bool:
+        """Take committed entries fetched from a peer (resync); False when they do not fit or
+        the peer may not supply them (see RaftNode.accept_committed)."""
+        result = self.raft.accept_committed(entries, commit_index, sender, sender_term)
+        if not result.accepted:
+            log.info("resync batch from %s refused: %s", sender.node_id, result.reason)
+        self.drain()
+        return result.accepted
+
+    def force(self, voters: list[str]) -> ProposeResult:
+        """UNSAFE operator recovery: make `voters` the whole voting configuration in a new
+        cluster epoch and campaign, unless the core refuses (see consensus/force.py)."""
+        log.warning("FORCED reconfiguration requested by an operator: voters %s", voters)
+        result = self.raft.force_new_configuration(self.clock(), voters, self.alive_voters(), self.wall())
+        if isinstance(result, Refused):
+            self.force_refused += 1
+        else:
+            self.forced += 1
+        self.drain()
+        return result
+
+    def alive_voters(self) -> set[str]:
+        """Voters gossip holds alive (or only suspects) and last heard under the store uid the
+        configuration names: the failure detector's half of force's reachability check."""
+        conf, seen = self.raft.membership, self.raft.seen_uids
+        up = (MemberState.ALIVE, MemberState.SUSPECT)
+        return {v for v in conf.voters if self.swim.state_of(v) in up and seen.get(v) == conf.uid_of(v)}
+
+    # -- views of the cores ---------------------------------------------------------------
+    @property
+    def local_version(self) -> LocalVersion:
+        """Our log position, as resync planning sees it."""
+        return LocalVersion(self.store.current_term, self.store.last_applied, self.store.commit_index)
+
+    def observed(self) -> dict[str, Observed]:
+        """Gossip's view of every member with how long it has been in its state."""
+        out = {}
+        for rec in self.swim.members():
+            state, since = self.since.get(rec.node_id, (rec.state.value, 0.0))
+            out[rec.node_id] = Observed(rec.state.value, rec.addr, since if state == rec.state.value else 0.0)
+        return out
+
+    # -- output ---------------------------------------------------------------------------
+    def _send_swim(self, out: list[tuple[str, Any]]) -> None:
+        for addr, msg in out:
+            if isinstance(msg, Ping):
+                self.probes.sent(msg.target, msg.seq, self.clock())
+            self._send(addr, codec.encode(msg, self.raft.identity, self.addr))
+
+    def _send_raft(self, dst: str, uid: str, msg: Any) -> None:
+        addr = self.addrs.get(dst)
+        if addr is None:
+            log.debug("no address for %s; dropped a %s", dst, type(msg).__name__)
+            return
+        self._send(addr, codec.encode(msg, self.raft.identity, self.addr, uid))
+
+    def _swim_effects(self, now: float) -> None:
+        for effect in self.swim.drain_effects():
+            if isinstance(effect, HeartbeatObserved):
+                for listener in self.heartbeat_listeners:
+                    listener(effect)
+                continue
+            state = {MemberAlive: "alive", MemberSuspect: "suspect", MemberDead: "dead", MemberLeft: "left"}[type(effect)]
+            self.since[effect.node_id] = (state, now)
+            self.poke()
+            if isinstance(effect, MemberAlive):
+                self.addrs[effect.node_id] = effect.addr
+                self.raft.peer_alive(now, effect.node_id)
+            elif isinstance(effect, (MemberDead, MemberLeft)):
+                self.raft.leader_lost(now, effect.node_id)
+            log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
+        if self.raft.has_ready():
+            self.drain()
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

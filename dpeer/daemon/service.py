@@ -1,0 +1,322 @@
+"""The daemon's side of the Peer service: bulk reads from the store, and commands through the leader.
+
+Commands that change the log (join, leave, kv put) and linearizable reads are served by the
+leader; any other node forwards them there, so an operator can talk to whichever node is near.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import zlib
+from pathlib import Path
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from dpeer.security import auth
+
+from dpeer.transport import codec
+from dpeer.channel.checkpoint_files import checkpoint_path
+from dpeer.daemon.checkpoints import Held, valid_digest
+from dpeer.consensus import Refused
+from dpeer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
+from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
+from dpeer.daemon.node import Node
+from dpeer.transport.client import Channels, NodeClient
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.errors import Compacted
+from dpeer.statemachine.state import JobState
+from dpeer.statemachine.meta import valid_uid
+
+log = logging.getLogger("dpeer.service")
+T = TypeVar("T")
+CHUNK_BYTES = 1 << 20
+SNAPSHOT_CHUNK = 1 << 20
+CHECKPOINT_CHUNK = 1 << 20
+COMMAND_TIMEOUT = 10.0
+# A command forwarded to a leader that is gone (or not yet known) is tried again this often,
+# re-reading who leads, until COMMAND_TIMEOUT: a leader change costs a retry, not an error.
+FORWARD_RETRY = 0.1
+MAX_KEY, MAX_VALUE = 256, 64 * 1024
+MAX_STEP = 1 << 62
+
+
+def _check_id(value: str, what: str) -> None:
+    if not value or len(value) > 64 or not value.isprintable() or " " in value:
+        raise BadRequest(f"{what} must be 1-64 printable characters without spaces")
+
+
+class Service:
+    """Implements transport.server.PeerHandler over a Node."""
+
+    def __init__(
+        self, node: Node, channels: Channels, status: Callable[[], dict[str, Any]],
+        on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, FailureReport], None],
+        on_checkpoint: Callable[[str, Held], int], checkpoint_dir: Path,
+    ) -> None:
+        self.node = node
+        self.channels = channels
+        self._status = status
+        self._on_leave = on_leave
+        self.on_group_failed = on_group_failed
+        self.on_checkpoint = on_checkpoint
+        self.checkpoint_dir = checkpoint_dir
+
+    # -- peers ----------------------------------------------------------------------------
+    def note_malformed(self, method: str) -> None:
+        """The transport refused undecodable request bytes; count peer messages among them."""
+        if method in ("Deliver", "Stream"):
+            self.node.invalid_messages += 1
+
+    async def deliver(self, envelope: pb.Envelope) -> None:
+        """One protocol message; refused (and counted) when malformed."""
+        try:
+            self.node.deliver(envelope)
+        except BadRequest:
+            self.node.invalid_messages += 1  # the transport logs the refusal (once per peer per interval)
+            raise
+
+    async def fetch_entries(self, request: pb.FetchEntriesRequest) -> AsyncIterator[pb.EntryChunk]:
+        """Committed entries [from_index, to_index] (to the commit index when 0), in chunks."""
+        store = self.node.store
+        if request.from_index < 1:
+            raise BadRequest("from_index starts at 1")
+        hi = store.commit_index if request.to_index == 0 else min(request.to_index, store.commit_index)
+        lo = request.from_index
+        while lo <= hi:
+            try:
+                batch = store.entries(lo, hi + 1, max_bytes=CHUNK_BYTES)
+            except Compacted:
+                raise Behind(f"entries from {lo} are compacted here (first index {store.first_index})") from None
+            if not batch:
+                return
+            yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=store.commit_index,
+                                term=store.current_term, uid=store.uid, epoch=self.node.raft.epoch)
+            lo = batch[-1].index + 1
+
+    async def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
+        """The newest snapshot from request.offset on, in chunks; the last carries the CRC."""
+        snap = self.node.store.snapshot()
+        data = snap.data
+        if request.offset > len(data):
+            raise BadRequest(f"offset {request.offset} is past the snapshot's {len(data)} bytes")
+        for start in range(request.offset, max(len(data), 1), SNAPSHOT_CHUNK):
+            part = data[start:start + SNAPSHOT_CHUNK]
+            done = start + SNAPSHOT_CHUNK >= len(data)
+            yield pb.SnapshotChunk(index=snap.index, snapshot_term=snap.term, offset=start, data=part,
+                                   total_size=len(data), done=done, crc32=zlib.crc32(data) if done else 0)
+
+    # -- commands through the leader -------------------------------------------------------
+    def _leader_client(self) -> NodeClient:
+        leader = self.node.leader_id
+        addr = self.node.addrs.get(leader) if leader else None
+        if addr is None or leader == self.node.id:
+            raise Unavailable("no leader is known right now (election under way or no quorum); try again")
+        # the caller this node authenticated travels along: the leader judges the command as theirs
+        return NodeClient(addr, channels=self.channels, timeout=COMMAND_TIMEOUT,
+                          on_behalf_of=auth.vouch(auth.CALLER.get()))
+
+    def _leading(self) -> bool:
+        return self.node.role == "leader"
+
+    async def _via_leader(self, here: Callable[[], Awaitable[T]], there: Callable[[NodeClient], Awaitable[T]]) -> T:
+        """Run a command here when this node leads, else on the leader. While no leader is known,
+        or the one known is unreachable (it just left or died), try again until COMMAND_TIMEOUT."""
+        deadline = self.node.clock() + COMMAND_TIMEOUT
+        while True:
+            try:
+                return await (here() if self._leading() else there(self._leader_client()))
+            except (Unavailable, Unreachable):
+                if self.node.clock() + FORWARD_RETRY >= deadline:
+                    raise
+            await asyncio.sleep(FORWARD_RETRY)
+
+    async def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        """Admit a node: commit member_joined (idempotent) and answer with the members to gossip with."""
+        _check_id(request.node_id, "node_id")
+        try:
+            codec.mm.MemberRecord(request.node_id, request.addr, codec.mm.MemberState.ALIVE, 0).validate()
+        except codec.mm.InvalidMessage as exc:
+            raise BadRequest(str(exc)) from None
+        if request.store_port > 65535:
+            raise BadRequest(f"store_port {request.store_port} is not a port")
+        if not valid_uid(request.uid):
+            raise BadRequest("uid must be the joining node's store uid, 32 lowercase hex digits")
+        return await self._via_leader(
+            lambda: self._admit(request),
+            lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready, request.uid))
+
+    async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
+        member = self.node.store.state.members.get(request.node_id)
+        wanted = ("active", request.addr, request.store_port, request.ready, request.uid)
+        if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
+            payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port,
+                       "ready": request.ready, "uid": request.uid}
+            await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
+        records = [codec.record_out(r) for r in self.node.swim.members()]
+        return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
+
+    async def leave(self, request: pb.LeaveRequest) -> pb.LeaveReply:
+        """Leave gracefully: this node (node_id empty or ours) commits member_left and exits."""
+        if request.forwarded:
+            _check_id(request.node_id, "node_id")
+            await self._via_leader(lambda: self._commit_leave(request.node_id),
+                                   lambda c: c.leave(request.node_id, forwarded=True))
+            return pb.LeaveReply(accepted=True)
+        if request.node_id and request.node_id != self.node.id:
+            raise BadRequest("a node can only be asked to leave itself; call the leaving node")
+        await self.leave_cluster()
+        return pb.LeaveReply(accepted=True)
+
+    async def _commit_leave(self, node_id: str) -> None:
+        """On the leader: commit member_left for node_id unless it is no longer active, then its
+        removal from the configuration."""
+        if getattr(self.node.store.state.members.get(node_id), "status", None) == "active":
+            await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": node_id}, COMMAND_TIMEOUT)
+        await self._remove_from_configuration(node_id)
+
+    async def _remove_from_configuration(self, node_id: str) -> None:
+        """A leaving node leaves the voters (or learners) before its daemon exits, so the voters
+        that remain are a quorum on their own: a voter gone without its removal counts against
+        every later commit, and the last two voters leaving in turn would stall the second."""
+        deadline = self.node.clock() + COMMAND_TIMEOUT
+        while True:
+            state = self.node.store.state
+            if node_id not in state.voters + state.learners or list(state.voters) == [node_id]:
+                return
+            try:
+                await self.node.change_membership("remove", node_id, "", COMMAND_TIMEOUT)
+                return
+            except BadRequest as exc:  # another change is in flight (the leader's chores): wait for it
+                if self.node.clock() + FORWARD_RETRY >= deadline:
+                    raise Unavailable(f"could not remove {node_id} from the configuration: {exc}") from None
+            await asyncio.sleep(FORWARD_RETRY)
+
+    async def leave_cluster(self) -> None:
+        """Commit member_left for this node (through the leader), then start the daemon's exit."""
+        await self._via_leader(lambda: self._commit_leave(self.node.id),
+                               lambda c: c.leave(self.node.id, forwarded=True))
+        await self._on_leave()
+
+    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+        """Record that a group (or a job's build) failed: the leader re-forms the group under a new
+        generation, or halts a job whose identical failure keeps coming back."""
+        _check_id(request.node_id, "node_id")
+        try:
+            phase = FailurePhase(request.phase or FailurePhase.GROUP.value)
+        except ValueError:
+            raise BadRequest(f"phase must be one of {[p.value for p in FailurePhase]}") from None
+        if request.step >= MAX_STEP:
+            raise BadRequest(f"step must be below {MAX_STEP}")
+        error = one_line(request.error or request.reason) or "unknown failure"
+        attempt = request.attempt if phase is FailurePhase.BUILD else request.generation
+        report = FailureReport(request.node_id, phase, request.step, error, attempt)
+
+        async def here() -> pb.GroupFailedReply:
+            self.on_group_failed(request.generation, report)
+            return pb.GroupFailedReply()
+
+        return await self._via_leader(here, lambda c: c.group_failed(request))
+
+    async def report_checkpoint(self, request: pb.CheckpointReport) -> pb.CheckpointReply:
+        """Note that a node holds a checkpoint; the leader records it once a majority does."""
+        _check_id(request.node_id, "node_id")
+        if not valid_digest(request.digest):
+            raise BadRequest("digest must be a lowercase sha256 hex string of 64 characters")
+        if not 0 < request.step < MAX_STEP:
+            raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
+        if getattr(self.node.store.state.members.get(request.node_id), "status", None) != "active":
+            raise BadRequest(f"{request.node_id!r} is not an active member of this cluster")
+        held = Held(request.step, request.digest, request.final)
+
+        async def here() -> pb.CheckpointReply:
+            return pb.CheckpointReply(committed_step=self.on_checkpoint(request.node_id, held))
+
+        return await self._via_leader(
+            here, lambda c: c.report_checkpoint(request.node_id, request.step, request.digest, request.final))
+
+    async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
+        """Shrink the voters to the survivors named by an operator who lost a majority for good."""
+        if not request.confirm:
+            raise BadRequest("a forced reconfiguration needs confirm=true")
+        voters = list(dict.fromkeys(request.voters))
+        for voter in voters:
+            _check_id(voter, "voter")
+        if self.node.id not in voters:
+            raise BadRequest("run force on one of the surviving voters and name it among --voters")
+        result = self.node.force(voters)
+        if isinstance(result, Refused):
+            raise BadRequest(f"force refused: {result.reason}")
+        return pb.ForceReply(term=self.node.store.current_term, epoch=self.node.raft.epoch,
+                             reason=f"forced; campaigning under the new voters in cluster epoch {self.node.raft.epoch}")
+
+    async def status(self) -> pb.StatusReply:
+        """The status document as JSON."""
+        return pb.StatusReply(json=json.dumps(self._status(), sort_keys=True))
+
+    async def kv_put(self, request: pb.KvPutRequest) -> pb.KvPutReply:
+        """Commit key=value; the reply comes once the entry is applied here (on the leader)."""
+        if not request.key or len(request.key) > MAX_KEY or len(request.value) > MAX_VALUE:
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} bytes")
+
+        async def here() -> pb.KvPutReply:
+            entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
+                                               COMMAND_TIMEOUT)
+            return pb.KvPutReply(committed=True, index=entry.index, leader_id=self.node.id)
+
+        return await self._via_leader(here, lambda c: c.kv_put(request.key, request.value))
+
+    async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
+        """A linearizable read (ReadIndex on the leader)."""
+        if not request.key or len(request.key) > MAX_KEY:
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters")
+
+        async def here() -> pb.KvGetReply:
+            index = await self.node.read_barrier(COMMAND_TIMEOUT)
+            value = self.node.store.state.kv.get(request.key)
+            if value is None:
+                return pb.KvGetReply(found=False, read_index=index)
+            return pb.KvGetReply(found=True, value=value, read_index=index)
+
+        return await self._via_leader(here, lambda c: c.kv_get(request.key))
+
+    async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
+        """`retry`: commit the job as running again after the leader halted it as failed."""
+        if request.action != "retry":
+            raise BadRequest("the job action must be 'retry'")
+
+        async def here() -> pb.JobControlReply:
+            job = self.node.store.state.job
+            if job.state is not JobState.FAILED:
+                return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
+            entry, result = await self.node.propose(EntryKind.JOB, {"state": JobState.RUNNING.value}, COMMAND_TIMEOUT)
+            if not result.accepted:
+                return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
+            log.warning("the job was retried by an operator after: %s", job.error)
+            return pb.JobControlReply(accepted=True, reason=f"retrying after: {job.error}", index=entry.index)
+
+        return await self._via_leader(here, lambda c: c.job_control(request.action))
+
+    async def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
+        """A checkpoint file this node holds, in chunks (a box that returns after the job ended
+        takes the final state from a holder instead of training alone)."""
+        if not 0 < request.step < MAX_STEP:
+            raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
+        path = checkpoint_path(str(self.checkpoint_dir), request.step)
+        try:
+            with open(path, "rb") as f:
+                size = f.seek(0, 2)
+                if request.offset > size:
+                    raise BadRequest(f"offset {request.offset} is past the checkpoint's {size} bytes")
+                f.seek(request.offset)
+                offset = request.offset
+                while True:
+                    data = f.read(CHECKPOINT_CHUNK)
+                    done = offset + len(data) >= size
+                    yield pb.CheckpointChunk(step=request.step, offset=offset, data=data, total_size=size, done=done)
+                    offset += len(data)
+                    if done:
+                        return
+        except FileNotFoundError:
+            raise NotFound(f"this node holds no checkpoint of step {request.step}") from None

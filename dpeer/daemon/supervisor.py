@@ -1,0 +1,295 @@
+"""Runs the user's job in a worker process: starts and restarts it, feeds it committed views
+through the local channel, and reads what it reports (ready, progress, failures, checkpoints).
+A worker that crashed is restarted; one that hangs (silent past `hang_after`, or stopped by a
+signal past `stopped_after`) is killed and restarted, and the new one heals from its peers.
+
+The worker is a child of the daemon in the daemon's process group, so killing the box (or the
+daemon's group) kills both, and the worker never outlives its daemon for long: it gives up when
+no view arrives within its idle limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from dpeer.daemon.checkpoints import Held
+from dpeer.daemon.config import TrainingConfig
+from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
+from dpeer.channel.local import ReportTail, View, publish_checkpoint, publish_view
+from dpeer.daemon.worker_health import judge_worker
+from dpeer.statemachine.state import Checkpoint
+from dpeer.statemachine.state import View as CommittedView
+
+log = logging.getLogger("dpeer.worker")
+RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+@dataclass
+class TrainStatus:
+    """The newest committed step a worker reported with its parameter digest (the status's `train`)."""
+
+    step: int
+    samples: int
+    loss: float | None  # None when the step was loaded, not trained, by this worker
+    params_digest: str
+
+
+class WorkerSupervisor:
+    """Keeps one worker process running the job; see the module docstring."""
+
+    def __init__(
+        self, node_id: str, job: str, data_dir: Path, training: TrainingConfig,
+        on_failure: Callable[[int, FailureReport], None], store_bind: tuple[str, int] = ("127.0.0.1", 0),
+    ) -> None:
+        self.node_id, self.job, self.training = node_id, job, training
+        self.dir = data_dir / "worker"
+        self.ckpt_dir = data_dir / "checkpoints"
+        self.on_failure = on_failure
+        self.store_bind = store_bind
+        self.store_port = 0  # the port the current worker bound for the rendezvous store (0: not yet)
+        self.starts = 0
+        self.halted = ""  # why the job was halted (the worker is stopped and not restarted), or ""
+        self.on_checkpoint: Callable[[Held], None] | None = None
+        self.on_spawn: Callable[[int], None] | None = None  # told each new worker's pid
+        self.proc: subprocess.Popen | None = None
+        self.ready = False
+        self.done = False
+        self.restarts = 0
+        self.train: TrainStatus | None = None
+        self.latest_step = 0
+        self.failures = 0
+        self.reforms = 0
+        self.recoveries: list[float] = []
+        self._failed_at: float | None = None
+        self._tail = ReportTail(str(self.dir), node_id)
+        self._restart_at: float | None = None
+        self.fenced = False
+        self.hangs = 0
+        self.last_formed: dict[str, Any] | None = None
+        self._last_report: float | None = None
+        self._stopped_since: float | None = None
+        self.given_generation = 0
+
+    def status(self) -> dict[str, Any]:
+        """The worker's process state for the status document."""
+        return {"pid": self.proc.pid if self.proc else None, "ready": self.ready, "done": self.done,
+                "restarts": self.restarts, "hangs": self.hangs, "failures_reported": self.failures,
+                "groups_formed": self.reforms, "store_port": self.store_port, "halted": self.halted or None,
+                "fenced": self.fenced,
+                "last_formed": self.last_formed}
+
+    def take_recoveries(self) -> list[float]:
+        """Seconds from each reported group failure to the next committed step, since the last call."""
+        out, self.recoveries = self.recoveries, []
+        return out
+
+    def command(self) -> list[str]:
+        """The worker's command line."""
+        t = self.training
+        opts = {**t.options, "steps": t.steps, "global_batch": t.global_batch, "micro_batch": t.micro_batch,
+                "seed": t.seed, "lr": t.lr}
+        host, port = self.store_bind
+        cmd = [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", self.node_id, "--job", self.job,
+               "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),
+               "--final-out", str(self.dir / "final.pt"),
+               "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
+               "--digest-every", str(t.digest_every), "--reduction", t.reduction, "--threads", str(t.threads),
+               "--store-bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--parent-pid", str(os.getpid())]
+        for key, value in opts.items():
+            cmd += ["--job-opt", f"{key}={value}"]
+        return cmd
+
+    def start(self, now: float) -> None:
+        """Start the worker; stale view files of an earlier run are cleared first (channel state)."""
+        views = self.dir / "views"
+        views.mkdir(parents=True, exist_ok=True)
+        for stale in views.glob("view-*.json"):
+            stale.unlink()
+        self._tail.skip_existing()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(self.command(), env=env)
+        self.ready = False
+        self._restart_at = None
+        self._last_report = self._stopped_since = None
+        self.latest_step = 0
+        self.given_generation = 0
+        self.store_port = 0
+        self.starts += 1
+        log.info("started worker pid %d for job %s", self.proc.pid, self.job)
+        if self.on_spawn is not None:
+            self.on_spawn(self.proc.pid)
+
+    def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
+        """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
+        host, _, port = view.store_host.rpartition(":")
+        step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
+        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest,
+                                         view.secret, self.store_bind[0]))
+        if self.proc is not None:
+            self.given_generation = view.generation
+
+    def publish_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Record the newest committed checkpoint for the worker, which resumes from it at start
+        (before it reports ready, so its peers never wait on the load)."""
+        publish_checkpoint(str(self.dir), checkpoint.step, checkpoint.digest)
+
+    def poll(self, now: float) -> None:
+        """Read new reports; restart a worker that died, with backoff; note a finished job."""
+        records = self._tail.read_new()
+        for record in records:
+            self._on_report(record)
+        if records:
+            self._last_report = now
+        if self.proc is not None and self.proc.poll() is not None:
+            self._on_exit(now, self.proc.returncode)
+        elif self.proc is not None:
+            self._watch(now)
+        if self.proc is None and self._restart_at is not None and now >= self._restart_at and not self.fenced \
+                and not self.halted:
+            self.restarts += 1
+            self.start(now)
+
+    def _watch(self, now: float) -> None:
+        """Kill a worker that hangs (it then restarts like a crashed one); silence counts only
+        after its first report, so a slow job build is never taken for a hang."""
+        assert self.proc is not None
+        stopped = _stopped(self.proc.pid)
+        if not stopped:
+            self._stopped_since = None
+        elif self._stopped_since is None:
+            self._stopped_since = now
+        last = self._last_report if self._last_report is not None else math.inf
+        verdict = judge_worker(now, last, self._stopped_since, self.training.hang_after, self.training.stopped_after)
+        if not verdict.hung:
+            return
+        self.hangs += 1
+        log.warning("worker pid %d hangs (%s): killing it; a new worker will heal from its peers",
+                    self.proc.pid, verdict.reason)
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+        self._on_exit(now, self.proc.returncode)
+
+    def fence(self, fenced: bool, why: str, now: float) -> None:
+        """Stop training while this node cannot reach a quorum (the minority side of a partition
+        must not train on), and start a worker again once it can; it then heals from its peers."""
+        if fenced == self.fenced:
+            return
+        self.fenced = fenced
+        if fenced:
+            log.warning("stopping the worker: %s", why)
+            self.stop()
+            self.proc, self.ready = None, False
+            self._restart_at = None
+        elif not self.done:
+            log.info("starting the worker again: %s", why)
+            self._restart_at = now
+
+    def _on_report(self, record: dict[str, Any]) -> None:
+        kind = record.get("kind")
+        if kind == "built":
+            port = record.get("store_port")
+            self.store_port = port if type(port) is int and 0 <= port < 65536 else 0
+        elif kind == "waiting" and not self.ready:
+            self.ready = True
+            log.info("worker is ready (job built, waiting for a view)")
+        elif kind == "progress":
+            self.latest_step = max(self.latest_step, int(record["step"]))
+            if record.get("digest"):  # the status pairs a step with the digest of that very step
+                loss = float(record["loss"])
+                self.train = TrainStatus(int(record["step"]), int(record["samples"]),
+                                         loss if math.isfinite(loss) else None, str(record["digest"]))
+            if self._failed_at is not None:
+                self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
+                self._failed_at = None
+        elif kind == "formed":
+            self.reforms += 1
+            self.last_formed = {k: record.get(k) for k in ("gen", "world", "rank", "step", "healed", "heal_bytes",
+                                                           "seconds", "heal_s", "t")}
+        elif kind == "failure":
+            self.failures += 1
+            if self._failed_at is None:
+                self._failed_at = float(record["t"])
+            self.on_failure(int(record.get("gen", 0)), self._failure(record, FailurePhase.GROUP))
+        elif kind == "job_error":
+            log.error("the job could not be built on this box: %s", record.get("error"))
+            self.on_failure(0, self._failure(record, FailurePhase.BUILD))
+        elif kind == "checkpoint":
+            log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))
+            step, digest = record.get("step"), record.get("params_digest")
+            if self.on_checkpoint is not None and type(step) is int and step > 0 and isinstance(digest, str):
+                self.on_checkpoint(Held(step, digest, record.get("final") is True))
+
+    def _failure(self, record: dict[str, Any], default: FailurePhase) -> FailureReport:
+        """A worker's failure record as the report the leader judges."""
+        try:
+            phase = FailurePhase(record.get("phase", default.value))
+        except ValueError:
+            phase = default
+        step = record.get("step")
+        error = one_line(str(record.get("error") or record.get("reason") or "unknown failure"))
+        attempt = self.starts if phase is FailurePhase.BUILD else int(record.get("gen", 0))
+        return FailureReport(self.node_id, phase, step if type(step) is int and step >= 0 else 0, error, attempt)
+
+    def halt(self, why: str) -> None:
+        """The job was committed as failed: stop the worker and start none until resume()."""
+        if self.halted:
+            return
+        self.halted = why
+        log.error("the job is halted: %s", why)
+        self.stop()
+        self.proc, self.ready, self._restart_at = None, False, None
+
+    def resume(self, now: float) -> None:
+        """The job is running again (an operator's retry): start a fresh worker."""
+        if not self.halted:
+            return
+        self.halted = ""
+        log.info("the job runs again: starting the worker")
+        if not self.done:
+            self._restart_at = now
+
+    def restart(self, now: float, why: str) -> None:
+        """Replace the worker now (it must start afresh, e.g. to load a checkpoint fetched for it)."""
+        log.info("restarting the worker: %s", why)
+        self.stop()
+        self.proc, self.ready, self.done = None, False, False
+        self._restart_at = now
+
+    def _on_exit(self, now: float, code: int) -> None:
+        self.proc, self.ready = None, False
+        if code == 0:
+            self.done = True
+            log.info("worker finished the job")
+            return
+        if self.halted:
+            return
+        delay = RESTART_BACKOFF[min(self.restarts, len(RESTART_BACKOFF) - 1)]
+        log.warning("worker exited with code %d; restarting in %.1fs", code, delay)
+        self._restart_at = now + delay
+
+    def stop(self) -> None:
+        """Terminate the worker (daemon shutdown)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _stopped(pid: int) -> bool:
+    """True when the kernel reports the process stopped (state T or t in /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")

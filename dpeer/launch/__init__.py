@@ -1,0 +1,1 @@
+"""Starting local clusters of daemons as processes (the demo, the chaos tool, tests and benchmarks)."""

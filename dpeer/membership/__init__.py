@@ -1,0 +1,34 @@
+"""SWIM + Lifeguard membership and failure detection as a pure core (DESIGN: Membership)."""
+
+from dpeer.membership.config import MembershipConfig, edge, lan, preset, wan
+from dpeer.membership.core import Membership, Outgoing
+from dpeer.membership.effects import (
+    Effect,
+    HeartbeatObserved,
+    MemberAlive,
+    MemberDead,
+    MemberLeft,
+    MemberSuspect,
+)
+from dpeer.membership.messages import (
+    Ack,
+    Gossip,
+    Heartbeat,
+    InvalidMessage,
+    MemberRecord,
+    MemberState,
+    Message,
+    Nack,
+    Ping,
+    PingReq,
+    PushPull,
+    Update,
+    wire_size,
+)
+
+__all__ = [
+    "Ack", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
+    "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
+    "MembershipConfig", "Message", "Nack", "Outgoing", "Ping", "PingReq", "PushPull", "Update",
+    "edge", "lan", "preset", "wan", "wire_size",
+]

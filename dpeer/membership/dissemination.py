@@ -1,0 +1,83 @@
+"""Dissemination half of the membership core: gossip rounds, push-pull anti-entropy, reconnects.
+
+A mixin of core.Membership (it shares that object's table, queue, timers and RNG), split out
+so each file stays one concern; pure like the rest of the core.
+"""
+
+from __future__ import annotations
+
+import math
+
+from dpeer.membership.messages import Gossip, MemberRecord, MemberState, PushPull
+from dpeer.membership.state import LIVE, Member
+
+ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
+NEVER = math.inf
+Outgoing = tuple[str, object]
+
+
+def push_pull_scale(interval: float, n: int) -> float:
+    """memberlist's pushPullScale: beyond 32 nodes, exchange full state less often."""
+    if n <= 32:
+        return interval
+    return interval * (math.ceil(math.log2(n) - math.log2(32)) + 1)
+
+
+def is_live(member: Member) -> bool:
+    """Alive or suspect: still probed and gossiped to."""
+    return member.state in LIVE
+
+
+class Dissemination:
+    """Gossip, push-pull and reconnect rounds of core.Membership."""
+
+    def _gossip_round(self, now: float, out: list[Outgoing]) -> None:
+        hb = self._hb(now)
+        for member in self._table.sample(self._rng, self.config.gossip_nodes, is_live):
+            updates = self._piggyback()
+            if not updates:
+                return
+            out.append((member.addr, Gossip(hb, updates)))
+
+    def _push_pull_round(self, now: float, out: list[Outgoing]) -> None:
+        if self._leaving:
+            self._next_push_pull = NEVER
+            return
+        if self._table.live == 0 and self._seeds:
+            self._next_push_pull = now + 2 * self.config.probe_interval
+            state = self._push_pull(now, join=True, reply=False)
+            out.extend((seed, state) for seed in self._seeds)
+            return
+        n = self.num_live
+        self._next_push_pull = now + push_pull_scale(self.config.push_pull_interval, n)
+        for member in self._table.sample(self._rng, 1, lambda m: m.state is ALIVE):
+            out.append((member.addr, self._push_pull(now, join=False, reply=False)))
+
+    def _reconnect_round(self, now: float, out: list[Outgoing]) -> None:
+        if self._leaving:
+            self._next_reconnect = NEVER
+            return
+        for member in self._table.sample(self._rng, 1, lambda m: m.state is DEAD):
+            out.append((member.addr, self._push_pull(now, join=False, reply=False)))
+
+    def _on_push_pull(self, now: float, msg: PushPull, out: list[Outgoing]) -> None:
+        for record in msg.members:
+            self._merge(now, record, msg.hb.node_id, msg.hb.addr, out)
+        if not msg.reply:
+            out.append((msg.hb.addr, self._push_pull(now, join=False, reply=True)))
+
+    def _merge(self, now: float, record: MemberRecord, origin: str, sender: str, out: list[Outgoing]) -> None:
+        if record.state is ALIVE:
+            self._alive(now, record.node_id, record.addr, record.incarnation)
+        elif record.state is LEFT:
+            self._dead(now, record.node_id, record.incarnation, record.node_id, True, sender, out)
+        else:
+            self._suspect(now, record.node_id, record.incarnation, origin, False, sender, out)
+        member = self._table.get(record.node_id)
+        if member is not None and member.incarnation == record.incarnation and record.last_applied > member.last_applied:
+            member.term, member.last_applied, member.commit_index = record.term, record.last_applied, record.commit_index
+
+    def _push_pull(self, now: float, join: bool, reply: bool) -> PushPull:
+        records = (self._self_record(), *(m.record() for m in self._table))
+        return PushPull(self._hb(now), records, join, reply)
+

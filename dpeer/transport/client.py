@@ -1,0 +1,379 @@
+"""Calls to other nodes: one-way protocol messages to peers, bulk fetches, and operator calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any, AsyncIterator, Callable
+
+import grpc
+
+from dpeer import errors
+from dpeer.transport.faults import FaultHook
+from dpeer.transport.options import (
+    MAX_BATCH_MESSAGES,
+    Security,
+    call_metadata,
+    forwarding_metadata,
+    open_channel,
+)
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
+
+log = logging.getLogger("dpeer.transport")
+BATCH_BYTES = 4 * 1024 * 1024
+"""A batch stops growing past this many bytes, well below MAX_MESSAGE_BYTES."""
+UNARY_RETRY_STREAM = 30.0
+"""Seconds a peer that answered Stream with UNIMPLEMENTED is reached through Deliver only."""
+
+_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
+    grpc.StatusCode.NOT_FOUND: errors.NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: errors.Behind,
+    grpc.StatusCode.PERMISSION_DENIED: errors.Denied,
+    grpc.StatusCode.UNAUTHENTICATED: errors.Denied,
+}
+
+
+def is_refused(exc: grpc.aio.AioRpcError) -> bool:
+    """True when the remote port refused the connection: the kernel says no process listens there."""
+    details = (exc.details() or "").lower()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and (
+        "connection refused" in details or "connection reset" in details
+    )
+
+
+def _tls_reason(details: str) -> str:
+    """The short reason inside gRPC's handshake failure text, e.g. 'certificate_verify_failed'."""
+    for reason in ("certificate_verify_failed", "wrong_version_number", "certificate_required",
+                   "tlsv1_alert_unknown_ca", "sslv3_alert_bad_certificate", "tlsv1_alert_certificate_required"):
+        if reason in details:
+            return reason.replace("_", " ")
+    return "certificate not accepted"
+
+
+def translate(exc: grpc.aio.AioRpcError, addr: str) -> errors.PeerError:
+    """A gRPC failure as the PeerError a caller can act on."""
+    cls = _ERRORS.get(exc.code())
+    if cls is not None:
+        return cls(exc.details() or exc.code().name)
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.Unreachable(f"node {addr} did not answer in time")
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        if is_refused(exc):
+            return errors.Unreachable(f"node {addr} refused the connection", refused=True)
+        details = (exc.details() or "").lower()
+        if "handshake failed" in details:
+            return errors.Denied(f"the TLS handshake with node {addr} failed ({_tls_reason(details)}); "
+                                 "check security.tls_cert, tls_key and tls_ca in --config")
+        if "socket closed" in details:
+            return errors.Unreachable(f"node {addr} closed the connection (does it require TLS? pass --config)")
+        return errors.Unreachable(f"node {addr} is unreachable")
+    return errors.PeerError(f"node {addr} failed the call: {exc.code().name}: {exc.details()}")
+
+
+class Channels:
+    """One channel and stub per address, reused across calls, closed together."""
+
+    def __init__(self, security: Security) -> None:
+        self._security = security
+        self._stubs: dict[str, tuple[grpc.aio.Channel, pbg.PeerStub]] = {}
+        self.metadata = call_metadata(security)
+
+    def stub(self, addr: str) -> pbg.PeerStub:
+        """The stub for addr, opening its channel on first use."""
+        if addr not in self._stubs:
+            channel = open_channel(addr, self._security)
+            self._stubs[addr] = (channel, pbg.PeerStub(channel))
+        return self._stubs[addr][1]
+
+    async def drop(self, addr: str) -> None:
+        """Close the channel to addr (a node that left for good)."""
+        entry = self._stubs.pop(addr, None)
+        if entry is not None:
+            await entry[0].close()
+
+    async def close(self) -> None:
+        """Close every channel."""
+        for addr in list(self._stubs):
+            await self.drop(addr)
+
+
+class _Link:
+    """One peer's outgoing side: a bounded queue of envelopes and the Stream call that carries them."""
+
+    def __init__(self, addr: str) -> None:
+        self.addr = addr
+        self.queue: deque[pb.Envelope] = deque()
+        self.wake = asyncio.Event()
+        self.call: grpc.aio.StreamUnaryCall | None = None
+        self.established = False  # the current call reached the peer (its initial metadata came back)
+        self.unary_until = 0.0  # the peer lacks Stream (an older v1 peer): use Deliver until then
+
+
+class PeerSender:
+    """Fire-and-forget delivery of protocol messages, with a bound on what waits per peer.
+
+    Each peer gets one long-lived client stream (Peer.Stream); what is queued for it in one loop
+    turn leaves as one EnvelopeBatch. A peer without Stream is reached through unary Deliver.
+    A refused connection is reported at once through `on_refused(addr)`: it is the strongest
+    evidence of a dead process there is, and arrives in about a millisecond on a LAN. A stream
+    that breaks after it was established is reopened at once, so a dead peer's refusal is seen
+    without waiting for the next message.
+    """
+
+    def __init__(
+        self, channels: Channels, on_refused: Callable[[str], None], timeout: float = 1.0,
+        max_in_flight: int = 64, faults: FaultHook | None = None,
+        on_rtt: Callable[[float], None] | None = None,
+    ) -> None:
+        self._channels = channels
+        self._faults = faults  # test-only fault injection (transport/faults.py); None in production
+        self._on_refused = on_refused
+        self._on_rtt = on_rtt
+        self._timeout = timeout
+        self._max = max_in_flight
+        self._in_flight: dict[str, int] = {}
+        self._links: dict[str, _Link] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self.dropped = 0
+        self.batches = 0  # EnvelopeBatches written to streams
+
+    def send(self, addr: str, envelope: pb.Envelope) -> None:
+        """Queue one envelope to addr; dropped (like a lost datagram) when addr has too many waiting
+        or is not a usable HOST:PORT (a peer that sent an empty or forged from_addr)."""
+        if not addr or ":" not in addr or self._closed:
+            self.dropped += 1
+            return
+        delay = self._faults.verdict(addr) if self._faults is not None else 0.0
+        if delay is None:
+            self.dropped += 1
+        elif delay:
+            asyncio.get_running_loop().call_later(delay, self._enqueue, addr, envelope)
+        else:
+            self._enqueue(addr, envelope)
+
+    def _enqueue(self, addr: str, envelope: pb.Envelope) -> None:
+        link = self._links.get(addr)
+        if link is None:
+            link = self._links[addr] = _Link(addr)
+            self._spawn(self._pump(link))
+        if len(link.queue) + self._in_flight.get(addr, 0) >= self._max or self._closed:
+            self.dropped += 1
+            return
+        link.queue.append(envelope)
+        link.wake.set()
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _pump(self, link: _Link) -> None:
+        """Send what is queued for link.addr, one batch per write, until the sender closes."""
+        while not self._closed:
+            await link.wake.wait()
+            link.wake.clear()
+            while link.queue:
+                if time.monotonic() < link.unary_until:
+                    while link.queue:
+                        self._unary(link.addr, link.queue.popleft())
+                    break
+                call = link.call or self._open(link)
+                batch = _take(link.queue)
+                try:
+                    await call.write(batch)
+                    self.batches += 1
+                except grpc.aio.AioRpcError as exc:
+                    self._broken(link, call, exc)
+                except asyncio.InvalidStateError:
+                    if link.call is call:
+                        link.call = None
+
+    def _open(self, link: _Link) -> grpc.aio.StreamUnaryCall:
+        call = self._channels.stub(link.addr).Stream(metadata=self._channels.metadata)
+        link.call, link.established = call, False
+        self._spawn(self._watch(link, call))
+        return call
+
+    async def _watch(self, link: _Link, call: grpc.aio.StreamUnaryCall) -> None:
+        """Wait for the peer's first answer on the call (a round trip), then for the call's end."""
+        started = time.monotonic()
+        try:
+            await call.initial_metadata()
+            if not call.done():
+                link.established = link.established or link.call is call
+                if self._on_rtt is not None:
+                    self._on_rtt(time.monotonic() - started)
+            await call
+        except grpc.aio.AioRpcError as exc:
+            self._broken(link, call, exc)
+            return
+        except asyncio.CancelledError:
+            return
+        if link.call is call:
+            link.call = None
+
+    def _broken(self, link: _Link, call: grpc.aio.StreamUnaryCall, exc: grpc.aio.AioRpcError) -> None:
+        """The stream ended in error: report a refusal, fall back to Deliver, or reopen at once."""
+        if link.call is not call:
+            return
+        link.call, was_established = None, link.established
+        code = exc.code()
+        if is_refused(exc):
+            self._on_refused(link.addr)
+        elif code == grpc.StatusCode.UNIMPLEMENTED:
+            log.info("peer %s has no Stream method; sending it one Deliver call per message", link.addr)
+            link.unary_until = time.monotonic() + UNARY_RETRY_STREAM
+            link.wake.set()
+        elif code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+            log.warning("peer %s ended our message stream: %s: %s", link.addr, code.name, exc.details())
+        elif was_established and not self._closed:
+            self._open(link)
+
+    def _unary(self, addr: str, envelope: pb.Envelope) -> None:
+        if self._in_flight.get(addr, 0) >= self._max:
+            self.dropped += 1
+            return
+        self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
+        self._spawn(self._deliver(addr, envelope))
+
+    async def _deliver(self, addr: str, envelope: pb.Envelope) -> None:
+        try:
+            started = time.monotonic()
+            await self._channels.stub(addr).Deliver(
+                envelope, timeout=self._timeout, metadata=self._channels.metadata
+            )
+            if self._on_rtt is not None:
+                self._on_rtt(time.monotonic() - started)
+        except grpc.aio.AioRpcError as exc:
+            if is_refused(exc):
+                self._on_refused(addr)
+            elif exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                log.warning("peer %s rejected a %s: %s", addr, envelope.WhichOneof("body"), exc.details())
+        finally:
+            self._in_flight[addr] -= 1
+
+    async def close(self) -> None:
+        """Cancel the streams and the deliveries still waiting."""
+        self._closed = True
+        for link in self._links.values():
+            if link.call is not None:
+                link.call.cancel()
+            link.wake.set()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _take(queue: deque[pb.Envelope]) -> pb.EnvelopeBatch:
+    """The next batch off queue: at most MAX_BATCH_MESSAGES envelopes and BATCH_BYTES (one at least)."""
+    batch, size = pb.EnvelopeBatch(), 0
+    while queue and len(batch.envelopes) < MAX_BATCH_MESSAGES:
+        n = queue[0].ByteSize()
+        if batch.envelopes and size + n > BATCH_BYTES:
+            break
+        batch.envelopes.append(queue.popleft())
+        size += n
+    return batch
+
+
+class NodeClient:
+    """Request/response calls to one node, raising PeerErrors with one clear sentence."""
+
+    def __init__(
+        self, addr: str, security: Security | None = None, timeout: float = 5.0, channels: Channels | None = None,
+        on_behalf_of: str | None = None,
+    ) -> None:
+        """on_behalf_of: the caller (ROLE/NAME) a node forwards this command for (see peer.auth)."""
+        self.addr = addr
+        self._channels = channels or Channels(security or Security())
+        self._own = channels is None
+        self._timeout = timeout
+        self._metadata = forwarding_metadata(self._channels.metadata, on_behalf_of)
+
+    async def __aenter__(self) -> "NodeClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._own:
+            await self._channels.close()
+
+    async def _call(self, method: str, request: object, timeout: float | None = None) -> object:
+        rpc = getattr(self._channels.stub(self.addr), method)
+        try:
+            return await rpc(request, timeout=timeout or self._timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, self.addr) from None
+
+    async def status(self) -> pb.StatusReply:
+        """The node's status document."""
+        return await self._call("Status", pb.StatusRequest())
+
+    async def kv_put(self, key: str, value: str, timeout: float | None = None) -> pb.KvPutReply:
+        """Commit key=value through the node."""
+        return await self._call("KvPut", pb.KvPutRequest(key=key, value=value), timeout)
+
+    async def kv_get(self, key: str) -> pb.KvGetReply:
+        """A linearizable read of key through the node."""
+        return await self._call("KvGet", pb.KvGetRequest(key=key))
+
+    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "") -> pb.JoinReply:
+        """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not)."""
+        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid)
+        return await self._call("Join", request)
+
+    async def force(self, voters: list[str]) -> pb.ForceReply:
+        """Force the node to make `voters` the whole voting configuration (unsafe; see README)."""
+        return await self._call("Force", pb.ForceRequest(voters=voters, confirm=True))
+
+    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+        """Tell the node (forwarded to the leader) that a group failed or a job's build did."""
+        return await self._call("GroupFailed", request)
+
+    async def report_checkpoint(self, node_id: str, step: int, digest: str, final: bool = False) -> pb.CheckpointReply:
+        """Tell the node (forwarded to the leader) that node_id holds the checkpoint of step."""
+        report = pb.CheckpointReport(node_id=node_id, step=step, digest=digest, final=final)
+        return await self._call("ReportCheckpoint", report)
+
+    async def job_control(self, action: str) -> pb.JobControlReply:
+        """An operator's job command (`retry`), committed through the leader."""
+        return await self._call("JobControl", pb.JobControlRequest(action=action))
+
+    async def fetch_checkpoint(self, step: int, offset: int = 0, timeout: float = 120.0) -> AsyncIterator[pb.CheckpointChunk]:
+        """Stream the node's checkpoint file of `step` from offset on."""
+        request = pb.FetchCheckpointRequest(step=step, offset=offset)
+        call = self._channels.stub(self.addr).FetchCheckpoint(request, timeout=timeout, metadata=self._channels.metadata)
+        try:
+            async for chunk in call:
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, self.addr) from None
+
+    async def leave(self, node_id: str = "", forwarded: bool = False) -> pb.LeaveReply:
+        """Ask the node to leave (node_id empty); forwarded: commit node_id's leave on the leader."""
+        return await self._call("Leave", pb.LeaveRequest(node_id=node_id, forwarded=forwarded))
+
+    async def fetch_entries(self, from_index: int, to_index: int, node_id: str, timeout: float = 30.0) -> AsyncIterator[pb.EntryChunk]:
+        """Stream committed entries [from_index, to_index] from the node."""
+        request = pb.FetchEntriesRequest(node_id=node_id, from_index=from_index, to_index=to_index)
+        call = self._channels.stub(self.addr).FetchEntries(request, timeout=timeout, metadata=self._metadata)
+        try:
+            async for chunk in call:
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, self.addr) from None
+
+    async def fetch_snapshot(self, node_id: str, offset: int = 0, timeout: float = 60.0) -> AsyncIterator[pb.SnapshotChunk]:
+        """Stream the node's newest snapshot from offset on."""
+        request = pb.FetchSnapshotRequest(node_id=node_id, offset=offset)
+        call = self._channels.stub(self.addr).FetchSnapshot(request, timeout=timeout, metadata=self._metadata)
+        try:
+            async for chunk in call:
+                yield chunk
+        except grpc.aio.AioRpcError as exc:
+            raise translate(exc, self.addr) from None
