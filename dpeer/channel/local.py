@@ -22,6 +22,8 @@ POLL_INTERVAL_S = 0.005
 # moved or PEEK_RESCAN_S passed (mtimes can be coarser than the gap between two renames).
 PEEK_RESCAN_S = 0.05
 CHECKPOINT_FILE = "checkpoint.json"
+# A warm spare worker (daemon/spare.py) waits for this line on its stdin; end of file means: exit unused
+SPARE_GO = b"go\n"
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,8 @@ class TrainingConfig(Strict):
                                      "rounding across world sizes")
     threads: int = Field(0, ge=0, description="intra-op CPU threads of the worker; 0 keeps torch's default (the "
                          "core count); exact reduction needs the same count on every box")
+    spare_worker: bool = Field(True, description="keep a warm spare worker process (torch imported, about 200 MB) "
+                               "while training, so a crashed worker is replaced without a fresh interpreter's imports")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
 
     @model_validator(mode="after")

@@ -22,13 +22,17 @@ from typing import Any, Callable
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
+from dpeer.daemon.spare import WarmSpare
 from dpeer.channel.local import ReportTail, View, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
 from dpeer.statemachine.state import Checkpoint
 from dpeer.statemachine.state import View as CommittedView
 
 log = logging.getLogger("dpeer.worker")
-RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# Seconds before restarting a worker that exited, by how many exits in a row came without a
+# committed step between them: the first at once (a warm spare takes over), a crash loop slows down.
+RESTART_BACKOFF = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+SPARE_AFTER_S = 2.0  # a spare starts once the worker has trained this long: its imports never slow a build or a forming group
 
 
 @dataclass
@@ -76,14 +80,19 @@ class WorkerSupervisor:
         self._last_report: float | None = None
         self._stopped_since: float | None = None
         self.given_generation = 0
+        self.spare = WarmSpare() if training.spare_worker else None
+        self.spare_takeovers = 0
+        self._crashes = 0  # worker exits in a row without a committed step between them
+        self._trained_at: float | None = None  # when the current worker first reported a committed step
 
     def status(self) -> dict[str, Any]:
         """The worker's process state for the status document."""
         return {"pid": self.proc.pid if self.proc else None, "ready": self.ready, "done": self.done,
                 "restarts": self.restarts, "hangs": self.hangs, "failures_reported": self.failures,
                 "groups_formed": self.reforms, "store_port": self.store_port, "halted": self.halted or None,
-                "fenced": self.fenced,
-                "last_formed": self.last_formed}
+                "fenced": self.fenced, "last_formed": self.last_formed,
+                "spare_pid": self.spare.proc.pid if self.spare is not None and self.spare.proc is not None else None,
+                "spare_takeovers": self.spare_takeovers}
 
     def take_recoveries(self) -> list[float]:
         """Seconds from each reported group failure to the next committed step, since the last call."""
@@ -113,8 +122,11 @@ class WorkerSupervisor:
         for stale in views.glob("view-*.json"):
             stale.unlink()
         self._tail.skip_existing()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(self.command(), env=env)
+        command = self.command()
+        spare = self.spare.take(command) if self.spare is not None else None
+        self.proc = spare or subprocess.Popen(command, env=_env())
+        self.spare_takeovers += spare is not None
+        self._trained_at = None
         self.ready = False
         self._restart_at = None
         self._last_report = self._stopped_since = None
@@ -122,7 +134,7 @@ class WorkerSupervisor:
         self.given_generation = 0
         self.store_port = 0
         self.starts += 1
-        log.info("started worker pid %d for job %s", self.proc.pid, self.job)
+        log.info("started worker pid %d for job %s%s", self.proc.pid, self.job, " (the warm spare)" if spare else "")
         if self.on_spawn is not None:
             self.on_spawn(self.proc.pid)
 
@@ -145,6 +157,8 @@ class WorkerSupervisor:
         records = self._tail.read_new()
         for record in records:
             self._on_report(record)
+            if record.get("kind") == "progress" and self._trained_at is None:
+                self._trained_at = now
         if records:
             self._last_report = now
         if self.proc is not None and self.proc.poll() is not None:
@@ -155,6 +169,9 @@ class WorkerSupervisor:
                 and not self.halted:
             self.restarts += 1
             self.start(now)
+        elif self.spare is not None and self.proc is not None and self._trained_at is not None \
+                and now - self._trained_at >= SPARE_AFTER_S and not self.done and not self.halted:
+            self.spare.ensure(self.command(), _env())
 
     def _watch(self, now: float) -> None:
         """Kill a worker that hangs (it then restarts like a crashed one); silence counts only
@@ -184,7 +201,7 @@ class WorkerSupervisor:
         self.fenced = fenced
         if fenced:
             log.warning("stopping the worker: %s", why)
-            self.stop()
+            self._stop_worker()
             self.proc, self.ready = None, False
             self._restart_at = None
         elif not self.done:
@@ -200,6 +217,7 @@ class WorkerSupervisor:
             self.ready = True
             log.info("worker is ready (job built, waiting for a view)")
         elif kind == "progress":
+            self._crashes = 0
             self.latest_step = max(self.latest_step, int(record["step"]))
             if record.get("digest"):  # the status pairs a step with the digest of that very step
                 loss = float(record["loss"])
@@ -258,7 +276,7 @@ class WorkerSupervisor:
     def restart(self, now: float, why: str) -> None:
         """Replace the worker now (it must start afresh, e.g. to load a checkpoint fetched for it)."""
         log.info("restarting the worker: %s", why)
-        self.stop()
+        self._stop_worker()
         self.proc, self.ready, self.done = None, False, False
         self._restart_at = now
 
@@ -267,15 +285,24 @@ class WorkerSupervisor:
         if code == 0:
             self.done = True
             log.info("worker finished the job")
+            if self.spare is not None:
+                self.spare.discard()
             return
         if self.halted:
             return
-        delay = RESTART_BACKOFF[min(self.restarts, len(RESTART_BACKOFF) - 1)]
+        delay = RESTART_BACKOFF[min(self._crashes, len(RESTART_BACKOFF) - 1)]
+        self._crashes += 1
         log.warning("worker exited with code %d; restarting in %.1fs", code, delay)
         self._restart_at = now + delay
 
     def stop(self) -> None:
-        """Terminate the worker (daemon shutdown)."""
+        """Terminate the worker and any spare (daemon shutdown, a halted job)."""
+        if self.spare is not None:
+            self.spare.discard()
+        self._stop_worker()
+
+    def _stop_worker(self) -> None:
+        """Terminate the worker process; a spare stays ready to replace it."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -283,6 +310,11 @@ class WorkerSupervisor:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+
+
+def _env() -> dict[str, str]:
+    """A worker's environment: the daemon's, unbuffered."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def _stopped(pid: int) -> bool:

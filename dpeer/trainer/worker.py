@@ -27,6 +27,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 
+from dpeer.channel.local import SPARE_GO  # noqa: E402
 from dpeer.trainer.exact import ExactModeError, configure_process  # noqa: E402
 from dpeer.trainer.group import bind_store_socket  # noqa: E402
 from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec  # noqa: E402
@@ -99,6 +100,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--store-bind", default=None, metavar="HOST:PORT",
                    help="bind the rendezvous store's socket now (port 0: any free port) and report the port")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process (the daemon) is gone")
+    p.add_argument("--spare", action="store_true",
+                   help="a warm spare: import what training needs, then wait for the daemon's go on stdin")
     args = p.parse_args(argv)
     if not args.node_id or not args.views:
         p.error("--node-id and --views (or DPEER_NODE_ID and DPEER_VIEWS) are required")
@@ -114,6 +117,16 @@ def die_with_parent(parent: int) -> None:
         pass
     if os.getppid() != parent:
         sys.exit(EXIT_GAVE_UP)
+
+
+def await_takeover() -> bool:
+    """Spare mode: pay for the imports the first step needs now, then wait for the daemon's go on
+    stdin. False on end of file (the daemon discarded this spare): exit without a word."""
+    try:
+        import torch._dynamo  # noqa: F401 - the optimizer's first step imports it (about 1.5 CPU-s)
+    except ImportError:
+        pass
+    return sys.stdin.buffer.readline() == SPARE_GO
 
 
 def _store_socket(spec: str | None) -> socket.socket | None:
@@ -161,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"dpeer worker: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.spare and not await_takeover():
+        return 0
     try:
         trainer, spec = _build(args, source, imported_cpu)
     except Exception as exc:  # noqa: BLE001 - whatever the job's build raises, the daemon must hear it
