@@ -50,9 +50,12 @@ def test_a_worker_never_outlives_its_daemon(daemons: Daemons, tmp_path: Path) ->
     wait_status(node.addr, lambda d: (d.get("train") or {}).get("step", 0) > 0, "the worker trains", timeout=2 * WAIT)
     worker = int(pid_file.read_text())
     assert alive(worker)
+    doc = wait_status(node.addr, lambda d: d["worker"].get("spare_pid"), "the warm spare", timeout=2 * WAIT)
+    spare = doc["worker"]["spare_pid"]
     os.kill(node.proc.pid, signal.SIGKILL)  # the daemon only, not its process group
     node.proc.wait(timeout=30)
     wait_until(lambda: not alive(worker), 30, "the worker to exit after its daemon died")
+    wait_until(lambda: not alive(spare), 30, "the spare worker to exit after its daemon died")
 
 
 def test_three_daemons_on_consecutive_ports_train(daemons: Daemons, tmp_path: Path) -> None:
