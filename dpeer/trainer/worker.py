@@ -123,7 +123,7 @@ def await_takeover() -> bool:
     """Spare mode: pay for the imports the first step needs now, then wait for the daemon's go on
     stdin. False on end of file (the daemon discarded this spare): exit without a word."""
     try:
-        import torch._dynamo  # noqa: F401 - the optimizer's first step imports it (about 1.5 CPU-s)
+        importlib.import_module("torch._dynamo")  # the optimizer's first step imports it (about 1.5 CPU-s)
     except ImportError:
         pass
     return sys.stdin.buffer.readline() == SPARE_GO

@@ -28,15 +28,6 @@ def poll_until(sup: WorkerSupervisor, what: str, done: Callable[[], bool]) -> No
         time.sleep(0.05)
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
-
-
 def train_alone(sup: WorkerSupervisor, generation: int) -> None:
     """Hand the current worker a one-member view once it is built and ready, and wait for a step."""
     poll_until(sup, "the worker built and waiting", lambda: sup.ready and sup.store_port > 0)
@@ -62,10 +53,10 @@ def test_a_killed_worker_is_replaced_by_the_warm_spare_which_trains_on(sup: Work
     assert sup.status()["pid"] == spare and sup.spare_takeovers == 1
     train_alone(sup, 2)
     poll_until(sup, "a new spare", lambda: sup.status()["spare_pid"] not in (None, spare))
-    spare = sup.status()["spare_pid"]
-    worker = sup.status()["pid"]
+    worker, spare_proc = sup.proc, sup.spare.proc if sup.spare else None
+    assert worker is not None and spare_proc is not None
     sup.stop()
-    assert not alive(worker) and not alive(spare), "stop() ends the worker and the spare"
+    assert worker.poll() is not None and spare_proc.poll() is not None, "stop() ends the worker and the spare"
 
 
 def test_no_spare_when_turned_off(tmp_path: Path) -> None:
