@@ -1,4 +1,4 @@
-"""SWIM + Lifeguard membership and failure detection as a pure core (DESIGN: Membership)."""
+"""SWIM + Lifeguard membership and failure detection as a pure core (docs/architecture.md, "Layers")."""
 
 from dpeer.membership.config import MembershipConfig, edge, lan, preset, wan
 from dpeer.membership.core import Membership, Outgoing

@@ -32,7 +32,7 @@ class InvalidMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """The sender's versioned heartbeat, carried by every message (DESIGN: versioned heartbeats)."""
+    """The sender's versioned heartbeat, carried by every message (docs/architecture.md)."""
 
     node_id: str
     addr: str
