@@ -316,7 +316,6 @@ class Membership(Dissemination):
         if member.state is SUSPECT or member.state is DEAD:
             out.append((hb.addr, Gossip(self._hb(now), (self._update_about(member),))))
         member.term, member.last_applied, member.commit_index = hb.term, hb.last_applied, hb.commit_index
-        member.heard_at = now
         self._effects.append(HeartbeatObserved(hb, now))
 
     def _apply(self, now: float, update: Update, sender: str | None, out: list[Outgoing]) -> None:

@@ -25,7 +25,6 @@ class Member:
     term: int = 0
     last_applied: int = 0
     commit_index: int = 0
-    heard_at: float | None = None
     suspicion: Suspicion | None = None
 
     def record(self) -> MemberRecord:

@@ -21,7 +21,6 @@ from dpeer.statemachine.meta import valid_uid
 STATE_VERSION = 1
 MEMBER_STATUSES = ("active", "left", "dead")
 CONTROL_MODES = ("running", "paused", "draining")
-_CONTROL = {"pause": "paused", "resume": "running", "drain": "draining"}
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -43,7 +42,7 @@ class Member:
 @dataclass(frozen=True, slots=True)
 class View:
     """A training group view: one per generation, members in rank order, the rendezvous host, and
-    the random secret the leader drew for the generation's rendezvous ("" in views from before)."""
+    the random secret the leader drew for the generation's rendezvous ("" when none was drawn)."""
 
     generation: int
     members: tuple[str, ...]
@@ -218,11 +217,6 @@ def _kv_delete(w: _Work, p: dict[str, Any], index: int) -> str:
     return "" if w.kv.pop(p["key"], None) is not None else f"no key {p['key']!r}"
 
 
-def _control(w: _Work, p: dict[str, Any], index: int) -> str:
-    w.control = _CONTROL[p["action"]]
-    return ""
-
-
 def _job(w: _Work, p: dict[str, Any], index: int) -> str:
     """failed ends a running job; running (an operator's retry) restarts a failed one. A job
     finishes with its final checkpoint (see _checkpoint), not through this entry."""
@@ -252,7 +246,6 @@ _RULES: dict[EntryKind, Callable[[_Work, dict[str, Any], int], str]] = {
     EntryKind.CHECKPOINT: _checkpoint,
     EntryKind.KV_PUT: _kv_put,
     EntryKind.KV_DELETE: _kv_delete,
-    EntryKind.CONTROL: _control,
     EntryKind.NOOP: lambda w, p, i: "",
     EntryKind.CONFIG_CHANGE: _config,
     EntryKind.JOB: _job,
@@ -316,9 +309,8 @@ def _from_dict(d: Any) -> ClusterState:
         members[nid] = Member(addr, status, joined, store_port, ready, uid)
     view = None
     if d["view"] is not None:
-        gen, vmembers, host, *rest = d["view"]  # a state from before view secrets has no fourth field
-        secret = rest[0] if rest else ""
-        _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str and len(rest) <= 1, "view")
+        gen, vmembers, host, secret = d["view"]
+        _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
         view = View(gen, _ids(vmembers), host, secret)
     ckpt = None
     if d["checkpoint"] is not None:

@@ -244,7 +244,7 @@ class Store(StoreProperties):
                     truncate_from: int | None) -> None:
         if truncate_from is not None:
             delete_range(txn, self._dbs["log"], truncate_from, None)
-        consumed, added = txn.cursor(db=self._dbs["log"]).putmulti(items, append=True)
+        _, added = txn.cursor(db=self._dbs["log"]).putmulti(items, append=True)
         if added != len(items):
             # py-lmdb reports an out-of-order append=True put only through this count.
             raise StoreError(f"log append wrote {added} of {len(items)} entries: keys out of order "
