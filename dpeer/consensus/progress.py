@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 
 
 class ProgressState(str, Enum):
@@ -83,10 +83,10 @@ class Progress:
 class Tracker:
     """Progress for every member of the current configuration, and quorum arithmetic."""
 
-    membership: Membership
+    membership: VotingConfig
     progress: dict[str, Progress] = field(default_factory=dict)
 
-    def reset(self, membership: Membership, last_index: int) -> None:
+    def reset(self, membership: VotingConfig, last_index: int) -> None:
         """Follow a new configuration: keep known progress, start new members at last_index + 1."""
         self.membership = membership
         self.progress = {

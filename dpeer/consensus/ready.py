@@ -10,10 +10,20 @@ Persisting before sending is what makes a vote or an acknowledgement a promise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, NamedTuple, Union
 
 from dpeer.consensus.storage import Snapshot
 from dpeer.statemachine.entry import Entry
+
+
+class Role(StrEnum):
+    """A node's role in its current term (its value is what status shows)."""
+
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class SoftState:
     """Volatile state worth showing (status, metrics): who leads and this node's role."""
 
     leader: str | None
-    role: str
+    role: Role
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.messages import InvalidMessage, Message, Peer
 from dpeer.consensus.ready import Ready
 from dpeer.consensus.storage import MemoryStorage
@@ -111,7 +111,7 @@ class RaftActor:
     def _apply(self, entry: Entry) -> None:
         effective = False
         if entry.kind is EntryKind.CONFIG_CHANGE:
-            self.applied_membership = Membership.from_payload(entry.payload)
+            self.applied_membership = VotingConfig.from_payload(entry.payload)
         elif entry.kind is EntryKind.VIEW and entry.payload["generation"] > self.state["view"]:
             self.state["view"] = entry.payload["generation"]
             effective = True

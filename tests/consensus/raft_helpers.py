@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, bootstrap
+from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, Role, bootstrap
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -153,7 +153,7 @@ class Net:
 
     def leaders(self) -> list[str]:
         """Nodes that believe they lead."""
-        return [n for n, node in self.nodes.items() if node.role.value == "leader"]
+        return [n for n, node in self.nodes.items() if node.role is Role.LEADER]
 
     def propose(self, nid: str, i: int) -> Any:
         """Propose kv i at nid and deliver."""

@@ -119,7 +119,7 @@ class Cluster:
 
     def _watched(self, nid: str) -> list[str]:
         node = self.actor(nid).node
-        if node.role.value == "leader":
+        if node.role is Role.LEADER:
             return [v for v in sorted(node.membership.voters) if v != nid]
         return [] if node.leader in (None, nid) else [node.leader]
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 from raft_helpers import CFG, Net, kv
 
+from dpeer.consensus import Role
 from dpeer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
 from dpeer.consensus.replication import IDLE_AFTER_BEATS
 from dpeer.statemachine.entry import EntryKind
@@ -121,7 +122,7 @@ def test_leader_lost_makes_the_first_successor_campaign_within_half_a_beat_and_t
         wait = net.nodes[n].next_deadline() - net.now
         assert IDLE.heartbeat_interval / 2 + place * slot <= wait <= IDLE.heartbeat_interval / 2 + (place + 0.25) * slot
     net.run(IDLE.heartbeat_interval / 2 + slot / 4 + 0.05, nodes=["b", "c"])
-    assert [n for n in "bc" if net.nodes[n].role.value == "leader"] == ["b"]
+    assert [n for n in "bc" if net.nodes[n].role is Role.LEADER] == ["b"]
 
 
 def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
@@ -131,7 +132,7 @@ def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
     for n in "cde":
         net.nodes[n].leader_lost(net.now, "a")
     net.run(IDLE.heartbeat_interval / 2 + 1.25 * IDLE.election_timeout_min / 2 + 0.05, nodes=["c", "d", "e"])
-    assert [n for n in "cde" if net.nodes[n].role.value == "leader"] == ["c"]
+    assert [n for n in "cde" if net.nodes[n].role is Role.LEADER] == ["c"]
 
 
 def test_leader_lost_for_another_node_or_on_the_leader_changes_nothing() -> None:
@@ -157,7 +158,7 @@ def test_an_idle_leader_cut_off_from_its_voters_steps_down_within_two_idle_windo
     net = _idle_net()
     net.isolate("a")
     net.run(2 * IDLE.idle_election_timeout + 0.1, nodes=["a"])
-    assert net.nodes["a"].role.value != "leader"
+    assert net.nodes["a"].role is not Role.LEADER
 
 
 def test_an_idle_leader_told_a_majority_died_steps_down_within_a_busy_window() -> None:
@@ -166,7 +167,7 @@ def test_an_idle_leader_told_a_majority_died_steps_down_within_a_busy_window() -
     for dead in ("b", "c"):
         net.nodes["a"].leader_lost(net.now, dead)
     net.run(IDLE.election_timeout_min + 0.05, nodes=["a"])
-    assert net.nodes["a"].role.value != "leader"
+    assert net.nodes["a"].role is not Role.LEADER
 
 
 def test_a_wrong_verdict_about_a_voter_costs_an_idle_leader_nothing() -> None:

@@ -1,4 +1,4 @@
-"""Membership changes, ReadIndex, committed-entry resync and forced recovery, step by step."""
+"""Voting configuration changes, ReadIndex, committed-entry resync and forced recovery, step by step."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ def disagreements(net: Net) -> list[tuple[str, str, int]]:
 
 def led(net: Net, nid: str) -> bool:
     """Whether node nid ever became leader (its Ready soft states say so)."""
-    return any(rd.soft_state is not None and rd.soft_state.role == "leader" for rd in net.readies[nid])
+    return any(rd.soft_state is not None and rd.soft_state.role is Role.LEADER for rd in net.readies[nid])
 
 
 def test_a_voter_restarted_on_fresh_storage_never_votes_as_the_voter_it_replaced() -> None:
