@@ -6,6 +6,7 @@ from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
     MemberAlive,
+    MemberChanged,
     MemberDead,
     MemberLeft,
     MemberSuspect,
@@ -28,7 +29,7 @@ from dpeer.membership.messages import (
 
 __all__ = [
     "Ack", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
-    "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
+    "MemberChanged", "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
     "MembershipConfig", "Message", "Nack", "Outgoing", "Ping", "PingReq", "PushPull", "Update",
     "edge", "lan", "preset", "wan", "wire_size",
 ]

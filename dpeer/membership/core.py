@@ -10,12 +10,13 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable
 
 from dpeer.membership.awareness import Awareness
 from dpeer.membership.broadcast import BroadcastQueue, retransmit_limit
 from dpeer.membership.config import MembershipConfig
-from dpeer.membership.dissemination import NEVER, Dissemination, is_live, push_pull_scale
+from dpeer.membership.dissemination import NEVER, Dissemination, Outgoing, is_live, push_pull_scale
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
@@ -40,8 +41,16 @@ from dpeer.membership.messages import (
 from dpeer.membership.state import LIVE, Member, MemberTable, ProbeOrder
 from dpeer.membership.suspicion import Suspicion, suspicion_timeout
 
-Outgoing = tuple[str, Message]
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
+
+
+class _Timer(Enum):
+    """What a timer in the core's heap is for (its key: a probe or relay seq, or a node id)."""
+
+    SUSPICION = "suspicion"
+    RELAY = "relay"
+    PROBE_TIMEOUT = "probe_timeout"  # no ack yet: ask others to probe indirectly
+    PROBE_DEADLINE = "probe_deadline"  # the probe period ended: suspect an unacked target
 
 
 @dataclass(slots=True)
@@ -82,7 +91,7 @@ class Membership(Dissemination):
         self._queue = BroadcastQueue()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._effects: list[Effect] = []
-        self._timers: list[tuple[float, int, str, object]] = []
+        self._timers: list[tuple[float, int, _Timer, object]] = []
         self._seq = 0
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
@@ -227,31 +236,31 @@ class Membership(Dissemination):
             updates = (self._update_about(target), *updates[: self.config.max_piggyback - 1])
         out.append((target.addr, Ping(seq, target.node_id, self._hb(now), updates)))
         timeout = min(self._awareness.scale(self.config.probe_timeout), self._next_probe - now)
-        self._timer(now + timeout, "probe_timeout", seq)
-        self._timer(self._next_probe, "probe_deadline", seq)
+        self._timer(now + timeout, _Timer.PROBE_TIMEOUT, seq)
+        self._timer(self._next_probe, _Timer.PROBE_DEADLINE, seq)
 
     def _drop_stale_timers(self) -> None:
         while self._timers and self._stale(self._timers[0][2], self._timers[0][3]):
             heapq.heappop(self._timers)
 
-    def _stale(self, kind: str, key: object) -> bool:
+    def _stale(self, kind: _Timer, key: object) -> bool:
         """True when the timer's firing would do nothing (see _on_timer)."""
-        if kind == "relay":
+        if kind is _Timer.RELAY:
             return key not in self._relays
-        if kind in ("probe_timeout", "probe_deadline"):
+        if kind in (_Timer.PROBE_TIMEOUT, _Timer.PROBE_DEADLINE):
             probe = self._probe
             return probe is None or probe.seq != key or probe.acked
         return False
 
-    def _on_timer(self, now: float, kind: str, key: object, out: list[Outgoing]) -> None:
-        if kind == "suspicion":
+    def _on_timer(self, now: float, kind: _Timer, key: object, out: list[Outgoing]) -> None:
+        if kind is _Timer.SUSPICION:
             self._suspicion_expired(now, str(key))
-        elif kind == "relay":
+        elif kind is _Timer.RELAY:
             relay = self._relays.pop(key, None)  # type: ignore[call-overload]
             if relay is not None:
                 out.append((relay.origin_addr, Nack(relay.origin_seq, self._hb(now))))
         elif self._probe is not None and self._probe.seq == key:
-            if kind == "probe_timeout":
+            if kind is _Timer.PROBE_TIMEOUT:
                 self._indirect_probe(now, self._probe, out)
             else:
                 self._probe_failed(now, self._probe, out)
@@ -297,7 +306,7 @@ class Membership(Dissemination):
         seq = self._next_seq()
         self._relays[seq] = _Relay(msg.hb.addr, msg.seq)
         out.append((msg.target_addr, Ping(seq, msg.target, self._hb(now), self._piggyback())))
-        self._timer(now + self.config.probe_timeout, "relay", seq)
+        self._timer(now + self.config.probe_timeout, _Timer.RELAY, seq)
 
     def _on_nack(self, msg: Nack) -> None:
         if self._probe is not None and self._probe.seq == msg.seq:
@@ -343,7 +352,7 @@ class Membership(Dissemination):
             self._table.set_addr(member, addr)
         if member.state is not ALIVE:
             self._table.set_state(member, ALIVE, now)
-            self._effects.append(MemberAlive(node_id, addr, incarnation))
+            self._effects.append(MemberAlive(node_id, incarnation, addr))
         self._queue.push(self._update_about(member))
 
     def _suspect(
@@ -369,7 +378,7 @@ class Membership(Dissemination):
         member.incarnation = incarnation
         self._table.set_state(member, SUSPECT, now)
         member.suspicion = self._new_suspicion(now, origin, refused)
-        self._timer(member.suspicion.deadline, "suspicion", node_id)
+        self._timer(member.suspicion.deadline, _Timer.SUSPICION, node_id)
         self._effects.append(MemberSuspect(node_id, incarnation))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         self._queue.push(update)
@@ -392,7 +401,7 @@ class Membership(Dissemination):
         if refused:
             changed = suspicion.expedite(now, self.config.refused_suspicion_timeout) or changed
         if changed:
-            self._timer(suspicion.deadline, "suspicion", member.node_id)
+            self._timer(suspicion.deadline, _Timer.SUSPICION, member.node_id)
             self._queue.push(Update(SUSPECT, member.node_id, member.addr, member.incarnation, origin, refused))
 
     def _suspicion_expired(self, now: float, node_id: str) -> None:
@@ -438,7 +447,7 @@ class Membership(Dissemination):
         self._table.add(member)
         self._order.insert(member.node_id)
         if member.state in LIVE:
-            self._effects.append(MemberAlive(member.node_id, member.addr, member.incarnation))
+            self._effects.append(MemberAlive(member.node_id, member.incarnation, member.addr))
             self._queue.push(self._update_about(member))
 
     def _adopt(self, now: float, record: MemberRecord) -> None:
@@ -477,6 +486,6 @@ class Membership(Dissemination):
         self._seq += 1
         return self._seq
 
-    def _timer(self, when: float, kind: str, key: object) -> None:
+    def _timer(self, when: float, kind: _Timer, key: object) -> None:
         self._seq += 1
         heapq.heappush(self._timers, (when, self._seq, kind, key))

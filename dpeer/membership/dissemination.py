@@ -1,19 +1,22 @@
 """Dissemination half of the membership core: gossip rounds, push-pull anti-entropy, reconnects.
 
-A mixin of core.Membership (it shares that object's table, queue, timers and RNG), split out
-so each file stays one concern; pure like the rest of the core.
+A mixin of core.Membership, split out so each file stays one concern; pure like the rest of
+the core. The class declares what it uses of core.Membership, which sets or defines all of it.
 """
 
 from __future__ import annotations
 
 import math
+import random
+from typing import Callable
 
-from dpeer.membership.messages import Gossip, MemberRecord, MemberState, PushPull
-from dpeer.membership.state import LIVE, Member
+from dpeer.membership.config import MembershipConfig
+from dpeer.membership.messages import Gossip, Heartbeat, MemberRecord, MemberState, Message, PushPull, Update
+from dpeer.membership.state import LIVE, Member, MemberTable
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 NEVER = math.inf
-Outgoing = tuple[str, object]
+Outgoing = tuple[str, Message]
 
 
 def push_pull_scale(interval: float, n: int) -> float:
@@ -30,6 +33,25 @@ def is_live(member: Member) -> bool:
 
 class Dissemination:
     """Gossip, push-pull and reconnect rounds of core.Membership."""
+
+    # The state core.Membership sets in __init__ (num_live is its property).
+    config: MembershipConfig
+    num_live: int
+    _rng: random.Random
+    _table: MemberTable
+    _seeds: tuple[str, ...]  # join addresses, retried while no member is live
+    _leaving: bool
+    _next_push_pull: float
+    _next_reconnect: float
+
+    # The operations core.Membership defines: our heartbeat and record, the updates to
+    # piggyback, and the merge rules for an alive, suspect or dead/left claim.
+    _hb: Callable[[float], Heartbeat]
+    _self_record: Callable[[], MemberRecord]
+    _piggyback: Callable[[], tuple[Update, ...]]
+    _alive: Callable[[float, str, str, int], None]
+    _suspect: Callable[[float, str, int, str, bool, str | None, list[Outgoing]], None]
+    _dead: Callable[[float, str, int, str, bool, str | None, list[Outgoing]], None]
 
     def _gossip_round(self, now: float, out: list[Outgoing]) -> None:
         hb = self._hb(now)

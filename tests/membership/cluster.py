@@ -11,13 +11,11 @@ import pytest
 
 from dpeer.membership import (
     Effect,
-    MemberAlive,
+    MemberChanged,
     MemberDead,
-    MemberLeft,
     MemberRecord,
     MemberState,
     MembershipConfig,
-    MemberSuspect,
     lan,
     wire_size,
 )
@@ -45,7 +43,7 @@ class Cluster:
 
     def sink(self, now: float, observer: str, effect: Effect) -> None:
         """Record an effect and check that incarnations seen by one observer never go down."""
-        if isinstance(effect, (MemberAlive, MemberSuspect, MemberDead, MemberLeft)):
+        if isinstance(effect, MemberChanged):
             key = (observer, effect.node_id)
             last = self.incarnations.get(key, -1)
             assert effect.incarnation >= last, (
