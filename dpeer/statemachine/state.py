@@ -19,9 +19,16 @@ from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
 
 STATE_VERSION = 1
-MEMBER_STATUSES = ("active", "left", "dead")
 CONTROL_MODES = ("running", "paused", "draining")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class MemberStatus(enum.StrEnum):
+    """A member's committed status: active until a member_left or member_dead entry ends it."""
+
+    ACTIVE = "active"
+    LEFT = "left"
+    DEAD = "dead"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +39,15 @@ class Member:
     the identity (store uid) it joined with: a new uid under a known node id is a lost disk."""
 
     addr: str
-    status: str
+    status: MemberStatus
     joined_index: int
     store_port: int = 0
     ready: bool = True
     uid: str = ""
+
+    def __post_init__(self) -> None:
+        """Take a status by its value too ("active"); an unknown one raises ValueError."""
+        object.__setattr__(self, "status", MemberStatus(self.status))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,18 +180,18 @@ def _apply_one(w: _Work, e: Entry) -> str:
 
 def _joined(w: _Work, p: dict[str, Any], index: int) -> str:
     old = w.members.get(p["node_id"])
-    joined = old.joined_index if old is not None and old.status == "active" else index
-    w.members[p["node_id"]] = Member(p["addr"], "active", joined, p.get("store_port", 0), p.get("ready", True),
+    joined = old.joined_index if old is not None and old.status is MemberStatus.ACTIVE else index
+    w.members[p["node_id"]] = Member(p["addr"], MemberStatus.ACTIVE, joined, p.get("store_port", 0), p.get("ready", True),
                                      p.get("uid", ""))
     return ""
 
 
-def _status(status: str) -> Callable[[_Work, dict[str, Any], int], str]:
+def _status(status: MemberStatus) -> Callable[[_Work, dict[str, Any], int], str]:
     def rule(w: _Work, p: dict[str, Any], index: int) -> str:
         old = w.members.get(p["node_id"])
         if old is None:
             return f"unknown member {p['node_id']}"
-        if old.status != "active":
+        if old.status is not MemberStatus.ACTIVE:
             return f"member {p['node_id']} is already {old.status}"
         w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port, old.ready, old.uid)
         return ""
@@ -192,7 +203,7 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
     current = w.view.generation if w.view is not None else 0
     if p["generation"] != current + 1:
         return f"view generation {p['generation']} is not current generation {current} + 1"
-    absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) != "active"]
+    absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
     w.view = View(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
@@ -240,8 +251,8 @@ def _config(w: _Work, p: dict[str, Any], index: int) -> str:
 
 _RULES: dict[EntryKind, Callable[[_Work, dict[str, Any], int], str]] = {
     EntryKind.MEMBER_JOINED: _joined,
-    EntryKind.MEMBER_LEFT: _status("left"),
-    EntryKind.MEMBER_DEAD: _status("dead"),
+    EntryKind.MEMBER_LEFT: _status(MemberStatus.LEFT),
+    EntryKind.MEMBER_DEAD: _status(MemberStatus.DEAD),
     EntryKind.VIEW: _view,
     EntryKind.CHECKPOINT: _checkpoint,
     EntryKind.KV_PUT: _kv_put,
@@ -258,7 +269,7 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "v": STATE_VERSION,
         "applied_index": s.applied_index,
         "applied_term": s.applied_term,
-        "members": {k: [m.addr, m.status, m.joined_index, m.store_port, m.ready, m.uid]
+        "members": {k: [m.addr, m.status.value, m.joined_index, m.store_port, m.ready, m.uid]
                     for k, m in s.members.items()},
         "voters": list(s.voters),
         "learners": list(s.learners),
@@ -302,7 +313,7 @@ def _from_dict(d: Any) -> ClusterState:
     _need(type(idx) is int and idx >= 0 and type(term) is int and term >= 0, "applied index/term")
     members = {}
     for nid, (addr, status, joined, store_port, ready, uid) in d["members"].items():
-        _need(type(nid) is str and type(addr) is str and status in MEMBER_STATUSES, "member")
+        _need(type(nid) is str and type(addr) is str and status in {s.value for s in MemberStatus}, "member")
         _need(type(joined) is int and 0 < joined <= idx, "member joined_index")
         _need(type(store_port) is int and 0 <= store_port < 65536 and type(ready) is bool, "member store_port/ready")
         _need(uid == "" or valid_uid(uid), "member uid")
