@@ -25,7 +25,7 @@ from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.channel.local import ReportTail, View, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
 from dpeer.statemachine.state import Checkpoint
-from dpeer.statemachine.state import View as CommittedView
+from dpeer.statemachine.state import CommittedView
 
 log = logging.getLogger("dpeer.worker")
 RESTART_BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)

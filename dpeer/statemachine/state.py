@@ -51,7 +51,7 @@ class Member:
 
 
 @dataclass(frozen=True, slots=True)
-class View:
+class CommittedView:
     """A training group view: one per generation, members in rank order, the rendezvous host, and
     the random secret the leader drew for the generation's rendezvous ("" when none was drawn)."""
 
@@ -106,7 +106,7 @@ class ClusterState:
     members: Mapping[str, Member] = field(default_factory=lambda: _EMPTY)
     voters: tuple[str, ...] = ()
     learners: tuple[str, ...] = ()
-    view: View | None = None
+    view: CommittedView | None = None
     checkpoint: Checkpoint | None = None
     kv: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     control: str = "running"
@@ -206,7 +206,7 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
     absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
-    w.view = View(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
+    w.view = CommittedView(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
     return ""
 
 
@@ -322,7 +322,7 @@ def _from_dict(d: Any) -> ClusterState:
     if d["view"] is not None:
         gen, vmembers, host, secret = d["view"]
         _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
-        view = View(gen, _ids(vmembers), host, secret)
+        view = CommittedView(gen, _ids(vmembers), host, secret)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

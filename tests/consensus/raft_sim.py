@@ -27,7 +27,7 @@ DETECT_AFTER = 0.25  # gossip's SIGKILL-to-dead time on loopback (BENCHMARKS.md 
 CHORES_EVERY = 0.05  # how often the leader-chores model looks (the daemon's: 20 ms)
 
 
-class Cluster:
+class RaftCluster:
     """n bootstrapped voters on a Simulator, driven by a seeded chaos schedule.
 
     With detector=True a failure-detector model stands in for gossip: a node whose leader (or,
