@@ -6,9 +6,9 @@ Contract. The caller owns the clock, the disk and the network:
   message from a peer (gossip), tick(now) when now >= next_deadline(), propose /
   change_membership / read_index / accept_committed / force_new_configuration;
 - drain it: while has_ready(): rd = ready(); persist rd.hard_state (term, vote), install
-  rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); apply rd.committed_entries
-  in order; send rd.messages, each stamped with `identity`; advance(rd). Never step between
-  ready() and advance().
+  rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); then send rd.messages, each
+  stamped with `identity`, and apply rd.committed_entries in order (either first; see ready.py);
+  advance(rd). Never step between ready() and advance().
 Features: pre-vote, check-quorum, leader lease on votes, fast log backoff, snapshots, learners,
 single-server membership changes, ReadIndex, committed-entry resync from members, idle leaders
 that beat slowly, with leader_lost(node) as the failure detector's shortcut to an election,

@@ -1,9 +1,10 @@
 """What the core hands the caller (Ready) and the results of its commands.
 
-Ready contract, in this order, each step durable before the next: set_hard_state(term,
-voted_for); install_snapshot(snapshot); append(entries); set_commit(hard_state.commit); apply
-`committed_entries` in order; send `messages`; RaftNode.advance(ready). Do not step, tick or
-propose between ready() and advance().
+Ready contract: first persist, each step durable before the next: set_hard_state(term,
+voted_for); install_snapshot(snapshot); append(entries); set_commit(hard_state.commit). Then
+send `messages` and apply `committed_entries` in order, in either order (the daemon sends
+first, so an acknowledgement never waits on its own apply); then RaftNode.advance(ready). Do
+not step, tick or propose between ready() and advance().
 Persisting before sending is what makes a vote or an acknowledgement a promise.
 """
 

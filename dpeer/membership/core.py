@@ -38,7 +38,7 @@ from dpeer.membership.messages import (
     PushPull,
     Update,
 )
-from dpeer.membership.state import LIVE, Member, MemberTable, ProbeOrder
+from dpeer.membership.state import LIVE, MemberRow, MemberTable, ProbeOrder
 from dpeer.membership.suspicion import Suspicion, suspicion_timeout
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
@@ -342,7 +342,7 @@ class Membership(Dissemination):
             return
         member = self._table.get(node_id)
         if member is None:
-            self._add(now, Member(node_id, addr, ALIVE, incarnation, now))
+            self._add(now, MemberRow(node_id, addr, ALIVE, incarnation, now))
             return
         if incarnation <= member.incarnation:
             return
@@ -394,7 +394,7 @@ class Membership(Dissemination):
         low = suspicion_timeout(self.config.suspicion_mult, n, self.config.probe_interval)
         return Suspicion(origin, now, k, low, low * self.config.suspicion_max_timeout_mult, False)
 
-    def _confirm(self, now: float, member: Member, origin: str, refused: bool) -> None:
+    def _confirm(self, now: float, member: MemberRow, origin: str, refused: bool) -> None:
         suspicion = member.suspicion
         assert suspicion is not None
         changed = suspicion.confirm(origin)
@@ -443,7 +443,7 @@ class Membership(Dissemination):
         if sender is not None and sender != self.addr:
             out.append((sender, Gossip(self._hb(now), (update,))))
 
-    def _add(self, now: float, member: Member) -> None:
+    def _add(self, now: float, member: MemberRow) -> None:
         self._table.add(member)
         self._order.insert(member.node_id)
         if member.state in LIVE:
@@ -454,7 +454,7 @@ class Membership(Dissemination):
         if record.node_id == self.node_id or self._table.get(record.node_id) is not None:
             return
         self._table.add(
-            Member(
+            MemberRow(
                 record.node_id, record.addr, record.state, record.incarnation, now,
                 record.term, record.last_applied, record.commit_index,
             )
@@ -479,7 +479,7 @@ class Membership(Dissemination):
         state = LEFT if self._leaving else ALIVE
         return MemberRecord(self.node_id, self.addr, state, self.incarnation, term, last_applied, commit_index)
 
-    def _update_about(self, member: Member) -> Update:
+    def _update_about(self, member: MemberRow) -> Update:
         return Update(member.state, member.node_id, member.addr, member.incarnation, self.node_id)
 
     def _next_seq(self) -> int:

@@ -12,7 +12,7 @@ from typing import Callable
 
 from dpeer.membership.config import MembershipConfig
 from dpeer.membership.messages import Gossip, Heartbeat, MemberRecord, MemberState, Message, PushPull, Update
-from dpeer.membership.state import LIVE, Member, MemberTable
+from dpeer.membership.state import LIVE, MemberRow, MemberTable
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 NEVER = math.inf
@@ -26,7 +26,7 @@ def push_pull_scale(interval: float, n: int) -> float:
     return interval * (math.ceil(math.log2(n) - math.log2(32)) + 1)
 
 
-def is_live(member: Member) -> bool:
+def is_live(member: MemberRow) -> bool:
     """Alive or suspect: still probed and gossiped to."""
     return member.state in LIVE
 
