@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple, Union
 
-from dpeer.consensus.storage import Snapshot
+from dpeer.consensus.storage import Snapshot, Storage
 from dpeer.statemachine.entry import Entry
 
 
@@ -112,6 +112,21 @@ class AcceptResult:
     accepted: bool
     commit: int
     reason: str = ""
+
+
+def persist(storage: Storage, rd: Ready) -> None:
+    """The contract's first half: make rd durable in storage, hard state, snapshot, entries and
+    commit index in that order (what the simulator and the tests' drivers share; the daemon
+    writes the same in one LMDB transaction)."""
+    hs = rd.hard_state
+    if hs is not None:
+        storage.set_hard_state(hs.term, hs.voted_for)
+    if rd.snapshot is not None:
+        storage.install_snapshot(rd.snapshot)
+    if rd.entries:
+        storage.append(rd.entries)
+    if hs is not None:
+        storage.set_commit(hs.commit)
 
 
 ProposeResult = Union[Proposed, NotLeader, Refused]

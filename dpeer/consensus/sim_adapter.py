@@ -18,7 +18,7 @@ from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
 from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.messages import InvalidMessage, Message, Peer
-from dpeer.consensus.ready import Ready
+from dpeer.consensus.ready import Ready, persist
 from dpeer.consensus.storage import MemoryStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 
@@ -96,17 +96,10 @@ class RaftActor:
         return out
 
     def _persist(self, rd: Ready) -> None:
-        hs = rd.hard_state
-        if hs is not None:
-            self.storage.set_hard_state(hs.term, hs.voted_for)
+        persist(self.storage, rd)
         if rd.snapshot is not None:
-            self.storage.install_snapshot(rd.snapshot)
             self.state = _decode_state(rd.snapshot.data)
             self.applied_membership = rd.snapshot.membership
-        if rd.entries:
-            self.storage.append(rd.entries)
-        if hs is not None:
-            self.storage.set_commit(hs.commit)
 
     def _apply(self, entry: Entry) -> None:
         effective = False

@@ -6,6 +6,7 @@ import random
 from typing import Any, Callable
 
 from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, Role, bootstrap
+from dpeer.consensus.ready import persist
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -67,14 +68,7 @@ class Net:
         node, st = self.nodes[nid], self.storages[nid]
         while node.has_ready():
             rd = node.ready()
-            hs = rd.hard_state
-            if hs is not None:
-                st.set_hard_state(hs.term, hs.voted_for)
-            if rd.snapshot is not None:
-                st.install_snapshot(rd.snapshot)
-            st.append(rd.entries)
-            if hs is not None:
-                st.set_commit(hs.commit)
+            persist(st, rd)
             for e in rd.committed_entries:
                 st.apply_to(e.index)
                 self.applied[nid].append(e)
