@@ -1,7 +1,7 @@
 """SWIM + Lifeguard membership and failure detection as a pure core (docs/architecture.md, "Layers")."""
 
 from dpeer.membership.config import MembershipConfig, edge, lan, preset, wan
-from dpeer.membership.core import Membership, Outgoing
+from dpeer.membership.core import Datagram, Membership
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
@@ -28,8 +28,8 @@ from dpeer.membership.messages import (
 )
 
 __all__ = [
-    "Ack", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
+    "Ack", "Datagram", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
     "MemberChanged", "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
-    "MembershipConfig", "Message", "Nack", "Outgoing", "Ping", "PingReq", "PushPull", "Update",
+    "MembershipConfig", "Message", "Nack", "Ping", "PingReq", "PushPull", "Update",
     "edge", "lan", "preset", "wan", "wire_size",
 ]

@@ -16,7 +16,7 @@ from typing import Iterable
 from dpeer.membership.awareness import Awareness
 from dpeer.membership.broadcast import BroadcastQueue, retransmit_limit
 from dpeer.membership.config import MembershipConfig
-from dpeer.membership.dissemination import NEVER, Dissemination, Outgoing, is_live, push_pull_scale
+from dpeer.membership.dissemination import NEVER, Dissemination, Datagram, is_live, push_pull_scale
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
@@ -110,7 +110,7 @@ class Membership(Dissemination):
         """Set the version our heartbeats advertise (from the replicated log)."""
         self._version = (term, last_applied, commit_index)
 
-    def join(self, now: float, seeds: Iterable[str]) -> list[Outgoing]:
+    def join(self, now: float, seeds: Iterable[str]) -> list[Datagram]:
         """Start a full state exchange with each seed address; retried while we know nobody."""
         self._seeds = tuple(s for s in seeds if s != self.addr)
         self._queue.push(self._self_update())
@@ -118,7 +118,7 @@ class Membership(Dissemination):
         state = self._push_pull(now, join=True, reply=False)
         return [(seed, state) for seed in self._seeds]
 
-    def leave(self, now: float) -> list[Outgoing]:
+    def leave(self, now: float) -> list[Datagram]:
         """Leave gracefully: stop probing and gossip our `left` state (keep ticking to spread it)."""
         self._leaving = True
         self._probe = None
@@ -127,9 +127,9 @@ class Membership(Dissemination):
         peers = self._table.sample(self._rng, self.config.gossip_nodes, is_live)
         return [(m.addr, Gossip(self._hb(now), (update,))) for m in peers]
 
-    def receive(self, now: float, msg: Message) -> list[Outgoing]:
+    def receive(self, now: float, msg: Message) -> list[Datagram]:
         """Handle one validated message; return what to send."""
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         self._observe(now, msg.hb, out)
         for update in getattr(msg, "updates", ()):
             self._apply(now, update, msg.hb.addr, out)
@@ -145,20 +145,20 @@ class Membership(Dissemination):
             self._on_push_pull(now, msg, out)
         return out
 
-    def unreachable(self, now: float, addr: str) -> list[Outgoing]:
+    def unreachable(self, now: float, addr: str) -> list[Datagram]:
         """A connection to addr was refused: its process is gone, so suspect it with a short timer."""
         member = self._table.by_addr(addr)
         if member is None or member.state not in LIVE:
             return []
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         self._suspect(now, member.node_id, member.incarnation, self.node_id, True, None, out)
         if self._probe is not None and self._probe.target == member.node_id:
             self._probe = None
         return out
 
-    def tick(self, now: float) -> list[Outgoing]:
+    def tick(self, now: float) -> list[Datagram]:
         """Run every timer due at `now`: probe timeouts, suspicions, probes, gossip, push-pull."""
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         while self._timers and self._timers[0][0] <= now:
             _, _, kind, key = heapq.heappop(self._timers)
             self._on_timer(now, kind, key, out)
@@ -221,7 +221,7 @@ class Membership(Dissemination):
         return self._awareness.score
 
     # -- probing --------------------------------------------------------------------------
-    def _probe_round(self, now: float, out: list[Outgoing]) -> None:
+    def _probe_round(self, now: float, out: list[Datagram]) -> None:
         if self._leaving:
             self._next_probe = NEVER
             return
@@ -252,7 +252,7 @@ class Membership(Dissemination):
             return probe is None or probe.seq != key or probe.acked
         return False
 
-    def _on_timer(self, now: float, kind: _Timer, key: object, out: list[Outgoing]) -> None:
+    def _on_timer(self, now: float, kind: _Timer, key: object, out: list[Datagram]) -> None:
         if kind is _Timer.SUSPICION:
             self._suspicion_expired(now, str(key))
         elif kind is _Timer.RELAY:
@@ -265,7 +265,7 @@ class Membership(Dissemination):
             else:
                 self._probe_failed(now, self._probe, out)
 
-    def _indirect_probe(self, now: float, probe: _Probe, out: list[Outgoing]) -> None:
+    def _indirect_probe(self, now: float, probe: _Probe, out: list[Datagram]) -> None:
         target = self._table.get(probe.target)
         if probe.acked or target is None or target.state not in LIVE:
             return
@@ -277,7 +277,7 @@ class Membership(Dissemination):
         for relay in relays:
             out.append((relay.addr, PingReq(probe.seq, target.node_id, target.addr, hb, self._piggyback())))
 
-    def _probe_failed(self, now: float, probe: _Probe, out: list[Outgoing]) -> None:
+    def _probe_failed(self, now: float, probe: _Probe, out: list[Datagram]) -> None:
         self._probe = None
         if probe.acked:
             return
@@ -287,11 +287,11 @@ class Membership(Dissemination):
         if target is not None and target.state in LIVE:
             self._suspect(now, target.node_id, target.incarnation, self.node_id, False, None, out)
 
-    def _on_ping(self, now: float, msg: Ping, out: list[Outgoing]) -> None:
+    def _on_ping(self, now: float, msg: Ping, out: list[Datagram]) -> None:
         if msg.target == self.node_id:
             out.append((msg.hb.addr, Ack(msg.seq, self._hb(now), self._piggyback())))
 
-    def _on_ack(self, now: float, msg: Ack, out: list[Outgoing]) -> None:
+    def _on_ack(self, now: float, msg: Ack, out: list[Datagram]) -> None:
         probe = self._probe
         if probe is not None and probe.seq == msg.seq and probe.target == msg.hb.node_id:
             if not probe.acked:
@@ -302,7 +302,7 @@ class Membership(Dissemination):
         if relay is not None:
             out.append((relay.origin_addr, Ack(relay.origin_seq, msg.hb, self._piggyback())))
 
-    def _on_ping_req(self, now: float, msg: PingReq, out: list[Outgoing]) -> None:
+    def _on_ping_req(self, now: float, msg: PingReq, out: list[Datagram]) -> None:
         seq = self._next_seq()
         self._relays[seq] = _Relay(msg.hb.addr, msg.seq)
         out.append((msg.target_addr, Ping(seq, msg.target, self._hb(now), self._piggyback())))
@@ -313,7 +313,7 @@ class Membership(Dissemination):
             self._probe.nacks += 1
 
     # -- membership updates (memberlist's aliveNode / suspectNode / deadNode) ---------------
-    def _observe(self, now: float, hb: Heartbeat, out: list[Outgoing]) -> None:
+    def _observe(self, now: float, hb: Heartbeat, out: list[Datagram]) -> None:
         if hb.node_id == self.node_id:
             return
         member = self._table.get(hb.node_id)
@@ -327,7 +327,7 @@ class Membership(Dissemination):
         member.term, member.last_applied, member.commit_index = hb.term, hb.last_applied, hb.commit_index
         self._effects.append(HeartbeatObserved(hb, now))
 
-    def _apply(self, now: float, update: Update, sender: str | None, out: list[Outgoing]) -> None:
+    def _apply(self, now: float, update: Update, sender: str | None, out: list[Datagram]) -> None:
         if update.state is ALIVE:
             self._alive(now, update.node_id, update.addr, update.incarnation)
         elif update.state is SUSPECT:
@@ -363,7 +363,7 @@ class Membership(Dissemination):
         origin: str,
         refused: bool,
         sender: str | None,
-        out: list[Outgoing],
+        out: list[Datagram],
     ) -> None:
         if node_id == self.node_id:
             if incarnation >= self.incarnation and not self._leaving:
@@ -418,7 +418,7 @@ class Membership(Dissemination):
         origin: str,
         left: bool,
         sender: str | None,
-        out: list[Outgoing],
+        out: list[Datagram],
     ) -> None:
         if node_id == self.node_id:
             if incarnation >= self.incarnation and not self._leaving:
@@ -435,7 +435,7 @@ class Membership(Dissemination):
         self._effects.append(effect(node_id, incarnation))
         self._queue.push(Update(state, node_id, member.addr, incarnation, origin))
 
-    def _refute(self, now: float, accused: int, sender: str | None, out: list[Outgoing]) -> None:
+    def _refute(self, now: float, accused: int, sender: str | None, out: list[Datagram]) -> None:
         self.incarnation = max(self.incarnation + 1, accused + 1)
         self._awareness.apply(1)
         update = self._self_update()

@@ -16,7 +16,7 @@ from dpeer.membership.state import LIVE, MemberRow, MemberTable
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 NEVER = math.inf
-Outgoing = tuple[str, Message]
+Datagram = tuple[str, Message]  # (address, message): what the core hands its caller to send
 
 
 def push_pull_scale(interval: float, n: int) -> float:
@@ -50,10 +50,10 @@ class Dissemination:
     _self_record: Callable[[], MemberRecord]
     _piggyback: Callable[[], tuple[Update, ...]]
     _alive: Callable[[float, str, str, int], None]
-    _suspect: Callable[[float, str, int, str, bool, str | None, list[Outgoing]], None]
-    _dead: Callable[[float, str, int, str, bool, str | None, list[Outgoing]], None]
+    _suspect: Callable[[float, str, int, str, bool, str | None, list[Datagram]], None]
+    _dead: Callable[[float, str, int, str, bool, str | None, list[Datagram]], None]
 
-    def _gossip_round(self, now: float, out: list[Outgoing]) -> None:
+    def _gossip_round(self, now: float, out: list[Datagram]) -> None:
         hb = self._hb(now)
         for member in self._table.sample(self._rng, self.config.gossip_nodes, is_live):
             updates = self._piggyback()
@@ -61,7 +61,7 @@ class Dissemination:
                 return
             out.append((member.addr, Gossip(hb, updates)))
 
-    def _push_pull_round(self, now: float, out: list[Outgoing]) -> None:
+    def _push_pull_round(self, now: float, out: list[Datagram]) -> None:
         if self._leaving:
             self._next_push_pull = NEVER
             return
@@ -75,20 +75,20 @@ class Dissemination:
         for member in self._table.sample(self._rng, 1, lambda m: m.state is ALIVE):
             out.append((member.addr, self._push_pull(now, join=False, reply=False)))
 
-    def _reconnect_round(self, now: float, out: list[Outgoing]) -> None:
+    def _reconnect_round(self, now: float, out: list[Datagram]) -> None:
         if self._leaving:
             self._next_reconnect = NEVER
             return
         for member in self._table.sample(self._rng, 1, lambda m: m.state is DEAD):
             out.append((member.addr, self._push_pull(now, join=False, reply=False)))
 
-    def _on_push_pull(self, now: float, msg: PushPull, out: list[Outgoing]) -> None:
+    def _on_push_pull(self, now: float, msg: PushPull, out: list[Datagram]) -> None:
         for record in msg.members:
             self._merge(now, record, msg.hb.node_id, msg.hb.addr, out)
         if not msg.reply:
             out.append((msg.hb.addr, self._push_pull(now, join=False, reply=True)))
 
-    def _merge(self, now: float, record: MemberRecord, origin: str, sender: str, out: list[Outgoing]) -> None:
+    def _merge(self, now: float, record: MemberRecord, origin: str, sender: str, out: list[Datagram]) -> None:
         if record.state is ALIVE:
             self._alive(now, record.node_id, record.addr, record.incarnation)
         elif record.state is LEFT:
