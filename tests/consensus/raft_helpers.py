@@ -27,7 +27,7 @@ def uid_for(nid: str, disk: int = 0) -> str:
     return "%032x" % random.Random(f"{nid}/{disk}").getrandbits(128)
 
 
-class Net:
+class RaftNet:
     """Nodes over MemoryStorage; messages queue until deliver() and may be cut or filtered."""
 
     def __init__(self, ids: list[str], voters: list[str] | None = None,

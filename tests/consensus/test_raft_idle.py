@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from raft_helpers import CFG, Net, kv
+from raft_helpers import CFG, RaftNet, kv
 
 from dpeer.consensus import Role
 from dpeer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
@@ -19,15 +19,15 @@ IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
                idle_learner_heartbeat_interval=2.0, idle_election_timeout=4.0)
 
 
-def _idle_net(voters: int = 3) -> Net:
+def _idle_net(voters: int = 3) -> RaftNet:
     names = list("abcde"[:voters])
-    net = Net([*names, "l"], voters=names, learners=["l"], cfg=IDLE)
+    net = RaftNet([*names, "l"], voters=names, learners=["l"], cfg=IDLE)
     net.elect("a")
     net.run(IDLE.election_timeout_max + 0.5, nodes=["a"])
     return net
 
 
-def _beats_in(net: Net, seconds: float) -> tuple[Counter, list[Heartbeat]]:
+def _beats_in(net: RaftNet, seconds: float) -> tuple[Counter, list[Heartbeat]]:
     before = len(net.sent("a", Heartbeat))
     net.run(seconds, nodes=["a"])
     new = net.sent("a", Heartbeat)[before:]
@@ -63,7 +63,7 @@ def test_an_idle_leader_beats_a_learner_that_lacks_entries_with_the_voters() -> 
 
 
 def test_a_new_leader_beats_at_the_busy_interval_without_the_idle_mark() -> None:
-    net = Net(["a", "b", "c"], cfg=IDLE)
+    net = RaftNet(["a", "b", "c"], cfg=IDLE)
     net.elect("a")
     beats, msgs = _beats_in(net, IDLE_AFTER_BEATS * IDLE.heartbeat_interval - 0.01)
     assert beats["b"] >= IDLE_AFTER_BEATS - 1 and not any(m.idle for m in msgs)
@@ -92,7 +92,7 @@ def test_a_leader_appending_every_beat_stays_busy() -> None:
 
 
 def test_a_voter_that_lags_keeps_the_leader_busy() -> None:
-    net = Net(["a", "b", "c"], cfg=IDLE)
+    net = RaftNet(["a", "b", "c"], cfg=IDLE)
     net.elect("a")
     net.cut |= {("a", "c")}
     net.propose("a", 1)
@@ -209,7 +209,7 @@ def test_a_proposal_from_outside_a_tick_does_not_cut_the_check_quorum_window_sho
     """The core's clock is stale when propose() comes from outside a step or tick, and the
     driver may tick before the append's answer arrives: the check-quorum window under way must
     not be judged early (it once was, and healthy leaders stepped down)."""
-    net = Net(["a", "b"], cfg=IDLE)
+    net = RaftNet(["a", "b"], cfg=IDLE)
     net.elect("a")
     net.run(IDLE.election_timeout_max + 1.0)
     a = net.nodes["a"]
