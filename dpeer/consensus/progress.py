@@ -7,12 +7,12 @@ States as in etcd: PROBE (one append per heartbeat until the match point is foun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from dpeer.consensus.voting import VotingConfig
 
 
-class ProgressState(str, Enum):
+class ProgressState(StrEnum):
     """How the leader currently feeds a follower."""
 
     PROBE = "probe"

@@ -14,7 +14,7 @@ belongs to a cluster that an operator gave up on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from dpeer.statemachine.entry import Entry, EntryKind
@@ -25,7 +25,7 @@ class ConfigChangeError(ValueError):
     """A requested change is not a single-server change, breaks the voter cap, or is a no-op."""
 
 
-class ChangeOp(str, Enum):
+class ChangeOp(StrEnum):
     """The single-server changes a leader accepts."""
 
     ADD_LEARNER = "add_learner"

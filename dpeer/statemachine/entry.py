@@ -23,7 +23,7 @@ _MAX_INDEX = (1 << 64) - 1
 _CRC_93 = zlib.crc32(b"\x93")  # CRC of the 3-element array header the CRC covers
 
 
-class EntryKind(str, enum.Enum):
+class EntryKind(enum.StrEnum):
     """What a log entry records; the value is the string stored on disk and sent on the wire."""
 
     MEMBER_JOINED = "member_joined"

@@ -72,7 +72,7 @@ class Checkpoint:
     final: bool = False
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """The committed state of the cluster's job: training goes on, halted as broken, or done."""
 
     RUNNING = "running"
