@@ -1,4 +1,4 @@
-"""The `dpeer` command line: the public contract of DESIGN.md "Interfaces".
+"""The `dpeer` command line: the public contract of docs/architecture.md "Interfaces".
 
 Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config,
 3 node unreachable. Errors go to stderr as one clear sentence.

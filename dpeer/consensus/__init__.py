@@ -6,9 +6,8 @@ and confirms with `advance`. See core.RaftNode for the contract.
 """
 
 from dpeer.consensus.config import EDGE, LAN, WAN, RaftConfig
-from dpeer.consensus.core import RaftNode, Role
+from dpeer.consensus.core import RaftNode
 from dpeer.consensus.force import force_after
-from dpeer.consensus.membership import Membership, MembershipError, bootstrap
 from dpeer.consensus.messages import Peer
 from dpeer.consensus.ready import (
     AcceptResult,
@@ -20,12 +19,14 @@ from dpeer.consensus.ready import (
     ReadState,
     Ready,
     Refused,
+    Role,
     SoftState,
 )
 from dpeer.consensus.storage import MemoryStorage, Snapshot, Storage
+from dpeer.consensus.voting import ConfigChangeError, VotingConfig, bootstrap
 
 __all__ = [
-    "AcceptResult", "EDGE", "HardState", "LAN", "Membership", "MembershipError", "MemoryStorage",
-    "NotLeader", "Outgoing", "Peer", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState",
-    "Ready", "Refused", "Role", "Snapshot", "SoftState", "Storage", "WAN", "bootstrap", "force_after",
+    "AcceptResult", "ConfigChangeError", "EDGE", "HardState", "LAN", "MemoryStorage", "NotLeader", "Outgoing",
+    "Peer", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState", "Ready", "Refused", "Role",
+    "Snapshot", "SoftState", "Storage", "VotingConfig", "WAN", "bootstrap", "force_after",
 ]

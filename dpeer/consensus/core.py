@@ -6,13 +6,13 @@ Contract. The caller owns the clock, the disk and the network:
   message from a peer (gossip), tick(now) when now >= next_deadline(), propose /
   change_membership / read_index / accept_committed / force_new_configuration;
 - drain it: while has_ready(): rd = ready(); persist rd.hard_state (term, vote), install
-  rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); apply rd.committed_entries
-  in order; send rd.messages, each stamped with `identity`; advance(rd). Never step between
-  ready() and advance().
+  rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); then send rd.messages, each
+  stamped with `identity`, and apply rd.committed_entries in order (either first; see ready.py);
+  advance(rd). Never step between ready() and advance().
 Features: pre-vote, check-quorum, leader lease on votes, fast log backoff, snapshots, learners,
 single-server membership changes, ReadIndex, committed-entry resync from members, idle leaders
 that beat slowly, with leader_lost(node) as the failure detector's shortcut to an election,
-member identities (node id + store uid) and cluster epochs (see membership.py), and a guarded
+member identities (node id + store uid) and cluster epochs (see voting.py), and a guarded
 forced reconfiguration (force.py).
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-from enum import Enum
 from typing import Any, Mapping
 
 from dpeer.consensus.config import RaftConfig
@@ -29,14 +28,6 @@ from dpeer.consensus.follower import FollowerSide
 from dpeer.consensus.force import ForceSide
 from dpeer.consensus.identity import IdentitySide
 from dpeer.consensus.log import RaftLog
-from dpeer.consensus.membership import (
-    ChangeOp,
-    Membership,
-    MembershipError,
-    history_after_append,
-    load_history,
-    pruned_history,
-)
 from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
@@ -61,23 +52,23 @@ from dpeer.consensus.ready import (
     ReadState,
     Ready,
     Refused,
+    Role,
     SoftState,
 )
 from dpeer.consensus.storage import Storage
 from dpeer.consensus.succession import successor_delay
+from dpeer.consensus.voting import (
+    ChangeOp,
+    VotingConfig,
+    ConfigChangeError,
+    history_after_append,
+    load_history,
+    pruned_history,
+)
 from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 
 log = logging.getLogger(__name__)
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
-
-
-class Role(str, Enum):
-    """A node's role in its current term."""
-
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
 
 
 class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
@@ -103,7 +94,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         self._read_states: list[ReadState] = []
         self._votes: dict[str, bool] = {}
         self._prev_hard = HardState(self.term, self.voted_for, self.log.committed)
-        self._prev_soft = SoftState(None, Role.FOLLOWER.value)
+        self._prev_soft = SoftState(None, Role.FOLLOWER)
         self._pending_conf_index = 0
         self._leader_contact = -math.inf
         self._lease = config.election_timeout_min
@@ -125,7 +116,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
 
     # -- public state -----------------------------------------------------------------------
     @property
-    def membership(self) -> Membership:
+    def membership(self) -> VotingConfig:
         """The configuration in force: the last one in the log, committed or not."""
         return self._conf_history[-1][1]
 
@@ -188,7 +179,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         self.observe(sender)
         if self.superseded and self.role is not Role.FOLLOWER:
             log.warning("%s: a peer follows cluster epoch %d, this node epoch %d (a forced reconfiguration "
-                        "gave up on it): it stops %s", self.id, self.newest_epoch, self.epoch, self.role.value)
+                        "gave up on it): it stops %s", self.id, self.newest_epoch, self.epoch, self.role)
             self._become_follower(self.term, None)
         if to_uid != self.uid or not self._admit(sender, msg):
             return
@@ -230,7 +221,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         op = ChangeOp(op)
         try:
             new = self.membership.changed(op, node, self.cfg.max_voters, uid)
-        except MembershipError as exc:
+        except ConfigChangeError as exc:
             return Refused(str(exc))
         if op is ChangeOp.PROMOTE and self.tracker.progress[node].match < self.log.committed:
             return Refused(f"learner {node!r} has not caught up with the commit index yet")
@@ -299,7 +290,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         return HardState(self.term, self.voted_for, self.log.committed)
 
     def _soft_state(self) -> SoftState:
-        return SoftState(self.leader, self.role.value)
+        return SoftState(self.leader, self.role)
 
     # -- term handling and dispatch ---------------------------------------------------------
     def _on_higher_term(self, src: str, msg: Message) -> bool:

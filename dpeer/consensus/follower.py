@@ -1,7 +1,7 @@
 """The follower's half of RaftNode: leader messages, log matching, snapshots, committed resync.
 
-A mixin, like replication.LeaderSide: it uses RaftNode's state (log, membership, term, _now,
-_reply...) and is never instantiated alone. Every acknowledgement claims only a match this node
+A mixin, like replication.LeaderSide, over the RaftNode state host.RaftHost declares; never
+instantiated alone. Every acknowledgement claims only a match this node
 checked: an append that reaches below our commit index is compared entry by entry with what we
 committed, never answered "matches up to our commit index" on trust.
 """
@@ -12,6 +12,7 @@ import logging
 from dataclasses import replace
 from typing import Iterable
 
+from dpeer.consensus.host import RaftHost
 from dpeer.consensus.log import check_committed_batch
 from dpeer.consensus.messages import (
     AppendRequest,
@@ -21,20 +22,20 @@ from dpeer.consensus.messages import (
     Peer,
     SnapshotRequest,
 )
-from dpeer.consensus.ready import AcceptResult
+from dpeer.consensus.ready import AcceptResult, Role
 from dpeer.consensus.storage import Snapshot
 from dpeer.statemachine.entry import Entry
 
 log = logging.getLogger("dpeer.consensus.core")
 
 
-class FollowerSide:
+class FollowerSide(RaftHost):
     """Follower-only behaviour of RaftNode."""
 
     def _on_leader_message(self, src: str, m: AppendRequest | Heartbeat | SnapshotRequest) -> None:
-        if self.role.value == "leader":
+        if self.role is Role.LEADER:
             return
-        if self.role.value != "follower" or self.leader != src:
+        if self.role is not Role.FOLLOWER or self.leader != src:
             self._become_follower(self.term, src)
         idle = isinstance(m, Heartbeat) and m.idle and self.cfg.idle_heartbeat_interval > 0
         self._leader_contact = self._leader_seen_at = self._now
@@ -113,7 +114,7 @@ class FollowerSide:
         our commit index so the entry before the first new one is checked (log matching);
         committed entries are never truncated."""
         batch = list(entries)
-        if self.role.value == "leader" or not batch:
+        if self.role is Role.LEADER or not batch:
             return AcceptResult(not batch, self.log.committed, "" if not batch else "leader")
         lo = self.log.committed
         problem = self._untrusted_source(batch, sender, sender_term) or check_committed_batch(batch, commit_index, lo)

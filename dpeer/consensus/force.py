@@ -10,7 +10,7 @@ the last resort as far as this node can tell:
   when its Raft messages (under the uid the configuration names) reached us within
   reach_window(cfg) = 2 x election_timeout_max (a live voter without a leader campaigns that
   often), or when the caller's failure detector holds it alive under that uid.
-The forced configuration starts the next cluster epoch (Membership.forced), persisted with it in
+The forced configuration starts the next cluster epoch (VotingConfig.forced), persisted with it in
 the log: voters of the old epoch that come back are refused until they rejoin on fresh data.
 """
 
@@ -21,8 +21,9 @@ import math
 from typing import Collection, Iterable, Mapping
 
 from dpeer.consensus.config import RaftConfig
-from dpeer.consensus.membership import Membership, MembershipError
-from dpeer.consensus.ready import Proposed, ProposeResult, Refused
+from dpeer.consensus.host import RaftHost
+from dpeer.consensus.ready import Proposed, ProposeResult, Refused, Role
+from dpeer.consensus.voting import ConfigChangeError, VotingConfig
 from dpeer.statemachine.entry import Entry, EntryKind
 
 log = logging.getLogger("dpeer.consensus.core")
@@ -38,14 +39,14 @@ def reach_window(cfg: RaftConfig) -> float:
     return 2 * cfg.election_timeout_max
 
 
-def reachable_voters(conf: Membership, me: str, now: float, heard: Mapping[str, float], alive: Collection[str],
+def reachable_voters(conf: VotingConfig, me: str, now: float, heard: Mapping[str, float], alive: Collection[str],
                      window: float) -> set[str]:
     """This node and the voters heard from within window or held alive by the failure detector."""
     recent = {v for v in conf.voters if now - heard.get(v, -math.inf) <= window}
     return ({me} & conf.voters) | recent | (set(alive) & conf.voters)
 
 
-def force_refusal(conf: Membership, me: str, my_uid: str, leading: bool, voters: set[str], silent_for: float,
+def force_refusal(conf: VotingConfig, me: str, my_uid: str, leading: bool, voters: set[str], silent_for: float,
                   reachable: set[str], cfg: RaftConfig) -> str:
     """Why a forced reconfiguration to `voters` must be refused here, or '' when it may proceed.
     silent_for: seconds since this node last knew a leader (itself leading included)."""
@@ -68,8 +69,8 @@ def force_refusal(conf: Membership, me: str, my_uid: str, leading: bool, voters:
     return ""
 
 
-class ForceSide:
-    """RaftNode's forced reconfiguration (a mixin over RaftNode's state)."""
+class ForceSide(RaftHost):
+    """RaftNode's forced reconfiguration (a mixin over the state host.RaftHost declares)."""
 
     def force_new_configuration(self, now: float, voters: Iterable[str], alive: Collection[str],
                                 forced_at: float) -> ProposeResult:
@@ -83,13 +84,13 @@ class ForceSide:
         wanted, conf = set(voters), self.membership
         reach = reachable_voters(conf, self.id, now, self._heard, alive, reach_window(self.cfg))
         silent = self.leaderless_for(now)
-        refusal = force_refusal(conf, self.id, self.uid, self.role.value == "leader", wanted, silent, reach, self.cfg)
+        refusal = force_refusal(conf, self.id, self.uid, self.role is Role.LEADER, wanted, silent, reach, self.cfg)
         if refusal:
             log.warning("%s refused a forced reconfiguration to voters %s: %s", self.id, sorted(wanted), refusal)
             return Refused(refusal)
         try:
             new = conf.forced(wanted, forced_at)
-        except MembershipError as exc:
+        except ConfigChangeError as exc:
             return Refused(str(exc))
         log.warning("FORCED reconfiguration by %s in term %d: voters %s -> %s, cluster epoch %d -> %d (unsafe: "
                     "entries only the lost voters held may be lost)", self.id, self.term, sorted(conf.voters),

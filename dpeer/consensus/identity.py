@@ -1,8 +1,8 @@
 """Member identities and cluster epochs in RaftNode: what a node notes of each peer's store uid
 and epoch, which messages it may act on, and how it refuses voters of an older epoch.
 
-A mixin like replication.LeaderSide (RaftNode's state: membership, uid, role, _heard, _msgs...).
-A member is its node id plus its store uid (see membership.py): answers are counted only from the
+A mixin like replication.LeaderSide, over the RaftNode state host.RaftHost declares.
+A member is its node id plus its store uid (see voting.py): answers are counted only from the
 store the configuration names, and a node that hears a newer epoch from a member gave up on by
 a forced reconfiguration stops campaigning, leading and voting for older-epoch candidates.
 """
@@ -22,14 +22,15 @@ from dpeer.consensus.messages import (
     VoteRequest,
     VoteResponse,
 )
-from dpeer.consensus.ready import Outgoing
+from dpeer.consensus.host import RaftHost
+from dpeer.consensus.ready import Outgoing, Role
 
 log = logging.getLogger("dpeer.consensus.core")
 _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
 _ANSWERS = (VoteResponse, AppendResponse, HeartbeatResponse)
 
 
-class IdentitySide:
+class IdentitySide(RaftHost):
     """Identity and epoch bookkeeping of RaftNode."""
 
     @property
@@ -50,7 +51,7 @@ class IdentitySide:
 
     def leaderless_for(self, now: float) -> float:
         """Seconds since this node last knew a leader (0 while it leads)."""
-        return 0.0 if self.role.value == "leader" else max(0.0, now - self._leader_seen_at)
+        return 0.0 if self.role is Role.LEADER else max(0.0, now - self._leader_seen_at)
 
     def strangers(self) -> dict[str, str]:
         """Members of the configuration in force last seen with another store uid than the one

@@ -132,19 +132,6 @@ class RaftLog:
                 return e.index
         return 0
 
-    def maybe_append(self, prev_index: int, prev_term: int, commit: int,
-                     entries: Sequence[Entry]) -> int | None:
-        """Log matching: append after (prev_index, prev_term) if we hold it; returns the last
-        index now known to match the sender's log, or None on mismatch."""
-        if not self.match_term(prev_index, prev_term):
-            return None
-        last_new = prev_index + len(entries)
-        conflict = self.find_conflict(entries)
-        if conflict:
-            self.append(entries[conflict - entries[0].index:])
-        self.commit_to(min(commit, last_new))
-        return last_new
-
     def commit_to(self, index: int) -> bool:
         """Raise the commit index (never beyond the last entry); True when it moved."""
         index = min(index, self.last_index())

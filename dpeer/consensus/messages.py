@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 from dpeer.statemachine.entry import Entry
 from dpeer.statemachine.meta import valid_uid
 
@@ -208,9 +208,9 @@ class SnapshotRequest:
             raise InvalidMessage("a snapshot needs an epoch >= 1 and a forced_at in unix seconds")
 
     @property
-    def membership(self) -> Membership:
+    def membership(self) -> VotingConfig:
         """The configuration at the snapshot's index."""
-        return Membership.of(self.voters, self.learners, dict(self.uids), self.epoch, self.forced_at)
+        return VotingConfig.of(self.voters, self.learners, dict(self.uids), self.epoch, self.forced_at)
 
 
 Message = Union[

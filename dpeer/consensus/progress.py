@@ -7,12 +7,12 @@ States as in etcd: PROBE (one append per heartbeat until the match point is foun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 
 
-class ProgressState(str, Enum):
+class ProgressState(StrEnum):
     """How the leader currently feeds a follower."""
 
     PROBE = "probe"
@@ -83,10 +83,10 @@ class Progress:
 class Tracker:
     """Progress for every member of the current configuration, and quorum arithmetic."""
 
-    membership: Membership
+    membership: VotingConfig
     progress: dict[str, Progress] = field(default_factory=dict)
 
-    def reset(self, membership: Membership, last_index: int) -> None:
+    def reset(self, membership: VotingConfig, last_index: int) -> None:
         """Follow a new configuration: keep known progress, start new members at last_index + 1."""
         self.membership = membership
         self.progress = {

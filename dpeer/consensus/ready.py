@@ -1,19 +1,30 @@
 """What the core hands the caller (Ready) and the results of its commands.
 
-Ready contract, in this order, each step durable before the next: set_hard_state(term,
-voted_for); install_snapshot(snapshot); append(entries); set_commit(hard_state.commit); apply
-`committed_entries` in order; send `messages`; RaftNode.advance(ready). Do not step, tick or
-propose between ready() and advance().
+Ready contract: first persist, each step durable before the next: set_hard_state(term,
+voted_for); install_snapshot(snapshot); append(entries); set_commit(hard_state.commit). Then
+send `messages` and apply `committed_entries` in order, in either order (the daemon sends
+first, so an acknowledgement never waits on its own apply); then RaftNode.advance(ready). Do
+not step, tick or propose between ready() and advance().
 Persisting before sending is what makes a vote or an acknowledgement a promise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, NamedTuple, Union
 
-from dpeer.consensus.storage import Snapshot
+from dpeer.consensus.storage import Snapshot, Storage
 from dpeer.statemachine.entry import Entry
+
+
+class Role(StrEnum):
+    """A node's role in its current term (its value is what status shows)."""
+
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,7 @@ class SoftState:
     """Volatile state worth showing (status, metrics): who leads and this node's role."""
 
     leader: str | None
-    role: str
+    role: Role
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,21 @@ class AcceptResult:
     accepted: bool
     commit: int
     reason: str = ""
+
+
+def persist(storage: Storage, rd: Ready) -> None:
+    """The contract's first half: make rd durable in storage, hard state, snapshot, entries and
+    commit index in that order (what the simulator and the tests' drivers share; the daemon
+    writes the same in one LMDB transaction)."""
+    hs = rd.hard_state
+    if hs is not None:
+        storage.set_hard_state(hs.term, hs.voted_for)
+    if rd.snapshot is not None:
+        storage.install_snapshot(rd.snapshot)
+    if rd.entries:
+        storage.append(rd.entries)
+    if hs is not None:
+        storage.set_commit(hs.commit)
 
 
 ProposeResult = Union[Proposed, NotLeader, Refused]

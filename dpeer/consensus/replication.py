@@ -1,7 +1,7 @@
 """The leader's half of RaftNode: heartbeats, check-quorum, replication, commit, ReadIndex.
 
-A mixin so core.py stays about roles and elections; it uses RaftNode's state (log, tracker,
-term, cfg, _now, _msgs...) and is never instantiated alone.
+A mixin so core.py stays about roles and elections; the RaftNode state it uses is declared
+by host.RaftHost, and it is never instantiated alone.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from dpeer.consensus.messages import (
     HeartbeatResponse,
     SnapshotRequest,
 )
+from dpeer.consensus.host import RaftHost
 from dpeer.consensus.progress import ProgressState
-from dpeer.consensus.ready import ReadState
+from dpeer.consensus.ready import ReadState, Role
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import Compacted
 
@@ -32,7 +33,7 @@ log = logging.getLogger("dpeer.consensus.core")
 IDLE_AFTER_BEATS = 2
 
 
-class LeaderSide:
+class LeaderSide(RaftHost):
     """Leader-only behaviour of RaftNode."""
 
     # -- leader side ------------------------------------------------------------------------
@@ -90,7 +91,7 @@ class LeaderSide:
         died would otherwise lead on for up to idle_election_timeout; live voters answer the
         beat at once, so a wrong verdict costs a busy beat or two."""
         self._now = now
-        if self.role.value != "leader":
+        if self.role is not Role.LEADER:
             return
         for peer, pr in self.tracker.progress.items():
             pr.recent_active = peer == self.id
@@ -103,7 +104,7 @@ class LeaderSide:
         """The failure detector sees `node` alive again (restarted, or back from a partition):
         as leader, beat it now, so it learns the leader without waiting for an idle beat."""
         self._now = now
-        pr = self.tracker.progress.get(node) if self.role.value == "leader" else None
+        pr = self.tracker.progress.get(node) if self.role is Role.LEADER else None
         if pr is not None and node != self.id:
             commit = min(pr.match, self.log.committed)
             self._send(node, Heartbeat(self.term, self.id, commit, self._read_seq, self._idle()))

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.messages import InvalidMessage, Message, Peer
-from dpeer.consensus.ready import Ready
+from dpeer.consensus.ready import Ready, persist
 from dpeer.consensus.storage import MemoryStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 
@@ -96,22 +96,15 @@ class RaftActor:
         return out
 
     def _persist(self, rd: Ready) -> None:
-        hs = rd.hard_state
-        if hs is not None:
-            self.storage.set_hard_state(hs.term, hs.voted_for)
+        persist(self.storage, rd)
         if rd.snapshot is not None:
-            self.storage.install_snapshot(rd.snapshot)
             self.state = _decode_state(rd.snapshot.data)
             self.applied_membership = rd.snapshot.membership
-        if rd.entries:
-            self.storage.append(rd.entries)
-        if hs is not None:
-            self.storage.set_commit(hs.commit)
 
     def _apply(self, entry: Entry) -> None:
         effective = False
         if entry.kind is EntryKind.CONFIG_CHANGE:
-            self.applied_membership = Membership.from_payload(entry.payload)
+            self.applied_membership = VotingConfig.from_payload(entry.payload)
         elif entry.kind is EntryKind.VIEW and entry.payload["generation"] > self.state["view"]:
             self.state["view"] = entry.payload["generation"]
             effective = True

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 from dpeer.statemachine.entry import Entry, pack_payload
 from dpeer.statemachine.errors import (
     Compacted,
@@ -31,7 +31,7 @@ class Snapshot:
     index: int
     term: int
     data: bytes
-    membership: Membership = field(default_factory=Membership)
+    membership: VotingConfig = field(default_factory=VotingConfig)
 
 
 class Storage(Protocol):
@@ -212,7 +212,7 @@ class MemoryStorage:
         self._snap = snap
         self.commit_index = self.last_applied = snap.index
 
-    def compact(self, index: int, data: bytes, membership: Membership, keep_tail: int = 0) -> None:
+    def compact(self, index: int, data: bytes, membership: VotingConfig, keep_tail: int = 0) -> None:
         """Take a local snapshot at an applied index and drop entries before index - keep_tail + 1."""
         if not self._snap.index < index <= self.last_applied:
             raise ValueError(f"compact index {index} must be in ({self._snap.index}, "

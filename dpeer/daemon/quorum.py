@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ def _short(uid: str | None) -> str:
     return (uid or "?")[:8]
 
 
-def explain_no_leader(me: str, my_uid: str, conf: Membership, seen_uids: Mapping[str, str],
+def explain_no_leader(me: str, my_uid: str, conf: VotingConfig, seen_uids: Mapping[str, str],
                       alive: Collection[str], newest_epoch: int, addr: str) -> NoLeader:
     """Why this node knows no leader (alive: voters gossip holds alive or suspect, this node
     aside; newest_epoch: the highest cluster epoch any peer follows; addr: this node's address,
@@ -46,7 +46,7 @@ def explain_no_leader(me: str, my_uid: str, conf: Membership, seen_uids: Mapping
     return _count(me, conf, seen_uids, alive, addr)
 
 
-def _count(me: str, conf: Membership, seen_uids: Mapping[str, str], alive: Collection[str], addr: str) -> NoLeader:
+def _count(me: str, conf: VotingConfig, seen_uids: Mapping[str, str], alive: Collection[str], addr: str) -> NoLeader:
     lost = sorted(v for v in conf.voters if v != me and seen_uids.get(v) not in (None, conf.uid_of(v)))
     down = sorted(v for v in conf.voters if v != me and v not in lost and v not in alive)
     usable = sorted(set(conf.voters) - set(lost) - set(down))

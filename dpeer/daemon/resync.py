@@ -1,5 +1,7 @@
 """Resync planning (pure, TorchFT-style): given our version and a peer's versioned heartbeat,
-decide whether to fetch committed entries, a snapshot, or nothing, and say why.
+decide whether to fetch committed entries or nothing, and say why. A node behind the peer's
+compaction point learns it from the fetch (the peer answers Behind) and gets the leader's
+snapshot through Raft.
 
 The tracker keeps one fetch in flight so a burst of heartbeats advertising what we are already
 fetching does not start the same transfer again, and a failed fetch resumes from what was
@@ -39,19 +41,10 @@ class FetchEntries:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class FetchSnapshot:
-    """We are behind the peer's compaction point: fetch its snapshot, then entries up to to_index."""
-
-    peer: str
-    to_index: int
-    reason: str
+ResyncPlan = Nothing | FetchEntries
 
 
-ResyncPlan = Nothing | FetchEntries | FetchSnapshot
-
-
-def plan_resync(local: LocalVersion, peer: Heartbeat, peer_first_index: int | None, member: bool) -> ResyncPlan:
+def plan_resync(local: LocalVersion, peer: Heartbeat, member: bool) -> ResyncPlan:
     """Decide what to pull from `peer`; only entries it has committed are ever fetched, and only
     from a member of the configuration in force (member: by node id and store uid)."""
     if not member:
@@ -60,14 +53,8 @@ def plan_resync(local: LocalVersion, peer: Heartbeat, peer_first_index: int | No
         return Nothing(f"peer {peer.node_id} term {peer.term} is below ours ({local.term}): cannot verify")
     if peer.commit_index <= local.last_applied:
         return Nothing(f"at or ahead of peer {peer.node_id} (applied {local.last_applied} >= {peer.commit_index})")
-    start = local.last_applied + 1
-    if peer_first_index is not None and start < peer_first_index:
-        return FetchSnapshot(
-            peer.node_id, peer.commit_index,
-            f"entry {start} is compacted on {peer.node_id} (first index {peer_first_index})",
-        )
     return FetchEntries(
-        peer.node_id, start, peer.commit_index,
+        peer.node_id, local.last_applied + 1, peer.commit_index,
         f"behind {peer.node_id}: applied {local.last_applied}, peer committed {peer.commit_index}",
     )
 
@@ -76,20 +63,20 @@ class ResyncTracker:
     """At most one fetch in flight; heartbeats it already covers start nothing new."""
 
     def __init__(self) -> None:
-        self.in_flight: FetchEntries | FetchSnapshot | None = None
-        self._best: tuple[Heartbeat, int | None] | None = None
+        self.in_flight: FetchEntries | None = None
+        self._best: Heartbeat | None = None
 
-    def observe(self, local: LocalVersion, peer: Heartbeat, peer_first_index: int | None, member: bool) -> ResyncPlan:
+    def observe(self, local: LocalVersion, peer: Heartbeat, member: bool) -> ResyncPlan:
         """Plan for a newly seen heartbeat, unless the fetch in flight covers it (no repeated propagation)."""
         if not member:
-            return plan_resync(local, peer, peer_first_index, member)
+            return plan_resync(local, peer, member)
         if self.in_flight is not None:
             if peer.commit_index <= self.in_flight.to_index:
                 return Nothing(f"covered by the fetch in flight from {self.in_flight.peer}")
-            if self._best is None or peer.commit_index > self._best[0].commit_index:
-                self._best = (peer, peer_first_index)
+            if self._best is None or peer.commit_index > self._best.commit_index:
+                self._best = peer
             return Nothing(f"fetch from {self.in_flight.peer} in flight; will continue to {peer.commit_index}")
-        plan = plan_resync(local, peer, peer_first_index, member)
+        plan = plan_resync(local, peer, member)
         if not isinstance(plan, Nothing):
             self.in_flight = plan
         return plan
@@ -105,4 +92,4 @@ class ResyncTracker:
         best, self._best = self._best, None
         if best is None:
             return Nothing(f"fetch from {failed} ended; no newer version known")
-        return self.observe(local, best[0], best[1], True)
+        return self.observe(local, best, True)

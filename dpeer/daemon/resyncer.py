@@ -16,7 +16,7 @@ from dpeer.consensus import Peer
 from dpeer.errors import BadRequest, Behind, PeerError
 from dpeer.membership import HeartbeatObserved
 from dpeer.daemon.node import Node
-from dpeer.daemon.resync import FetchEntries, FetchSnapshot, Nothing, ResyncPlan, ResyncTracker
+from dpeer.daemon.resync import FetchEntries, Nothing, ResyncPlan, ResyncTracker
 from dpeer.transport.client import Channels, NodeClient
 
 log = logging.getLogger("dpeer.resync")
@@ -43,7 +43,7 @@ class Resyncer:
             return
         raft = self.node.raft
         member = raft.membership.is_member(seen.hb.node_id, raft.seen_uids.get(seen.hb.node_id, ""))
-        self._start(self.tracker.observe(local, seen.hb, None, member))
+        self._start(self.tracker.observe(local, seen.hb, member))
 
     def _start(self, plan: ResyncPlan) -> None:
         if isinstance(plan, Nothing):
@@ -51,10 +51,9 @@ class Resyncer:
         log.info("resync: %s", plan.reason)
         self._task = asyncio.get_running_loop().create_task(self._run(plan))
 
-    async def _run(self, plan: FetchEntries | FetchSnapshot) -> None:
+    async def _run(self, plan: FetchEntries) -> None:
         try:
-            if isinstance(plan, FetchEntries):
-                await self._fetch_entries(plan)
+            await self._fetch_entries(plan)
         except Behind:
             log.info("resync: %s compacted those entries; the leader will send its snapshot", plan.peer)
         except (PeerError, asyncio.TimeoutError) as exc:

@@ -1,4 +1,4 @@
-"""The status document of `dpeer status --json` (a public contract: see DESIGN.md "Interfaces")."""
+"""The status document of `dpeer status --json` (a public contract: see docs/architecture.md "Interfaces")."""
 
 from __future__ import annotations
 

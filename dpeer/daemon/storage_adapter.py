@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpeer.consensus.membership import Membership
+from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.storage import Snapshot
 from dpeer.statemachine.entry import Entry
 from dpeer.statemachine.snapshot import decode_snapshot
@@ -91,7 +91,7 @@ class StoreStorage:
         if snap.index == 0:
             return Snapshot(0, 0, snap.data)
         state = decode_snapshot(snap.index, snap.term, snap.data)
-        conf = Membership.of(state.voters, state.learners, state.uids, state.epoch, state.forced_at)
+        conf = VotingConfig.of(state.voters, state.learners, state.uids, state.epoch, state.forced_at)
         return Snapshot(snap.index, snap.term, snap.data, conf)
 
     def install_snapshot(self, snap: Snapshot) -> None:

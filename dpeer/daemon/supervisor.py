@@ -26,7 +26,7 @@ from dpeer.daemon.spare import WarmSpare
 from dpeer.channel.local import ReportTail, View, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
 from dpeer.statemachine.state import Checkpoint
-from dpeer.statemachine.state import View as CommittedView
+from dpeer.statemachine.state import CommittedView
 
 log = logging.getLogger("dpeer.worker")
 # Seconds before restarting a worker that exited, by how many exits in a row came without a

@@ -1,11 +1,12 @@
-"""SWIM + Lifeguard membership and failure detection as a pure core (DESIGN: Membership)."""
+"""SWIM + Lifeguard membership and failure detection as a pure core (docs/architecture.md, "Layers")."""
 
 from dpeer.membership.config import MembershipConfig, edge, lan, preset, wan
-from dpeer.membership.core import Membership, Outgoing
+from dpeer.membership.core import Datagram, Membership
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
     MemberAlive,
+    MemberChanged,
     MemberDead,
     MemberLeft,
     MemberSuspect,
@@ -27,8 +28,8 @@ from dpeer.membership.messages import (
 )
 
 __all__ = [
-    "Ack", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
-    "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
-    "MembershipConfig", "Message", "Nack", "Outgoing", "Ping", "PingReq", "PushPull", "Update",
+    "Ack", "Datagram", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
+    "MemberChanged", "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
+    "MembershipConfig", "Message", "Nack", "Ping", "PingReq", "PushPull", "Update",
     "edge", "lan", "preset", "wan", "wire_size",
 ]

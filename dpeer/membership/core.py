@@ -10,12 +10,13 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass
+from enum import Enum
 from typing import Iterable
 
 from dpeer.membership.awareness import Awareness
 from dpeer.membership.broadcast import BroadcastQueue, retransmit_limit
 from dpeer.membership.config import MembershipConfig
-from dpeer.membership.dissemination import NEVER, Dissemination, is_live, push_pull_scale
+from dpeer.membership.dissemination import NEVER, Dissemination, Datagram, is_live, push_pull_scale
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
@@ -37,11 +38,19 @@ from dpeer.membership.messages import (
     PushPull,
     Update,
 )
-from dpeer.membership.state import LIVE, Member, MemberTable, ProbeOrder
+from dpeer.membership.state import LIVE, MemberRow, MemberTable, ProbeOrder
 from dpeer.membership.suspicion import Suspicion, suspicion_timeout
 
-Outgoing = tuple[str, Message]
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
+
+
+class _Timer(Enum):
+    """What a timer in the core's heap is for (its key: a probe or relay seq, or a node id)."""
+
+    SUSPICION = "suspicion"
+    RELAY = "relay"
+    PROBE_TIMEOUT = "probe_timeout"  # no ack yet: ask others to probe indirectly
+    PROBE_DEADLINE = "probe_deadline"  # the probe period ended: suspect an unacked target
 
 
 @dataclass(slots=True)
@@ -82,7 +91,7 @@ class Membership(Dissemination):
         self._queue = BroadcastQueue()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._effects: list[Effect] = []
-        self._timers: list[tuple[float, int, str, object]] = []
+        self._timers: list[tuple[float, int, _Timer, object]] = []
         self._seq = 0
         self._probe: _Probe | None = None
         self._relays: dict[int, _Relay] = {}
@@ -101,7 +110,7 @@ class Membership(Dissemination):
         """Set the version our heartbeats advertise (from the replicated log)."""
         self._version = (term, last_applied, commit_index)
 
-    def join(self, now: float, seeds: Iterable[str]) -> list[Outgoing]:
+    def join(self, now: float, seeds: Iterable[str]) -> list[Datagram]:
         """Start a full state exchange with each seed address; retried while we know nobody."""
         self._seeds = tuple(s for s in seeds if s != self.addr)
         self._queue.push(self._self_update())
@@ -109,7 +118,7 @@ class Membership(Dissemination):
         state = self._push_pull(now, join=True, reply=False)
         return [(seed, state) for seed in self._seeds]
 
-    def leave(self, now: float) -> list[Outgoing]:
+    def leave(self, now: float) -> list[Datagram]:
         """Leave gracefully: stop probing and gossip our `left` state (keep ticking to spread it)."""
         self._leaving = True
         self._probe = None
@@ -118,9 +127,9 @@ class Membership(Dissemination):
         peers = self._table.sample(self._rng, self.config.gossip_nodes, is_live)
         return [(m.addr, Gossip(self._hb(now), (update,))) for m in peers]
 
-    def receive(self, now: float, msg: Message) -> list[Outgoing]:
+    def receive(self, now: float, msg: Message) -> list[Datagram]:
         """Handle one validated message; return what to send."""
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         self._observe(now, msg.hb, out)
         for update in getattr(msg, "updates", ()):
             self._apply(now, update, msg.hb.addr, out)
@@ -136,20 +145,20 @@ class Membership(Dissemination):
             self._on_push_pull(now, msg, out)
         return out
 
-    def unreachable(self, now: float, addr: str) -> list[Outgoing]:
+    def unreachable(self, now: float, addr: str) -> list[Datagram]:
         """A connection to addr was refused: its process is gone, so suspect it with a short timer."""
         member = self._table.by_addr(addr)
         if member is None or member.state not in LIVE:
             return []
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         self._suspect(now, member.node_id, member.incarnation, self.node_id, True, None, out)
         if self._probe is not None and self._probe.target == member.node_id:
             self._probe = None
         return out
 
-    def tick(self, now: float) -> list[Outgoing]:
+    def tick(self, now: float) -> list[Datagram]:
         """Run every timer due at `now`: probe timeouts, suspicions, probes, gossip, push-pull."""
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         while self._timers and self._timers[0][0] <= now:
             _, _, kind, key = heapq.heappop(self._timers)
             self._on_timer(now, kind, key, out)
@@ -212,7 +221,7 @@ class Membership(Dissemination):
         return self._awareness.score
 
     # -- probing --------------------------------------------------------------------------
-    def _probe_round(self, now: float, out: list[Outgoing]) -> None:
+    def _probe_round(self, now: float, out: list[Datagram]) -> None:
         if self._leaving:
             self._next_probe = NEVER
             return
@@ -227,36 +236,36 @@ class Membership(Dissemination):
             updates = (self._update_about(target), *updates[: self.config.max_piggyback - 1])
         out.append((target.addr, Ping(seq, target.node_id, self._hb(now), updates)))
         timeout = min(self._awareness.scale(self.config.probe_timeout), self._next_probe - now)
-        self._timer(now + timeout, "probe_timeout", seq)
-        self._timer(self._next_probe, "probe_deadline", seq)
+        self._timer(now + timeout, _Timer.PROBE_TIMEOUT, seq)
+        self._timer(self._next_probe, _Timer.PROBE_DEADLINE, seq)
 
     def _drop_stale_timers(self) -> None:
         while self._timers and self._stale(self._timers[0][2], self._timers[0][3]):
             heapq.heappop(self._timers)
 
-    def _stale(self, kind: str, key: object) -> bool:
+    def _stale(self, kind: _Timer, key: object) -> bool:
         """True when the timer's firing would do nothing (see _on_timer)."""
-        if kind == "relay":
+        if kind is _Timer.RELAY:
             return key not in self._relays
-        if kind in ("probe_timeout", "probe_deadline"):
+        if kind in (_Timer.PROBE_TIMEOUT, _Timer.PROBE_DEADLINE):
             probe = self._probe
             return probe is None or probe.seq != key or probe.acked
         return False
 
-    def _on_timer(self, now: float, kind: str, key: object, out: list[Outgoing]) -> None:
-        if kind == "suspicion":
+    def _on_timer(self, now: float, kind: _Timer, key: object, out: list[Datagram]) -> None:
+        if kind is _Timer.SUSPICION:
             self._suspicion_expired(now, str(key))
-        elif kind == "relay":
+        elif kind is _Timer.RELAY:
             relay = self._relays.pop(key, None)  # type: ignore[call-overload]
             if relay is not None:
                 out.append((relay.origin_addr, Nack(relay.origin_seq, self._hb(now))))
         elif self._probe is not None and self._probe.seq == key:
-            if kind == "probe_timeout":
+            if kind is _Timer.PROBE_TIMEOUT:
                 self._indirect_probe(now, self._probe, out)
             else:
                 self._probe_failed(now, self._probe, out)
 
-    def _indirect_probe(self, now: float, probe: _Probe, out: list[Outgoing]) -> None:
+    def _indirect_probe(self, now: float, probe: _Probe, out: list[Datagram]) -> None:
         target = self._table.get(probe.target)
         if probe.acked or target is None or target.state not in LIVE:
             return
@@ -268,7 +277,7 @@ class Membership(Dissemination):
         for relay in relays:
             out.append((relay.addr, PingReq(probe.seq, target.node_id, target.addr, hb, self._piggyback())))
 
-    def _probe_failed(self, now: float, probe: _Probe, out: list[Outgoing]) -> None:
+    def _probe_failed(self, now: float, probe: _Probe, out: list[Datagram]) -> None:
         self._probe = None
         if probe.acked:
             return
@@ -278,11 +287,11 @@ class Membership(Dissemination):
         if target is not None and target.state in LIVE:
             self._suspect(now, target.node_id, target.incarnation, self.node_id, False, None, out)
 
-    def _on_ping(self, now: float, msg: Ping, out: list[Outgoing]) -> None:
+    def _on_ping(self, now: float, msg: Ping, out: list[Datagram]) -> None:
         if msg.target == self.node_id:
             out.append((msg.hb.addr, Ack(msg.seq, self._hb(now), self._piggyback())))
 
-    def _on_ack(self, now: float, msg: Ack, out: list[Outgoing]) -> None:
+    def _on_ack(self, now: float, msg: Ack, out: list[Datagram]) -> None:
         probe = self._probe
         if probe is not None and probe.seq == msg.seq and probe.target == msg.hb.node_id:
             if not probe.acked:
@@ -293,18 +302,18 @@ class Membership(Dissemination):
         if relay is not None:
             out.append((relay.origin_addr, Ack(relay.origin_seq, msg.hb, self._piggyback())))
 
-    def _on_ping_req(self, now: float, msg: PingReq, out: list[Outgoing]) -> None:
+    def _on_ping_req(self, now: float, msg: PingReq, out: list[Datagram]) -> None:
         seq = self._next_seq()
         self._relays[seq] = _Relay(msg.hb.addr, msg.seq)
         out.append((msg.target_addr, Ping(seq, msg.target, self._hb(now), self._piggyback())))
-        self._timer(now + self.config.probe_timeout, "relay", seq)
+        self._timer(now + self.config.probe_timeout, _Timer.RELAY, seq)
 
     def _on_nack(self, msg: Nack) -> None:
         if self._probe is not None and self._probe.seq == msg.seq:
             self._probe.nacks += 1
 
     # -- membership updates (memberlist's aliveNode / suspectNode / deadNode) ---------------
-    def _observe(self, now: float, hb: Heartbeat, out: list[Outgoing]) -> None:
+    def _observe(self, now: float, hb: Heartbeat, out: list[Datagram]) -> None:
         if hb.node_id == self.node_id:
             return
         member = self._table.get(hb.node_id)
@@ -316,10 +325,9 @@ class Membership(Dissemination):
         if member.state is SUSPECT or member.state is DEAD:
             out.append((hb.addr, Gossip(self._hb(now), (self._update_about(member),))))
         member.term, member.last_applied, member.commit_index = hb.term, hb.last_applied, hb.commit_index
-        member.heard_at = now
         self._effects.append(HeartbeatObserved(hb, now))
 
-    def _apply(self, now: float, update: Update, sender: str | None, out: list[Outgoing]) -> None:
+    def _apply(self, now: float, update: Update, sender: str | None, out: list[Datagram]) -> None:
         if update.state is ALIVE:
             self._alive(now, update.node_id, update.addr, update.incarnation)
         elif update.state is SUSPECT:
@@ -334,7 +342,7 @@ class Membership(Dissemination):
             return
         member = self._table.get(node_id)
         if member is None:
-            self._add(now, Member(node_id, addr, ALIVE, incarnation, now))
+            self._add(now, MemberRow(node_id, addr, ALIVE, incarnation, now))
             return
         if incarnation <= member.incarnation:
             return
@@ -344,7 +352,7 @@ class Membership(Dissemination):
             self._table.set_addr(member, addr)
         if member.state is not ALIVE:
             self._table.set_state(member, ALIVE, now)
-            self._effects.append(MemberAlive(node_id, addr, incarnation))
+            self._effects.append(MemberAlive(node_id, incarnation, addr))
         self._queue.push(self._update_about(member))
 
     def _suspect(
@@ -355,7 +363,7 @@ class Membership(Dissemination):
         origin: str,
         refused: bool,
         sender: str | None,
-        out: list[Outgoing],
+        out: list[Datagram],
     ) -> None:
         if node_id == self.node_id:
             if incarnation >= self.incarnation and not self._leaving:
@@ -370,7 +378,7 @@ class Membership(Dissemination):
         member.incarnation = incarnation
         self._table.set_state(member, SUSPECT, now)
         member.suspicion = self._new_suspicion(now, origin, refused)
-        self._timer(member.suspicion.deadline, "suspicion", node_id)
+        self._timer(member.suspicion.deadline, _Timer.SUSPICION, node_id)
         self._effects.append(MemberSuspect(node_id, incarnation))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         self._queue.push(update)
@@ -386,14 +394,14 @@ class Membership(Dissemination):
         low = suspicion_timeout(self.config.suspicion_mult, n, self.config.probe_interval)
         return Suspicion(origin, now, k, low, low * self.config.suspicion_max_timeout_mult, False)
 
-    def _confirm(self, now: float, member: Member, origin: str, refused: bool) -> None:
+    def _confirm(self, now: float, member: MemberRow, origin: str, refused: bool) -> None:
         suspicion = member.suspicion
         assert suspicion is not None
         changed = suspicion.confirm(origin)
         if refused:
             changed = suspicion.expedite(now, self.config.refused_suspicion_timeout) or changed
         if changed:
-            self._timer(suspicion.deadline, "suspicion", member.node_id)
+            self._timer(suspicion.deadline, _Timer.SUSPICION, member.node_id)
             self._queue.push(Update(SUSPECT, member.node_id, member.addr, member.incarnation, origin, refused))
 
     def _suspicion_expired(self, now: float, node_id: str) -> None:
@@ -410,7 +418,7 @@ class Membership(Dissemination):
         origin: str,
         left: bool,
         sender: str | None,
-        out: list[Outgoing],
+        out: list[Datagram],
     ) -> None:
         if node_id == self.node_id:
             if incarnation >= self.incarnation and not self._leaving:
@@ -427,7 +435,7 @@ class Membership(Dissemination):
         self._effects.append(effect(node_id, incarnation))
         self._queue.push(Update(state, node_id, member.addr, incarnation, origin))
 
-    def _refute(self, now: float, accused: int, sender: str | None, out: list[Outgoing]) -> None:
+    def _refute(self, now: float, accused: int, sender: str | None, out: list[Datagram]) -> None:
         self.incarnation = max(self.incarnation + 1, accused + 1)
         self._awareness.apply(1)
         update = self._self_update()
@@ -435,18 +443,18 @@ class Membership(Dissemination):
         if sender is not None and sender != self.addr:
             out.append((sender, Gossip(self._hb(now), (update,))))
 
-    def _add(self, now: float, member: Member) -> None:
+    def _add(self, now: float, member: MemberRow) -> None:
         self._table.add(member)
         self._order.insert(member.node_id)
         if member.state in LIVE:
-            self._effects.append(MemberAlive(member.node_id, member.addr, member.incarnation))
+            self._effects.append(MemberAlive(member.node_id, member.incarnation, member.addr))
             self._queue.push(self._update_about(member))
 
     def _adopt(self, now: float, record: MemberRecord) -> None:
         if record.node_id == self.node_id or self._table.get(record.node_id) is not None:
             return
         self._table.add(
-            Member(
+            MemberRow(
                 record.node_id, record.addr, record.state, record.incarnation, now,
                 record.term, record.last_applied, record.commit_index,
             )
@@ -471,13 +479,13 @@ class Membership(Dissemination):
         state = LEFT if self._leaving else ALIVE
         return MemberRecord(self.node_id, self.addr, state, self.incarnation, term, last_applied, commit_index)
 
-    def _update_about(self, member: Member) -> Update:
+    def _update_about(self, member: MemberRow) -> Update:
         return Update(member.state, member.node_id, member.addr, member.incarnation, self.node_id)
 
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
 
-    def _timer(self, when: float, kind: str, key: object) -> None:
+    def _timer(self, when: float, kind: _Timer, key: object) -> None:
         self._seq += 1
         heapq.heappush(self._timers, (when, self._seq, kind, key))

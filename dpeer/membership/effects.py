@@ -1,43 +1,53 @@
-"""Effects the core hands to its daemon: member state changes and heartbeat observations."""
+"""Effects the core hands to its daemon: member state changes and heartbeat observations.
+
+A state change is a MemberChanged whose `state` is the MemberState the member moved to; the
+subclasses name the four kinds for readers that match on type (alive carries the address).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from dpeer.membership.messages import Heartbeat
+from dpeer.membership.messages import Heartbeat, MemberState
 
 
 @dataclass(frozen=True, slots=True)
-class MemberAlive:
-    """A member joined, or came back with a higher incarnation."""
+class MemberChanged:
+    """A member moved to `state` at `incarnation`."""
 
+    state: ClassVar[MemberState]
     node_id: str
-    addr: str
     incarnation: int
 
 
 @dataclass(frozen=True, slots=True)
-class MemberSuspect:
+class MemberAlive(MemberChanged):
+    """A member joined, or came back with a higher incarnation, at `addr`."""
+
+    state: ClassVar[MemberState] = MemberState.ALIVE
+    addr: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSuspect(MemberChanged):
     """A member missed its probes (or refused a connection) and may be dead."""
 
-    node_id: str
-    incarnation: int
+    state: ClassVar[MemberState] = MemberState.SUSPECT
 
 
 @dataclass(frozen=True, slots=True)
-class MemberDead:
+class MemberDead(MemberChanged):
     """A suspicion expired unrefuted: the member is declared dead."""
 
-    node_id: str
-    incarnation: int
+    state: ClassVar[MemberState] = MemberState.DEAD
 
 
 @dataclass(frozen=True, slots=True)
-class MemberLeft:
+class MemberLeft(MemberChanged):
     """A member left gracefully."""
 
-    node_id: str
-    incarnation: int
+    state: ClassVar[MemberState] = MemberState.LEFT
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,4 +58,4 @@ class HeartbeatObserved:
     at: float
 
 
-Effect = MemberAlive | MemberSuspect | MemberDead | MemberLeft | HeartbeatObserved
+Effect = MemberChanged | HeartbeatObserved

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 MAX_NODE_ID = 64
 MAX_ADDR = 261  # a 253-character DNS name, ':' and a 5-digit port
@@ -17,7 +17,7 @@ MAX_RECORDS = 10_000
 MAX_COUNTER = 2**63 - 1
 
 
-class MemberState(str, Enum):
+class MemberState(StrEnum):
     """What a node believes about a member; also the kind of a gossiped update."""
 
     ALIVE = "alive"
@@ -32,7 +32,7 @@ class InvalidMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """The sender's versioned heartbeat, carried by every message (DESIGN: versioned heartbeats)."""
+    """The sender's versioned heartbeat, carried by every message (docs/architecture.md)."""
 
     node_id: str
     addr: str

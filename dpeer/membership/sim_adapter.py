@@ -6,7 +6,7 @@ import random
 from typing import Any, Callable, Iterable
 
 from dpeer.membership.config import MembershipConfig
-from dpeer.membership.core import Membership, Outgoing
+from dpeer.membership.core import Membership, Datagram
 from dpeer.membership.effects import Effect
 from dpeer.membership.messages import MemberRecord, Message
 
@@ -56,7 +56,7 @@ class SimMember:
 
     def tick(self, now: float) -> list[tuple[str, Any]]:
         """Simulator hook: timers (and a pending join or leave)."""
-        out: list[Outgoing] = []
+        out: list[Datagram] = []
         if self._start is not None:
             self._start = None
             out.extend(self.core.join(now, self._seeds))
@@ -77,7 +77,7 @@ class SimMember:
         """Simulator hook: a message to dst found no process (connection refused)."""
         return self._out(now, self.core.unreachable(now, sim_addr(dst)))
 
-    def _out(self, now: float, out: list[Outgoing]) -> list[tuple[str, Any]]:
+    def _out(self, now: float, out: list[Datagram]) -> list[tuple[str, Any]]:
         effects = self.core.drain_effects()
         if self._sink is not None:
             for effect in effects:

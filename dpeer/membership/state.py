@@ -14,7 +14,7 @@ LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 
 
 @dataclass(slots=True)
-class Member:
+class MemberRow:
     """What we know of one other node: state, incarnation and its last versioned heartbeat."""
 
     node_id: str
@@ -25,7 +25,6 @@ class Member:
     term: int = 0
     last_applied: int = 0
     commit_index: int = 0
-    heard_at: float | None = None
     suspicion: Suspicion | None = None
 
     def record(self) -> MemberRecord:
@@ -39,7 +38,7 @@ class MemberTable:
     """Members by id, with an address index, a dense id list and a count of live members."""
 
     def __init__(self) -> None:
-        self._by_id: dict[str, Member] = {}
+        self._by_id: dict[str, MemberRow] = {}
         self._by_addr: dict[str, str] = {}
         self._ids: list[str] = []
         self._pos: dict[str, int] = {}
@@ -48,19 +47,19 @@ class MemberTable:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def __iter__(self) -> Iterator[Member]:
+    def __iter__(self) -> Iterator[MemberRow]:
         return iter(self._by_id.values())
 
-    def get(self, node_id: str) -> Member | None:
+    def get(self, node_id: str) -> MemberRow | None:
         """The member with this id, if known."""
         return self._by_id.get(node_id)
 
-    def by_addr(self, addr: str) -> Member | None:
+    def by_addr(self, addr: str) -> MemberRow | None:
         """The member last seen at this address, if any."""
         node_id = self._by_addr.get(addr)
         return None if node_id is None else self._by_id.get(node_id)
 
-    def add(self, member: Member) -> None:
+    def add(self, member: MemberRow) -> None:
         """Insert a new member."""
         self._by_id[member.node_id] = member
         self._by_addr[member.addr] = member.node_id
@@ -80,13 +79,13 @@ class MemberTable:
             self._pos[last] = pos
         self.live -= member.state in LIVE
 
-    def set_state(self, member: Member, state: MemberState, now: float) -> None:
+    def set_state(self, member: MemberRow, state: MemberState, now: float) -> None:
         """Change a member's state, keeping the live count."""
         self.live += (state in LIVE) - (member.state in LIVE)
         member.state = state
         member.changed_at = now
 
-    def set_addr(self, member: Member, addr: str) -> None:
+    def set_addr(self, member: MemberRow, addr: str) -> None:
         """Move a member to a new address."""
         if self._by_addr.get(member.addr) == member.node_id:
             del self._by_addr[member.addr]
@@ -97,12 +96,12 @@ class MemberTable:
         """Every known id (a copy)."""
         return list(self._ids)
 
-    def sample(self, rng: random.Random, k: int, accept: Callable[[Member], bool]) -> list[Member]:
+    def sample(self, rng: random.Random, k: int, accept: Callable[[MemberRow], bool]) -> list[MemberRow]:
         """Up to k distinct random members passing `accept`; exact for small tables, O(k) otherwise."""
         if len(self._ids) <= 4 * k + 16:
             pool = [m for m in self._by_id.values() if accept(m)]
             return rng.sample(pool, min(k, len(pool)))
-        chosen: dict[str, Member] = {}
+        chosen: dict[str, MemberRow] = {}
         for _ in range(8 * k + 32):
             member = self._by_id[self._ids[rng.randrange(len(self._ids))]]
             if member.node_id not in chosen and accept(member):
@@ -124,7 +123,7 @@ class ProbeOrder:
         """A new member goes to a random place among those not yet probed in this pass."""
         self._ids.insert(self._rng.randint(self._at, len(self._ids)), node_id)
 
-    def next(self, table: MemberTable, now: float, reap_after: float) -> Member | None:
+    def next(self, table: MemberTable, now: float, reap_after: float) -> MemberRow | None:
         """The next live member to probe; at the end of a pass, reap old dead members and reshuffle."""
         for _ in range(len(self._ids) + 1):
             if self._at >= len(self._ids):

@@ -106,7 +106,7 @@ def principal_from_uris(uris: Iterable[str]) -> Principal:
 # -- the policy -----------------------------------------------------------------------------------
 NEEDS: dict[str, Need] = {
     "Deliver": Need.PEER, "Stream": Need.PEER, "Join": Need.PEER, "GroupFailed": Need.PEER,
-    "ReportCheckpoint": Need.PEER, "FetchEntries": Need.LOG, "FetchSnapshot": Need.LOG,
+    "ReportCheckpoint": Need.PEER, "FetchEntries": Need.LOG,
     "FetchCheckpoint": Need.LOG, "Force": Need.OPERATOR, "KvPut": Need.OPERATOR, "JobControl": Need.OPERATOR,
     "Status": Need.READ, "KvGet": Need.READ,
     "Leave": Need.OPERATOR,  # but a node may commit its own leave through the leader (authorize)
@@ -138,7 +138,7 @@ def claims(method: str, request: Any) -> list[str]:
         return envelope_claims(request)
     if method == "Stream":
         return [c for envelope in request.envelopes for c in envelope_claims(envelope)]
-    if method in ("Join", "GroupFailed", "ReportCheckpoint", "FetchEntries", "FetchSnapshot", "Leave"):
+    if method in ("Join", "GroupFailed", "ReportCheckpoint", "FetchEntries", "Leave"):
         return [request.node_id]
     return []
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from enum import Enum
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from dpeer.sim.network import SimNetwork
 
@@ -30,6 +31,7 @@ class Actor(Protocol):
         """The virtual time the actor next wants tick() called, or None for never."""
 
 
+@runtime_checkable
 class Refusing(Protocol):
     """Optional: actors that learn a destination refused a connection (its process is gone)."""
 
@@ -41,12 +43,21 @@ class Refusing(Protocol):
 class NodeSlot:
     """The simulator's record of one node: its actor and process state."""
 
-    actor: Any
+    actor: Actor
     up: bool = True
     paused: bool = False
     epoch: int = 0
     tick_at: float | None = None
     held: list[tuple[str, Any]] = field(default_factory=list)
+
+
+class _Event(Enum):
+    """What a queued event does."""
+
+    CALL = "call"  # run a scheduled function (a fault, a proposal)
+    TICK = "tick"  # a node's timers are due
+    DELIVER = "deliver"  # a message reaches its destination
+    REFUSED = "refused"  # a sender learns its destination has no process
 
 
 @dataclass
@@ -79,11 +90,11 @@ class Simulator:
         self.stats = SimStats()
         self._size_of = size_of
         self._refused_delay = refused_delay
-        self._queue: list[tuple[float, int, str, tuple]] = []
+        self._queue: list[tuple[float, int, _Event, tuple]] = []
         self._seq = 0
 
     # -- nodes -------------------------------------------------------------------------
-    def add(self, node_id: str, actor: Any) -> None:
+    def add(self, node_id: str, actor: Actor) -> None:
         """Start a node running `actor`."""
         self.nodes[node_id] = NodeSlot(actor=actor)
         self._reschedule(node_id)
@@ -103,7 +114,7 @@ class Simulator:
         slot.epoch += 1
         slot.tick_at = None
 
-    def restart(self, node_id: str, actor: Any) -> None:
+    def restart(self, node_id: str, actor: Actor) -> None:
         """Bring a crashed node back with a new actor (built from its durable state)."""
         slot = self.nodes[node_id]
         slot.actor, slot.up, slot.paused = actor, True, False
@@ -121,7 +132,7 @@ class Simulator:
         slot.paused = False
         held, slot.held = slot.held, []
         for src, msg in held:
-            self._push(self.now, "deliver", (node_id, src, msg, slot.epoch))
+            self._push(self.now, _Event.DELIVER, (node_id, src, msg, slot.epoch))
         slot.tick_at = None
         self._reschedule(node_id)
 
@@ -133,7 +144,7 @@ class Simulator:
     # -- time --------------------------------------------------------------------------
     def at(self, when: float, fn: Callable[[], None]) -> None:
         """Run fn (a fault, a proposal, a probe) at virtual time `when`."""
-        self._push(when, "call", (fn,))
+        self._push(when, _Event.CALL, (fn,))
 
     def run_until(self, until: float, check: Callable[["Simulator"], None] | None = None) -> None:
         """Process events up to virtual time `until`, calling check after each one."""
@@ -151,21 +162,19 @@ class Simulator:
         self.run_until(self.now + duration, check)
 
     # -- internals ---------------------------------------------------------------------
-    def _push(self, when: float, kind: str, data: tuple) -> None:
+    def _push(self, when: float, kind: _Event, data: tuple) -> None:
         self._seq += 1
         heapq.heappush(self._queue, (when, self._seq, kind, data))
 
-    def _dispatch(self, kind: str, data: tuple) -> bool:
-        if kind == "call":
+    def _dispatch(self, kind: _Event, data: tuple) -> bool:
+        if kind is _Event.CALL:
             data[0]()
             return True
-        if kind == "tick":
+        if kind is _Event.TICK:
             return self._on_tick(*data)
-        if kind == "deliver":
+        if kind is _Event.DELIVER:
             return self._on_deliver(*data)
-        if kind == "refused":
-            return self._on_refused(*data)
-        raise AssertionError(f"unknown event kind {kind}")
+        return self._on_refused(*data)
 
     def _on_tick(self, node_id: str, epoch: int, when: float) -> bool:
         slot = self.nodes[node_id]
@@ -193,10 +202,9 @@ class Simulator:
         slot = self.nodes[src]
         if not slot.up or slot.paused or slot.epoch != epoch:
             return False
-        hook = getattr(slot.actor, "unreachable", None)
-        if hook is None:
+        if not isinstance(slot.actor, Refusing):
             return False
-        self._send_all(src, hook(self.now, dst))
+        self._send_all(src, slot.actor.unreachable(self.now, dst))
         self._reschedule(src)
         return True
 
@@ -216,9 +224,9 @@ class Simulator:
             return
         if target is None or not target.up:
             self.stats.dropped += 1
-            self._push(self.now + self._refused_delay, "refused", (src, dst, self.nodes[src].epoch))
+            self._push(self.now + self._refused_delay, _Event.REFUSED, (src, dst, self.nodes[src].epoch))
             return
-        self._push(self.now + delay, "deliver", (dst, src, msg, target.epoch))
+        self._push(self.now + delay, _Event.DELIVER, (dst, src, msg, target.epoch))
 
     def _reschedule(self, node_id: str) -> None:
         slot = self.nodes[node_id]
@@ -231,4 +239,4 @@ class Simulator:
         if slot.tick_at is not None and slot.tick_at <= want:
             return
         slot.tick_at = want
-        self._push(want, "tick", (node_id, slot.epoch, want))
+        self._push(want, _Event.TICK, (node_id, slot.epoch, want))

@@ -23,7 +23,7 @@ _MAX_INDEX = (1 << 64) - 1
 _CRC_93 = zlib.crc32(b"\x93")  # CRC of the 3-element array header the CRC covers
 
 
-class EntryKind(str, enum.Enum):
+class EntryKind(enum.StrEnum):
     """What a log entry records; the value is the string stored on disk and sent on the wire."""
 
     MEMBER_JOINED = "member_joined"
@@ -33,14 +33,12 @@ class EntryKind(str, enum.Enum):
     CHECKPOINT = "checkpoint"
     KV_PUT = "kv_put"
     KV_DELETE = "kv_delete"
-    CONTROL = "control"
     NOOP = "noop"
     CONFIG_CHANGE = "config_change"
     JOB = "job"
 
 
 _KINDS: dict[str, EntryKind] = {k.value: k for k in EntryKind}
-CONTROL_ACTIONS: tuple[str, ...] = ("pause", "resume", "drain")
 JOB_STATES: tuple[str, ...] = ("running", "failed")
 
 
@@ -232,26 +230,11 @@ _SCHEMAS: dict[EntryKind, Any] = {
     and type(p.get("final", False)) is bool,
     EntryKind.KV_PUT: lambda p: _is_str(p.get("key"), nonempty=True) and _is_str(p.get("value")),
     EntryKind.KV_DELETE: lambda p: _is_str(p.get("key"), nonempty=True),
-    EntryKind.CONTROL: lambda p: p.get("action") in CONTROL_ACTIONS,
     EntryKind.NOOP: lambda p: True,
     EntryKind.CONFIG_CHANGE: _config_ok,
     EntryKind.JOB: lambda p: p.get("state") in JOB_STATES
     and _is_str(p.get("error", "")) and _is_str(p.get("node", "")) and _is_int(p.get("step", 0))
     and _is_str(p.get("digest", "")),
-}
-
-PAYLOAD_FIELDS: dict[EntryKind, tuple[str, ...]] = {
-    EntryKind.MEMBER_JOINED: ("node_id", "addr"),
-    EntryKind.MEMBER_LEFT: ("node_id",),
-    EntryKind.MEMBER_DEAD: ("node_id",),
-    EntryKind.VIEW: ("generation", "members", "store_host"),
-    EntryKind.CHECKPOINT: ("step", "digest", "holders"),
-    EntryKind.KV_PUT: ("key", "value"),
-    EntryKind.KV_DELETE: ("key",),
-    EntryKind.CONTROL: ("action",),
-    EntryKind.NOOP: (),
-    EntryKind.CONFIG_CHANGE: ("voters", "learners", "uids", "epoch"),
-    EntryKind.JOB: ("state",),
 }
 
 

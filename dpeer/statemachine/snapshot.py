@@ -17,7 +17,7 @@ SNAPSHOT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class StateSnapshot:
     """The applied state as of log position (index, term), encoded as sealed bytes."""
 
     index: int
@@ -25,11 +25,11 @@ class Snapshot:
     data: bytes
 
 
-def encode_snapshot(state: ClusterState) -> Snapshot:
+def encode_snapshot(state: ClusterState) -> StateSnapshot:
     """Encode a state as a snapshot at its own applied index and term."""
     body = [SNAPSHOT_VERSION, state.applied_index, state.applied_term, state_to_dict(state)]
     data = seal(msgpack.packb(body, use_bin_type=True))
-    return Snapshot(state.applied_index, state.applied_term, data)
+    return StateSnapshot(state.applied_index, state.applied_term, data)
 
 
 def decode_snapshot(index: int, term: int, data: bytes) -> ClusterState:

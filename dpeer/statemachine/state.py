@@ -19,10 +19,16 @@ from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
 
 STATE_VERSION = 1
-MEMBER_STATUSES = ("active", "left", "dead")
 CONTROL_MODES = ("running", "paused", "draining")
-_CONTROL = {"pause": "paused", "resume": "running", "drain": "draining"}
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class MemberStatus(enum.StrEnum):
+    """A member's committed status: active until a member_left or member_dead entry ends it."""
+
+    ACTIVE = "active"
+    LEFT = "left"
+    DEAD = "dead"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +39,21 @@ class Member:
     the identity (store uid) it joined with: a new uid under a known node id is a lost disk."""
 
     addr: str
-    status: str
+    status: MemberStatus
     joined_index: int
     store_port: int = 0
     ready: bool = True
     uid: str = ""
 
+    def __post_init__(self) -> None:
+        """Take a status by its value too ("active"); an unknown one raises ValueError."""
+        object.__setattr__(self, "status", MemberStatus(self.status))
+
 
 @dataclass(frozen=True, slots=True)
-class View:
+class CommittedView:
     """A training group view: one per generation, members in rank order, the rendezvous host, and
-    the random secret the leader drew for the generation's rendezvous ("" in views from before)."""
+    the random secret the leader drew for the generation's rendezvous ("" when none was drawn)."""
 
     generation: int
     members: tuple[str, ...]
@@ -62,7 +72,7 @@ class Checkpoint:
     final: bool = False
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """The committed state of the cluster's job: training goes on, halted as broken, or done."""
 
     RUNNING = "running"
@@ -96,7 +106,7 @@ class ClusterState:
     members: Mapping[str, Member] = field(default_factory=lambda: _EMPTY)
     voters: tuple[str, ...] = ()
     learners: tuple[str, ...] = ()
-    view: View | None = None
+    view: CommittedView | None = None
     checkpoint: Checkpoint | None = None
     kv: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     control: str = "running"
@@ -170,18 +180,18 @@ def _apply_one(w: _Work, e: Entry) -> str:
 
 def _joined(w: _Work, p: dict[str, Any], index: int) -> str:
     old = w.members.get(p["node_id"])
-    joined = old.joined_index if old is not None and old.status == "active" else index
-    w.members[p["node_id"]] = Member(p["addr"], "active", joined, p.get("store_port", 0), p.get("ready", True),
+    joined = old.joined_index if old is not None and old.status is MemberStatus.ACTIVE else index
+    w.members[p["node_id"]] = Member(p["addr"], MemberStatus.ACTIVE, joined, p.get("store_port", 0), p.get("ready", True),
                                      p.get("uid", ""))
     return ""
 
 
-def _status(status: str) -> Callable[[_Work, dict[str, Any], int], str]:
+def _status(status: MemberStatus) -> Callable[[_Work, dict[str, Any], int], str]:
     def rule(w: _Work, p: dict[str, Any], index: int) -> str:
         old = w.members.get(p["node_id"])
         if old is None:
             return f"unknown member {p['node_id']}"
-        if old.status != "active":
+        if old.status is not MemberStatus.ACTIVE:
             return f"member {p['node_id']} is already {old.status}"
         w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port, old.ready, old.uid)
         return ""
@@ -193,10 +203,10 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
     current = w.view.generation if w.view is not None else 0
     if p["generation"] != current + 1:
         return f"view generation {p['generation']} is not current generation {current} + 1"
-    absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) != "active"]
+    absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
-    w.view = View(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
+    w.view = CommittedView(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
     return ""
 
 
@@ -216,11 +226,6 @@ def _kv_put(w: _Work, p: dict[str, Any], index: int) -> str:
 
 def _kv_delete(w: _Work, p: dict[str, Any], index: int) -> str:
     return "" if w.kv.pop(p["key"], None) is not None else f"no key {p['key']!r}"
-
-
-def _control(w: _Work, p: dict[str, Any], index: int) -> str:
-    w.control = _CONTROL[p["action"]]
-    return ""
 
 
 def _job(w: _Work, p: dict[str, Any], index: int) -> str:
@@ -246,13 +251,12 @@ def _config(w: _Work, p: dict[str, Any], index: int) -> str:
 
 _RULES: dict[EntryKind, Callable[[_Work, dict[str, Any], int], str]] = {
     EntryKind.MEMBER_JOINED: _joined,
-    EntryKind.MEMBER_LEFT: _status("left"),
-    EntryKind.MEMBER_DEAD: _status("dead"),
+    EntryKind.MEMBER_LEFT: _status(MemberStatus.LEFT),
+    EntryKind.MEMBER_DEAD: _status(MemberStatus.DEAD),
     EntryKind.VIEW: _view,
     EntryKind.CHECKPOINT: _checkpoint,
     EntryKind.KV_PUT: _kv_put,
     EntryKind.KV_DELETE: _kv_delete,
-    EntryKind.CONTROL: _control,
     EntryKind.NOOP: lambda w, p, i: "",
     EntryKind.CONFIG_CHANGE: _config,
     EntryKind.JOB: _job,
@@ -265,7 +269,7 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "v": STATE_VERSION,
         "applied_index": s.applied_index,
         "applied_term": s.applied_term,
-        "members": {k: [m.addr, m.status, m.joined_index, m.store_port, m.ready, m.uid]
+        "members": {k: [m.addr, m.status.value, m.joined_index, m.store_port, m.ready, m.uid]
                     for k, m in s.members.items()},
         "voters": list(s.voters),
         "learners": list(s.learners),
@@ -309,17 +313,16 @@ def _from_dict(d: Any) -> ClusterState:
     _need(type(idx) is int and idx >= 0 and type(term) is int and term >= 0, "applied index/term")
     members = {}
     for nid, (addr, status, joined, store_port, ready, uid) in d["members"].items():
-        _need(type(nid) is str and type(addr) is str and status in MEMBER_STATUSES, "member")
+        _need(type(nid) is str and type(addr) is str and status in {s.value for s in MemberStatus}, "member")
         _need(type(joined) is int and 0 < joined <= idx, "member joined_index")
         _need(type(store_port) is int and 0 <= store_port < 65536 and type(ready) is bool, "member store_port/ready")
         _need(uid == "" or valid_uid(uid), "member uid")
         members[nid] = Member(addr, status, joined, store_port, ready, uid)
     view = None
     if d["view"] is not None:
-        gen, vmembers, host, *rest = d["view"]  # a state from before view secrets has no fourth field
-        secret = rest[0] if rest else ""
-        _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str and len(rest) <= 1, "view")
-        view = View(gen, _ids(vmembers), host, secret)
+        gen, vmembers, host, secret = d["view"]
+        _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
+        view = CommittedView(gen, _ids(vmembers), host, secret)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

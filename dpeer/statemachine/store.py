@@ -52,7 +52,7 @@ from dpeer.statemachine.meta import (
     salvage,
 )
 from dpeer.statemachine.props import StoreProperties
-from dpeer.statemachine.snapshot import Snapshot, decode_snapshot, encode_snapshot
+from dpeer.statemachine.snapshot import StateSnapshot, decode_snapshot, encode_snapshot
 from dpeer.statemachine.state import (
     ApplyResult,
     ClusterState,
@@ -244,7 +244,7 @@ class Store(StoreProperties):
                     truncate_from: int | None) -> None:
         if truncate_from is not None:
             delete_range(txn, self._dbs["log"], truncate_from, None)
-        consumed, added = txn.cursor(db=self._dbs["log"]).putmulti(items, append=True)
+        _, added = txn.cursor(db=self._dbs["log"]).putmulti(items, append=True)
         if added != len(items):
             # py-lmdb reports an out-of-order append=True put only through this count.
             raise StoreError(f"log append wrote {added} of {len(items)} entries: keys out of order "
@@ -357,7 +357,7 @@ class Store(StoreProperties):
         self.snapshot_now(keep_tail)
         return True
 
-    def snapshot_now(self, keep_tail: int = 1_000) -> Snapshot:
+    def snapshot_now(self, keep_tail: int = 1_000) -> StateSnapshot:
         """Durably snapshot the applied state and drop log entries below last_applied - keep_tail + 1,
         keeping a tail for slow peers."""
         self._live()
@@ -379,7 +379,7 @@ class Store(StoreProperties):
         m.snapshot_index, m.snapshot_term, m.first_index = snap.index, snap.term, new_first
         return snap
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> StateSnapshot:
         """The stored snapshot (what a peer behind first_index is sent); the empty state if none."""
         self._live()
         if self._meta.snapshot_index == 0:
@@ -388,7 +388,7 @@ class Store(StoreProperties):
             data = txn.get(SNAP_KEY, db=self._dbs["snap"])
         if data is None:
             raise CorruptState("the snapshot named by meta is missing")
-        return Snapshot(self._meta.snapshot_index, self._meta.snapshot_term, bytes(data))
+        return StateSnapshot(self._meta.snapshot_index, self._meta.snapshot_term, bytes(data))
 
     def install_snapshot(self, index: int, term: int, data: bytes) -> None:
         """Replace the state with a peer's snapshot (validated first); keep the log after index if

@@ -6,7 +6,7 @@ connection per store address. Each generation rendezvous under its own prefix (a
 hangs, pytorch#55967), ``gen{g}`` plus a tag derived from the generation's secret, so only members
 can write the keys the group forms from; Gloo binds the configured address only. Re-forming drops every reference to the old group, destroys it and
 runs ``gc.collect()`` before the new ``init_process_group``: a live traceback keeps the old group
-alive and leaves other survivors blocked (pytorch#107298, DESIGN "Training").
+alive and leaves other survivors blocked (pytorch#107298, docs/architecture.md "Decisions").
 
 NCCL (when CUDA is present) cannot be destroyed safely after a failure: the watchdog's teardown is
 turned off (TORCH_NCCL_ASYNC_ERROR_HANDLING=0, blocking wait so timeouts raise in the caller),

@@ -25,8 +25,6 @@ from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
 log = logging.getLogger("dpeer.transport")
 BATCH_BYTES = 4 * 1024 * 1024
 """A batch stops growing past this many bytes, well below MAX_MESSAGE_BYTES."""
-UNARY_RETRY_STREAM = 30.0
-"""Seconds a peer that answered Stream with UNIMPLEMENTED is reached through Deliver only."""
 
 _ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: errors.BadRequest,
@@ -110,14 +108,13 @@ class _Link:
         self.wake = asyncio.Event()
         self.call: grpc.aio.StreamUnaryCall | None = None
         self.established = False  # the current call reached the peer (its initial metadata came back)
-        self.unary_until = 0.0  # the peer lacks Stream (an older v1 peer): use Deliver until then
 
 
 class PeerSender:
     """Fire-and-forget delivery of protocol messages, with a bound on what waits per peer.
 
     Each peer gets one long-lived client stream (Peer.Stream); what is queued for it in one loop
-    turn leaves as one EnvelopeBatch. A peer without Stream is reached through unary Deliver.
+    turn leaves as one EnvelopeBatch.
     A refused connection is reported at once through `on_refused(addr)`: it is the strongest
     evidence of a dead process there is, and arrives in about a millisecond on a LAN. A stream
     that breaks after it was established is reopened at once, so a dead peer's refusal is seen
@@ -135,7 +132,6 @@ class PeerSender:
         self._on_rtt = on_rtt
         self._timeout = timeout
         self._max = max_in_flight
-        self._in_flight: dict[str, int] = {}
         self._links: dict[str, _Link] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closed = False
@@ -161,7 +157,7 @@ class PeerSender:
         if link is None:
             link = self._links[addr] = _Link(addr)
             self._spawn(self._pump(link))
-        if len(link.queue) + self._in_flight.get(addr, 0) >= self._max or self._closed:
+        if len(link.queue) >= self._max or self._closed:
             self.dropped += 1
             return
         link.queue.append(envelope)
@@ -179,10 +175,6 @@ class PeerSender:
             await link.wake.wait()
             link.wake.clear()
             while link.queue:
-                if time.monotonic() < link.unary_until:
-                    while link.queue:
-                        self._unary(link.addr, link.queue.popleft())
-                    break
                 call = link.call or self._open(link)
                 batch = _take(link.queue)
                 try:
@@ -219,44 +211,17 @@ class PeerSender:
             link.call = None
 
     def _broken(self, link: _Link, call: grpc.aio.StreamUnaryCall, exc: grpc.aio.AioRpcError) -> None:
-        """The stream ended in error: report a refusal, fall back to Deliver, or reopen at once."""
+        """The stream ended in error: report a refusal, or reopen at once."""
         if link.call is not call:
             return
         link.call, was_established = None, link.established
         code = exc.code()
         if is_refused(exc):
             self._on_refused(link.addr)
-        elif code == grpc.StatusCode.UNIMPLEMENTED:
-            log.info("peer %s has no Stream method; sending it one Deliver call per message", link.addr)
-            link.unary_until = time.monotonic() + UNARY_RETRY_STREAM
-            link.wake.set()
         elif code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
             log.warning("peer %s ended our message stream: %s: %s", link.addr, code.name, exc.details())
         elif was_established and not self._closed:
             self._open(link)
-
-    def _unary(self, addr: str, envelope: pb.Envelope) -> None:
-        if self._in_flight.get(addr, 0) >= self._max:
-            self.dropped += 1
-            return
-        self._in_flight[addr] = self._in_flight.get(addr, 0) + 1
-        self._spawn(self._deliver(addr, envelope))
-
-    async def _deliver(self, addr: str, envelope: pb.Envelope) -> None:
-        try:
-            started = time.monotonic()
-            await self._channels.stub(addr).Deliver(
-                envelope, timeout=self._timeout, metadata=self._channels.metadata
-            )
-            if self._on_rtt is not None:
-                self._on_rtt(time.monotonic() - started)
-        except grpc.aio.AioRpcError as exc:
-            if is_refused(exc):
-                self._on_refused(addr)
-            elif exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-                log.warning("peer %s rejected a %s: %s", addr, envelope.WhichOneof("body"), exc.details())
-        finally:
-            self._in_flight[addr] -= 1
 
     async def close(self) -> None:
         """Cancel the streams and the deliveries still waiting."""
@@ -362,16 +327,6 @@ class NodeClient:
         """Stream committed entries [from_index, to_index] from the node."""
         request = pb.FetchEntriesRequest(node_id=node_id, from_index=from_index, to_index=to_index)
         call = self._channels.stub(self.addr).FetchEntries(request, timeout=timeout, metadata=self._metadata)
-        try:
-            async for chunk in call:
-                yield chunk
-        except grpc.aio.AioRpcError as exc:
-            raise translate(exc, self.addr) from None
-
-    async def fetch_snapshot(self, node_id: str, offset: int = 0, timeout: float = 60.0) -> AsyncIterator[pb.SnapshotChunk]:
-        """Stream the node's newest snapshot from offset on."""
-        request = pb.FetchSnapshotRequest(node_id=node_id, offset=offset)
-        call = self._channels.stub(self.addr).FetchSnapshot(request, timeout=timeout, metadata=self._metadata)
         try:
             async for chunk in call:
                 yield chunk

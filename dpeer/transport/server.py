@@ -46,9 +46,6 @@ class PeerHandler(Protocol):
     def fetch_entries(self, request: pb.FetchEntriesRequest) -> AsyncIterator[pb.EntryChunk]:
         """Stream committed entries from request.from_index on."""
 
-    def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
-        """Stream the newest snapshot from request.offset on."""
-
     async def join(self, request: pb.JoinRequest) -> pb.JoinReply:
         """Admit a node to the cluster (through the leader)."""
 
@@ -150,7 +147,7 @@ def _safe(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], ob
 
 _HANDLERS = {"Deliver": "deliver", "Join": "join", "Leave": "leave", "GroupFailed": "group_failed",
              "Force": "force", "ReportCheckpoint": "report_checkpoint", "KvPut": "kv_put", "KvGet": "kv_get",
-             "FetchEntries": "fetch_entries", "FetchSnapshot": "fetch_snapshot", "JobControl": "job_control",
+             "FetchEntries": "fetch_entries", "JobControl": "job_control",
              "FetchCheckpoint": "fetch_checkpoint"}
 
 
@@ -265,7 +262,7 @@ _UU, _US, _SU = (grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_meth
 _TYPES = {
     "Deliver": (pb.Envelope, pb.Delivered, _UU), "Stream": (pb.EnvelopeBatch, pb.Delivered, _SU),
     "FetchEntries": (pb.FetchEntriesRequest, pb.EntryChunk, _US),
-    "FetchSnapshot": (pb.FetchSnapshotRequest, pb.SnapshotChunk, _US), "Join": (pb.JoinRequest, pb.JoinReply, _UU),
+    "Join": (pb.JoinRequest, pb.JoinReply, _UU),
     "Leave": (pb.LeaveRequest, pb.LeaveReply, _UU), "Status": (pb.StatusRequest, pb.StatusReply, _UU),
     "KvPut": (pb.KvPutRequest, pb.KvPutReply, _UU), "KvGet": (pb.KvGetRequest, pb.KvGetReply, _UU),
     "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, _UU),

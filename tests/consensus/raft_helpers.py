@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, bootstrap
+from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, Role, bootstrap
+from dpeer.consensus.ready import persist
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -26,7 +27,7 @@ def uid_for(nid: str, disk: int = 0) -> str:
     return "%032x" % random.Random(f"{nid}/{disk}").getrandbits(128)
 
 
-class Net:
+class RaftNet:
     """Nodes over MemoryStorage; messages queue until deliver() and may be cut or filtered."""
 
     def __init__(self, ids: list[str], voters: list[str] | None = None,
@@ -67,14 +68,7 @@ class Net:
         node, st = self.nodes[nid], self.storages[nid]
         while node.has_ready():
             rd = node.ready()
-            hs = rd.hard_state
-            if hs is not None:
-                st.set_hard_state(hs.term, hs.voted_for)
-            if rd.snapshot is not None:
-                st.install_snapshot(rd.snapshot)
-            st.append(rd.entries)
-            if hs is not None:
-                st.set_commit(hs.commit)
+            persist(st, rd)
             for e in rd.committed_entries:
                 st.apply_to(e.index)
                 self.applied[nid].append(e)
@@ -153,7 +147,7 @@ class Net:
 
     def leaders(self) -> list[str]:
         """Nodes that believe they lead."""
-        return [n for n, node in self.nodes.items() if node.role.value == "leader"]
+        return [n for n, node in self.nodes.items() if node.role is Role.LEADER]
 
     def propose(self, nid: str, i: int) -> Any:
         """Propose kv i at nid and deliver."""

@@ -1,4 +1,4 @@
-"""Seeded schedules over raft_sim.Cluster; a violation raises AssertionError naming it, and
+"""Seeded schedules over raft_sim.RaftCluster; a violation raises AssertionError naming it, and
 `python tests/consensus/raft_schedules.py SEED N [--chaos-s S] [--force]` replays one run exactly.
 
 - run_schedule: chaos (crashes, restarts, wipes, partitions, loss, pauses, and force sent to
@@ -16,12 +16,12 @@ from __future__ import annotations
 import argparse
 import random
 
-from raft_sim import Cluster
+from raft_sim import RaftCluster
 
 from dpeer.consensus import LAN, RaftConfig, Refused, force_after
 
 
-def _proposals(c: Cluster, start: float, until: float, chaos: float) -> None:
+def _proposals(c: RaftCluster, start: float, until: float, chaos: float) -> None:
     """Client proposals every 20-80 ms in [start, until), a fault after each with probability chaos."""
     t = start
     while t < until:
@@ -32,7 +32,7 @@ def _proposals(c: Cluster, start: float, until: float, chaos: float) -> None:
             c.sim.at(t + 0.001, c.chaos)
 
 
-def _check_live(c: Cluster, seed: int, quiet_s: float, commit_within: float = 3.0) -> None:
+def _check_live(c: RaftCluster, seed: int, quiet_s: float, commit_within: float = 3.0) -> None:
     """Heal everything; then a leader within quiet_s, and its next entry committed on every node
     within commit_within (a node back on a new disk is added back as a learner first, and
     learners are beaten once a second)."""
@@ -49,9 +49,9 @@ def _check_live(c: Cluster, seed: int, quiet_s: float, commit_within: float = 3.
         assert node.commit_index >= res.index, f"seed {seed}: {nid} did not commit {res.index}"
 
 
-def run_schedule(seed: int, n: int, chaos_s: float = 1.0, quiet_s: float = 1.5) -> Cluster:
+def run_schedule(seed: int, n: int, chaos_s: float = 1.0, quiet_s: float = 1.5) -> RaftCluster:
     """Chaos with client proposals, then recovery; asserts safety throughout and liveness after."""
-    c = Cluster(seed, n, compact_every=random.Random(seed).choice([0, 0, 8]))
+    c = RaftCluster(seed, n, compact_every=random.Random(seed).choice([0, 0, 8]))
     _proposals(c, 0.0, chaos_s, 0.25)
     c.sim.run_until(chaos_s)
     accepted = [f for f in c.forces if not isinstance(f[3], Refused)]
@@ -60,9 +60,9 @@ def run_schedule(seed: int, n: int, chaos_s: float = 1.0, quiet_s: float = 1.5) 
     return c
 
 
-def run_force_schedule(seed: int, n: int, quiet_s: float = 3.0) -> Cluster:
+def run_force_schedule(seed: int, n: int, quiet_s: float = 3.0) -> RaftCluster:
     """Lose a majority for good, misuse force on the way, then force as the README says."""
-    c = Cluster(seed, n, compact_every=random.Random(seed).choice([0, 8]))
+    c = RaftCluster(seed, n, compact_every=random.Random(seed).choice([0, 8]))
     rng, wait = c.rng, force_after(c.cfg)
     _proposals(c, 0.0, 1.0, 0.0)
     c.sim.run_until(1.0)
@@ -105,7 +105,7 @@ def election_times(trials: int, n: int = 5, cfg: RaftConfig = LAN, seed: int = 0
     2-3 s after start, when an idle-capable leader has gone idle)."""
     out = []
     for k in range(trials):
-        c = Cluster(seed * 100_003 + k, n, cfg, detector=detector)
+        c = RaftCluster(seed * 100_003 + k, n, cfg, detector=detector)
         c.sim.run_for(2.0 + c.rng.random())
         old = c.leader()
         assert old is not None

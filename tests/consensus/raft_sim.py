@@ -27,7 +27,7 @@ DETECT_AFTER = 0.25  # gossip's SIGKILL-to-dead time on loopback (BENCHMARKS.md 
 CHORES_EVERY = 0.05  # how often the leader-chores model looks (the daemon's: 20 ms)
 
 
-class Cluster:
+class RaftCluster:
     """n bootstrapped voters on a Simulator, driven by a seeded chaos schedule.
 
     With detector=True a failure-detector model stands in for gossip: a node whose leader (or,
@@ -119,7 +119,7 @@ class Cluster:
 
     def _watched(self, nid: str) -> list[str]:
         node = self.actor(nid).node
-        if node.role.value == "leader":
+        if node.role is Role.LEADER:
             return [v for v in sorted(node.membership.voters) if v != nid]
         return [] if node.leader in (None, nid) else [node.leader]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from raft_helpers import CFG
 
-from dpeer.consensus import EDGE, LAN, WAN, Membership, force_after
+from dpeer.consensus import EDGE, LAN, WAN, VotingConfig, force_after
 from dpeer.consensus.force import force_refusal, reach_window, reachable_voters
 
 U = {n: f"{i:032x}" for i, n in enumerate("abcde", 1)}
-FIVE = Membership.of("abcde", [], U)
+FIVE = VotingConfig.of("abcde", [], U)
 
 
 def test_the_wait_is_twice_the_longest_election_timeout() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raft_helpers import Net
+from raft_helpers import RaftNet
 
 from dpeer.consensus import Role
 from dpeer.consensus.messages import VoteRequest, VoteResponse
@@ -10,7 +10,7 @@ from dpeer.statemachine.entry import EntryKind
 
 
 def test_single_node_elects_itself_and_commits_its_noop() -> None:
-    net = Net(["a"])
+    net = RaftNet(["a"])
     net.elect("a")
     a = net.nodes["a"]
     assert a.role is Role.LEADER and a.term == 2
@@ -18,7 +18,7 @@ def test_single_node_elects_itself_and_commits_its_noop() -> None:
 
 
 def test_three_nodes_elect_one_leader_that_commits_a_noop_everywhere() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     assert net.leaders() == ["a"]
     assert {n.term for n in net.nodes.values()} == {2}
@@ -30,7 +30,7 @@ def test_three_nodes_elect_one_leader_that_commits_a_noop_everywhere() -> None:
 
 
 def test_a_vote_is_in_the_hard_state_of_the_same_ready_as_the_grant() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     grants = [(rd, m) for rd in net.readies["b"] for _, _, m in rd.messages
               if isinstance(m, VoteResponse) and m.granted and not m.pre_vote]
@@ -42,7 +42,7 @@ def test_a_vote_is_in_the_hard_state_of_the_same_ready_as_the_grant() -> None:
 
 
 def test_pre_vote_does_not_bump_the_term_of_an_isolated_node() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("c")
     for _ in range(5):
@@ -52,7 +52,7 @@ def test_pre_vote_does_not_bump_the_term_of_an_isolated_node() -> None:
 
 
 def test_a_partitioned_node_rejoining_does_not_disrupt_the_leader() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("c")
     for _ in range(3):
@@ -67,7 +67,7 @@ def test_a_partitioned_node_rejoining_does_not_disrupt_the_leader() -> None:
 
 
 def test_followers_reject_pre_votes_while_they_hear_from_a_leader() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.heartbeat("a")
     b = net.nodes["b"]
@@ -83,7 +83,7 @@ def test_followers_reject_pre_votes_while_they_hear_from_a_leader() -> None:
 
 
 def test_a_candidate_with_a_stale_log_is_refused() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("c")
     net.propose("a", 1)
@@ -99,7 +99,7 @@ def test_a_candidate_with_a_stale_log_is_refused() -> None:
 
 
 def test_check_quorum_makes_an_isolated_leader_step_down() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("a")
     t0 = net.now
@@ -112,7 +112,7 @@ def test_check_quorum_makes_an_isolated_leader_step_down() -> None:
 
 
 def test_a_leader_hearing_its_quorum_stays() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     for _ in range(40):
         net.heartbeat("a")
@@ -120,7 +120,7 @@ def test_a_leader_hearing_its_quorum_stays() -> None:
 
 
 def test_a_stale_leader_learns_the_new_term_from_any_reply() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("a")
     net.advance(10)
@@ -133,7 +133,7 @@ def test_a_stale_leader_learns_the_new_term_from_any_reply() -> None:
 
 
 def test_split_vote_resolves_after_another_timeout() -> None:
-    net = Net(["a", "b", "c", "d"])
+    net = RaftNet(["a", "b", "c", "d"])
     net.isolate("a")
     net.isolate("b")
     net.tick("a")
@@ -149,7 +149,7 @@ def test_split_vote_resolves_after_another_timeout() -> None:
 
 
 def test_restart_keeps_term_vote_and_log() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.propose("a", 1)
     net.heartbeat("a")

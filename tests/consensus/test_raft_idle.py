@@ -8,8 +8,9 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from raft_helpers import CFG, Net, kv
+from raft_helpers import CFG, RaftNet, kv
 
+from dpeer.consensus import Role
 from dpeer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
 from dpeer.consensus.replication import IDLE_AFTER_BEATS
 from dpeer.statemachine.entry import EntryKind
@@ -18,15 +19,15 @@ IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
                idle_learner_heartbeat_interval=2.0, idle_election_timeout=4.0)
 
 
-def _idle_net(voters: int = 3) -> Net:
+def _idle_net(voters: int = 3) -> RaftNet:
     names = list("abcde"[:voters])
-    net = Net([*names, "l"], voters=names, learners=["l"], cfg=IDLE)
+    net = RaftNet([*names, "l"], voters=names, learners=["l"], cfg=IDLE)
     net.elect("a")
     net.run(IDLE.election_timeout_max + 0.5, nodes=["a"])
     return net
 
 
-def _beats_in(net: Net, seconds: float) -> tuple[Counter, list[Heartbeat]]:
+def _beats_in(net: RaftNet, seconds: float) -> tuple[Counter, list[Heartbeat]]:
     before = len(net.sent("a", Heartbeat))
     net.run(seconds, nodes=["a"])
     new = net.sent("a", Heartbeat)[before:]
@@ -62,7 +63,7 @@ def test_an_idle_leader_beats_a_learner_that_lacks_entries_with_the_voters() -> 
 
 
 def test_a_new_leader_beats_at_the_busy_interval_without_the_idle_mark() -> None:
-    net = Net(["a", "b", "c"], cfg=IDLE)
+    net = RaftNet(["a", "b", "c"], cfg=IDLE)
     net.elect("a")
     beats, msgs = _beats_in(net, IDLE_AFTER_BEATS * IDLE.heartbeat_interval - 0.01)
     assert beats["b"] >= IDLE_AFTER_BEATS - 1 and not any(m.idle for m in msgs)
@@ -91,7 +92,7 @@ def test_a_leader_appending_every_beat_stays_busy() -> None:
 
 
 def test_a_voter_that_lags_keeps_the_leader_busy() -> None:
-    net = Net(["a", "b", "c"], cfg=IDLE)
+    net = RaftNet(["a", "b", "c"], cfg=IDLE)
     net.elect("a")
     net.cut |= {("a", "c")}
     net.propose("a", 1)
@@ -121,7 +122,7 @@ def test_leader_lost_makes_the_first_successor_campaign_within_half_a_beat_and_t
         wait = net.nodes[n].next_deadline() - net.now
         assert IDLE.heartbeat_interval / 2 + place * slot <= wait <= IDLE.heartbeat_interval / 2 + (place + 0.25) * slot
     net.run(IDLE.heartbeat_interval / 2 + slot / 4 + 0.05, nodes=["b", "c"])
-    assert [n for n in "bc" if net.nodes[n].role.value == "leader"] == ["b"]
+    assert [n for n in "bc" if net.nodes[n].role is Role.LEADER] == ["b"]
 
 
 def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
@@ -131,7 +132,7 @@ def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
     for n in "cde":
         net.nodes[n].leader_lost(net.now, "a")
     net.run(IDLE.heartbeat_interval / 2 + 1.25 * IDLE.election_timeout_min / 2 + 0.05, nodes=["c", "d", "e"])
-    assert [n for n in "cde" if net.nodes[n].role.value == "leader"] == ["c"]
+    assert [n for n in "cde" if net.nodes[n].role is Role.LEADER] == ["c"]
 
 
 def test_leader_lost_for_another_node_or_on_the_leader_changes_nothing() -> None:
@@ -157,7 +158,7 @@ def test_an_idle_leader_cut_off_from_its_voters_steps_down_within_two_idle_windo
     net = _idle_net()
     net.isolate("a")
     net.run(2 * IDLE.idle_election_timeout + 0.1, nodes=["a"])
-    assert net.nodes["a"].role.value != "leader"
+    assert net.nodes["a"].role is not Role.LEADER
 
 
 def test_an_idle_leader_told_a_majority_died_steps_down_within_a_busy_window() -> None:
@@ -166,7 +167,7 @@ def test_an_idle_leader_told_a_majority_died_steps_down_within_a_busy_window() -
     for dead in ("b", "c"):
         net.nodes["a"].leader_lost(net.now, dead)
     net.run(IDLE.election_timeout_min + 0.05, nodes=["a"])
-    assert net.nodes["a"].role.value != "leader"
+    assert net.nodes["a"].role is not Role.LEADER
 
 
 def test_a_wrong_verdict_about_a_voter_costs_an_idle_leader_nothing() -> None:
@@ -208,7 +209,7 @@ def test_a_proposal_from_outside_a_tick_does_not_cut_the_check_quorum_window_sho
     """The core's clock is stale when propose() comes from outside a step or tick, and the
     driver may tick before the append's answer arrives: the check-quorum window under way must
     not be judged early (it once was, and healthy leaders stepped down)."""
-    net = Net(["a", "b"], cfg=IDLE)
+    net = RaftNet(["a", "b"], cfg=IDLE)
     net.elect("a")
     net.run(IDLE.election_timeout_max + 1.0)
     a = net.nodes["a"]

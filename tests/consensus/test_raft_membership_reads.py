@@ -1,10 +1,10 @@
-"""Membership changes, ReadIndex, committed-entry resync and forced recovery, step by step."""
+"""Voting configuration changes, ReadIndex, committed-entry resync and forced recovery, step by step."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from raft_helpers import CFG, Net, entry
+from raft_helpers import CFG, RaftNet, entry
 
 from dpeer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused, Role, force_after
 from dpeer.statemachine.entry import EntryKind
@@ -15,12 +15,12 @@ def conf(node: RaftNode) -> tuple[set[str], set[str]]:
     return set(node.membership.voters), set(node.membership.learners)
 
 
-def reads(net: Net, nid: str) -> list[tuple[int, int]]:
+def reads(net: RaftNet, nid: str) -> list[tuple[int, int]]:
     return [(r.request_id, r.index) for rd in net.readies[nid] for r in rd.read_states]
 
 
 def test_a_learner_joins_catches_up_and_is_promoted_one_change_at_a_time() -> None:
-    net = Net(["a"], joiners=["b", "c"], cfg=replace(CFG, max_voters=2))
+    net = RaftNet(["a"], joiners=["b", "c"], cfg=replace(CFG, max_voters=2))
     net.elect("a")
     a = net.nodes["a"]
     for i in range(3):
@@ -45,7 +45,7 @@ def test_a_learner_joins_catches_up_and_is_promoted_one_change_at_a_time() -> No
 
 
 def test_removing_a_voter_shrinks_the_quorum_and_a_removed_leader_steps_down() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     a = net.nodes["a"]
     assert isinstance(a.change_membership("remove", "c"), Proposed)
@@ -61,7 +61,7 @@ def test_removing_a_voter_shrinks_the_quorum_and_a_removed_leader_steps_down() -
 
 
 def test_read_index_confirms_leadership_with_a_heartbeat_round() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.propose("a", 1)
     a = net.nodes["a"]
@@ -77,7 +77,7 @@ def test_read_index_confirms_leadership_with_a_heartbeat_round() -> None:
 
 
 def test_read_index_waits_for_the_first_commit_of_the_term() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.tick("a")
     net.deliver(limit=7)  # pre-votes and votes only: a leads but its noop is not committed
     a = net.nodes["a"]
@@ -90,7 +90,7 @@ def test_read_index_waits_for_the_first_commit_of_the_term() -> None:
 
 
 def test_accept_committed_appends_consistent_committed_entries_from_any_peer() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("c")
     for i in range(5):
@@ -107,7 +107,7 @@ def test_accept_committed_appends_consistent_committed_entries_from_any_peer() -
 
 
 def test_accept_committed_truncates_only_uncommitted_conflicts() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("c")
     net.isolate("c")
     net.propose("c", 0)  # (3, term 2) uncommitted on c
@@ -124,7 +124,7 @@ def test_accept_committed_truncates_only_uncommitted_conflicts() -> None:
 
 
 def test_accept_committed_rejects_gaps_uncommitted_and_conflicting_batches() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     for i in range(3):
         net.propose("a", i)
@@ -142,7 +142,7 @@ def test_accept_committed_rejects_gaps_uncommitted_and_conflicting_batches() -> 
 
 
 def test_force_new_configuration_restores_progress_after_losing_a_majority() -> None:
-    net = Net(list("abcde"))
+    net = RaftNet(list("abcde"))
     net.elect("a")
     net.propose("a", 1)
     for nid in "cde":

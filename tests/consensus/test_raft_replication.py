@@ -6,21 +6,21 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from raft_helpers import CFG, Net
+from raft_helpers import CFG, RaftNet
 
 from dpeer.consensus import Role
 from dpeer.consensus.messages import AppendRequest, AppendResponse, Heartbeat, SnapshotRequest, VoteRequest
 from dpeer.statemachine.entry import EntryKind
 
 
-def logs(net: Net, nid: str) -> list[tuple[int, int]]:
+def logs(net: RaftNet, nid: str) -> list[tuple[int, int]]:
     """(index, term) of every stored entry of node nid."""
     st = net.storages[nid]
     return [(e.index, e.term) for e in st.entries(st.first_index, st.last_index + 1)]
 
 
 def test_proposals_replicate_and_commit_in_order_on_every_node() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     results = [net.propose("a", i) for i in range(5)]
     net.heartbeat("a")
@@ -31,7 +31,7 @@ def test_proposals_replicate_and_commit_in_order_on_every_node() -> None:
 
 
 def test_a_follower_drops_its_conflicting_suffix_using_few_round_trips() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("b")
     net.isolate("b")
     for i in range(30):
@@ -58,7 +58,7 @@ def test_a_follower_drops_its_conflicting_suffix_using_few_round_trips() -> None
 
 
 def test_figure8_an_old_term_entry_is_not_committed_by_counting_replicas() -> None:
-    net = Net(list("abcde"), cfg=replace(CFG, max_entries_per_msg=1))
+    net = RaftNet(list("abcde"), cfg=replace(CFG, max_entries_per_msg=1))
     net.elect("a")
     net.heartbeat("a")
     net.drop = lambda s, d, m: s == "a" and d != "b" and isinstance(m, AppendRequest)
@@ -102,7 +102,7 @@ def test_figure8_an_old_term_entry_is_not_committed_by_counting_replicas() -> No
 
 
 def test_learners_replicate_but_do_not_count_or_campaign() -> None:
-    net = Net(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"])
+    net = RaftNet(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"])
     net.elect("a")
     net.isolate("b")
     net.isolate("c")
@@ -120,7 +120,7 @@ def test_learners_replicate_but_do_not_count_or_campaign() -> None:
 
 def test_learners_are_beaten_at_their_own_slower_interval() -> None:
     cfg = replace(CFG, heartbeat_interval=0.125, learner_heartbeat_interval=0.5)
-    net = Net(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"], cfg=cfg)
+    net = RaftNet(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"], cfg=cfg)
     net.elect("a")
     net.run(2.0, nodes=["a"])
     beats = Counter(dst for dst, _ in net.sent("a", Heartbeat))
@@ -145,7 +145,7 @@ def test_a_learner_heartbeat_interval_below_the_heartbeat_is_refused() -> None:
 
 
 def test_a_lagging_follower_catches_up_from_a_snapshot_then_the_tail() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.isolate("c")
     for i in range(20):
@@ -168,7 +168,7 @@ def test_a_lagging_follower_catches_up_from_a_snapshot_then_the_tail() -> None:
 
 
 def test_a_restarted_leader_keeps_only_what_it_persisted() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.nodes["a"].propose(EntryKind.KV_PUT, {"key": "lost", "value": "1"})  # never flushed
     net.restart("a")

@@ -5,20 +5,20 @@ the force guard and the checked acknowledgements (see the commit that added this
 
 from __future__ import annotations
 
-from raft_helpers import CFG, Net, kv, uid_for
+from raft_helpers import CFG, RaftNet, kv, uid_for
 
 from dpeer.consensus import Peer, Proposed, Refused, Role, force_after
 from dpeer.consensus.messages import AppendRequest, AppendResponse, VoteRequest
 from dpeer.statemachine.entry import Entry, EntryKind
 
 
-def committed(net: Net, nid: str) -> dict[int, tuple[int, str, object]]:
+def committed(net: RaftNet, nid: str) -> dict[int, tuple[int, str, object]]:
     """index -> (term, kind, payload) of every committed entry node nid's storage holds."""
     st = net.storages[nid]
     return {e.index: (e.term, e.kind.value, e.payload) for e in st.entries(st.first_index, st.commit_index + 1)}
 
 
-def disagreements(net: Net) -> list[tuple[str, str, int]]:
+def disagreements(net: RaftNet) -> list[tuple[str, str, int]]:
     """(x, y, index) for every committed index two storages hold with different entries."""
     out, ids = [], sorted(net.nodes)
     for i, x in enumerate(ids):
@@ -28,13 +28,13 @@ def disagreements(net: Net) -> list[tuple[str, str, int]]:
     return out
 
 
-def led(net: Net, nid: str) -> bool:
+def led(net: RaftNet, nid: str) -> bool:
     """Whether node nid ever became leader (its Ready soft states say so)."""
-    return any(rd.soft_state is not None and rd.soft_state.role == "leader" for rd in net.readies[nid])
+    return any(rd.soft_state is not None and rd.soft_state.role is Role.LEADER for rd in net.readies[nid])
 
 
 def test_a_voter_restarted_on_fresh_storage_never_votes_as_the_voter_it_replaced() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.cut |= {("a", "c"), ("c", "a")}
     net.propose("a", 1)  # (3, term 2) committed by a and b; c misses it
@@ -50,7 +50,7 @@ def test_a_voter_restarted_on_fresh_storage_never_votes_as_the_voter_it_replaced
 
 
 def test_the_leader_replaces_a_member_that_lost_its_data_by_ordinary_changes() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.propose("a", 1)
     net.wipe("b")
@@ -79,7 +79,7 @@ def test_the_leader_replaces_a_member_that_lost_its_data_by_ordinary_changes() -
 
 def test_a_wiped_voter_of_two_leaves_no_quorum_and_no_leader() -> None:
     """The liveness cousin: voters n0 and n1, n1 wiped. Safe, and stuck until an operator forces."""
-    net = Net(["n0", "n1"])
+    net = RaftNet(["n0", "n1"])
     net.elect("n0")
     net.propose("n0", 1)
     net.wipe("n1")
@@ -100,7 +100,7 @@ def test_a_wiped_voter_of_two_leaves_no_quorum_and_no_leader() -> None:
 
 
 def test_force_at_a_follower_of_a_healthy_cluster_is_refused() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.heartbeat("a")
     c = net.nodes["c"]
@@ -116,7 +116,7 @@ def test_force_at_a_follower_of_a_healthy_cluster_is_refused() -> None:
 
 
 def test_force_is_refused_to_the_leader_a_wiped_node_and_for_voters_outside_the_configuration() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     later = net.now + force_after(CFG) + 1
     assert "leads" in net.nodes["a"].force_new_configuration(later, ["a"], set(), 1.0).reason
@@ -127,7 +127,7 @@ def test_force_is_refused_to_the_leader_a_wiped_node_and_for_voters_outside_the_
 
 
 def test_voters_of_the_old_epoch_are_refused_and_stop_campaigning() -> None:
-    net = Net(list("abc"))
+    net = RaftNet(list("abc"))
     net.elect("a")
     net.propose("a", 1)
     net.isolate("b")
@@ -148,7 +148,7 @@ def test_voters_of_the_old_epoch_are_refused_and_stop_campaigning() -> None:
 
 
 def test_committed_entries_from_a_stranger_or_above_the_senders_term_are_refused() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     b, c = net.nodes["b"], net.nodes["c"]
     forged = [Entry(2, 2, EntryKind.NOOP, {}), Entry(3, 99, EntryKind.KV_PUT, kv(99))]
@@ -166,7 +166,7 @@ def test_committed_entries_from_a_stranger_or_above_the_senders_term_are_refused
 
 
 def test_a_follower_never_acknowledges_an_entry_that_differs_from_one_it_committed() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     net.heartbeat("a")
     net.isolate("c")
@@ -183,7 +183,7 @@ def test_a_follower_never_acknowledges_an_entry_that_differs_from_one_it_committ
 
 
 def test_an_append_below_the_commit_index_is_acknowledged_only_as_far_as_it_was_checked() -> None:
-    net = Net(["a", "b", "c"])
+    net = RaftNet(["a", "b", "c"])
     net.elect("a")
     for i in range(3):
         net.propose("a", i)

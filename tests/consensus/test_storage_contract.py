@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from dpeer.consensus import Membership, MemoryStorage, Snapshot, Storage
+from dpeer.consensus import VotingConfig, MemoryStorage, Snapshot, Storage
 from dpeer.daemon.storage_adapter import StoreStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.snapshot import encode_snapshot
@@ -39,7 +39,7 @@ def lmdb_storage() -> Storage:
 
 FACTORIES: dict[str, Callable[[], Storage]] = {"memory": MemoryStorage, "lmdb": lmdb_storage}
 UIDS = {n: f"{i:032x}" for i, n in enumerate("abc", 1)}
-CONF = Membership.of(["a", "b", "c"], [], UIDS)
+CONF = VotingConfig.of(["a", "b", "c"], [], UIDS)
 
 
 def snap(index: int, term: int) -> Snapshot:

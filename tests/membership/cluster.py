@@ -11,13 +11,11 @@ import pytest
 
 from dpeer.membership import (
     Effect,
-    MemberAlive,
+    MemberChanged,
     MemberDead,
-    MemberLeft,
     MemberRecord,
     MemberState,
     MembershipConfig,
-    MemberSuspect,
     lan,
     wire_size,
 )
@@ -35,7 +33,7 @@ def checked_size(msg: object) -> int:
 
 
 @dataclass
-class Cluster:
+class SwimCluster:
     """A simulated cluster plus a log of every effect: (time, observer, effect)."""
 
     sim: Simulator
@@ -45,7 +43,7 @@ class Cluster:
 
     def sink(self, now: float, observer: str, effect: Effect) -> None:
         """Record an effect and check that incarnations seen by one observer never go down."""
-        if isinstance(effect, (MemberAlive, MemberSuspect, MemberDead, MemberLeft)):
+        if isinstance(effect, MemberChanged):
             key = (observer, effect.node_id)
             last = self.incarnations.get(key, -1)
             assert effect.incarnation >= last, (
@@ -78,11 +76,11 @@ class Cluster:
 
 def make_cluster(
     n: int, seed: int, config: MembershipConfig | None = None, loss: float = 0.0, bootstrap: bool = True
-) -> tuple[Cluster, list[str]]:
+) -> tuple[SwimCluster, list[str]]:
     """n nodes n00..; bootstrapped with the full member list, or joining through n00."""
     network = SimNetwork(random.Random(seed ^ 0x5EED), LinkPolicy(loss=loss))
     sim = Simulator(seed, network=network, size_of=checked_size)
-    cluster = Cluster(sim, config or lan())
+    cluster = SwimCluster(sim, config or lan())
     ids = [f"n{i:02d}" for i in range(n)]
     known = [MemberRecord(i, sim_addr(i), MemberState.ALIVE, 0) for i in ids] if bootstrap else []
     for k, node_id in enumerate(ids):
@@ -91,7 +89,7 @@ def make_cluster(
     return cluster, ids
 
 
-def first_time(cluster: Cluster, until: float, cond: Callable[[], bool], step: float = 0.05) -> float | None:
+def first_time(cluster: SwimCluster, until: float, cond: Callable[[], bool], step: float = 0.05) -> float | None:
     """Run the simulation in small steps until cond() holds; the time it first held, or None."""
     while cluster.sim.now < until:
         cluster.sim.run_for(step)

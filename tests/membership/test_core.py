@@ -21,7 +21,7 @@ from dpeer.membership import (
     Update,
     lan,
 )
-from dpeer.membership.core import Outgoing
+from dpeer.membership.core import Datagram
 from dpeer.membership.messages import Heartbeat
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
@@ -42,9 +42,9 @@ def hb(node_id: str, incarnation: int = 0, now: float = 0.0, version: tuple[int,
     return Heartbeat(node_id, addr(node_id), incarnation, *version, now)
 
 
-def advance(m: Membership, until: float) -> list[Outgoing]:
+def advance(m: Membership, until: float) -> list[Datagram]:
     """Tick the core at every time it asks for up to `until`; answer nothing (total loss)."""
-    out: list[Outgoing] = []
+    out: list[Datagram] = []
     while (t := m.next_tick()) is not None and t <= until:
         out.extend(m.tick(t))
     return out
@@ -227,7 +227,7 @@ def test_heartbeat_versions_are_observed_and_advertised() -> None:
 def test_push_pull_merge_precedence() -> None:
     m = core()
     m.receive(1.0, Gossip(hb("b", incarnation=1)))
-    def pp(*records: MemberRecord, reply: bool = True) -> list[Outgoing]:
+    def pp(*records: MemberRecord, reply: bool = True) -> list[Datagram]:
         return m.receive(2.0, PushPull(hb("c"), records, reply=reply))
     pp(MemberRecord("b", addr("b"), SUSPECT, 1))
     assert m.state_of("b") is SUSPECT

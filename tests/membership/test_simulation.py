@@ -12,13 +12,13 @@ import pytest
 from dpeer.membership import MemberDead, MemberState
 from dpeer.sim.simulator import Simulator
 
-from .cluster import Cluster, first_time, make_cluster, slow
+from .cluster import SwimCluster, first_time, make_cluster, slow
 
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 SEEDS = [11, 12, 13]
 
 
-def no_false_death(cluster: Cluster, allowed: frozenset[str] = frozenset()) -> Callable[[Simulator], None]:
+def no_false_death(cluster: SwimCluster, allowed: frozenset[str] = frozenset()) -> Callable[[Simulator], None]:
     """A check run after every event: no live node is ever declared dead (loss-only runs)."""
     seen = [0]
 

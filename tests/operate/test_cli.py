@@ -1,4 +1,4 @@
-"""The `dpeer` command line as an operator's scripts see it (DESIGN.md "Interfaces").
+"""The `dpeer` command line as an operator's scripts see it (docs/architecture.md "Interfaces").
 
 Exit codes: 0 success, 1 a negative answer, 2 bad usage or config, 3 node unreachable; errors
 are one sentence on stderr.

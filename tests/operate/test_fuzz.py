@@ -184,13 +184,6 @@ def test_hostile_input_leaves_the_node_up_and_unchanged(daemons) -> None:
                 except grpc.aio.AioRpcError as exc:
                     got = exc.code()
                 assert got == expect, (lo, hi, got)
-            snap = channel.unary_stream("/dpeer.v1.Peer/FetchSnapshot")
-            try:
-                async for _chunk in snap(pb.FetchSnapshotRequest(node_id="e", offset=U64).SerializeToString(), timeout=10):
-                    pass
-                raise AssertionError("a snapshot offset past its end was served")
-            except grpc.aio.AioRpcError as exc:
-                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, exc
 
             # 3. Oversized messages are refused by size, not read into memory without bound.
             big = pb.Envelope(from_id="evil", snapshot_request=pb.SnapshotRequest(

@@ -8,7 +8,7 @@ from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.views import Observed
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, Member, View
+from dpeer.statemachine.state import ClusterState, CommittedView, Member
 
 
 class FakeNode(SimpleNamespace):
@@ -27,7 +27,7 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
     members = {"a": Member("10.0.0.1:7100", "active", 1, 7101, True, uids["a"]),
                "b": Member("10.0.0.2:7100", "active", 2, 7201, True, uids["b"])}
     state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
-                         view=View(4, ("a", "b"), "10.0.0.1:7101"), uids=MappingProxyType(uids), epoch=1)
+                         view=CommittedView(4, ("a", "b"), "10.0.0.1:7101"), uids=MappingProxyType(uids), epoch=1)
     node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
     return LeaderChores(node, "lan", lambda: 7101, lambda: True, lambda: False), node
@@ -90,7 +90,7 @@ def test_a_member_gossip_holds_dead_leaves_the_view_before_its_status_is_committ
     d = leader.decide(10.2 + leader.quiet + 0.01)
     assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
     state = node.store.state
-    node.store.state = ClusterState(members=state.members, voters=state.voters, view=View(5, ("a",), "10.0.0.1:7101"))
+    node.store.state = ClusterState(members=state.members, voters=state.voters, view=CommittedView(5, ("a",), "10.0.0.1:7101"))
     d = leader.decide(10.2 + leader.quiet + 0.02)
     assert d is not None and d.kind is EntryKind.MEMBER_DEAD and d.payload["node_id"] == "b"
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from dpeer.consensus import Membership
+from dpeer.consensus import VotingConfig
 from dpeer.daemon.quorum import explain_no_leader
 
 U = {n: f"{i:032x}" for i, n in enumerate(["n0", "n1", "n2", "n3", "n4"], 1)}
 NEW = "f" * 32
 
 
-def conf(*voters: str, epoch: int = 1) -> Membership:
-    return Membership.of(voters, [], {v: U[v] for v in voters}, epoch)
+def conf(*voters: str, epoch: int = 1) -> VotingConfig:
+    return VotingConfig.of(voters, [], {v: U[v] for v in voters}, epoch)
 
 
 @pytest.mark.parametrize(
@@ -28,10 +28,10 @@ def conf(*voters: str, epoch: int = 1) -> Membership:
         ("n0", U["n0"], conf("n0", "n1", "n2"), {}, {"n1"}, 1, "an election is under way: 2 of 3", None),
         ("n1", NEW, conf("n0", "n1"), {}, {"n0"}, 1, "this node's store is new (uid ffffffff)", "replaces"),
         ("n1", U["n1"], conf("n0", "n1", "n2"), {}, set(), 2, "peers follow cluster epoch 2", "data dir aside"),
-        ("n9", NEW, Membership(), {}, set(), 0, "not learned a voting configuration", "--join"),
+        ("n9", NEW, VotingConfig(), {}, set(), 0, "not learned a voting configuration", "--join"),
     ],
 )
-def test_explain_no_leader(me: str, my_uid: str, membership: Membership, seen: dict, alive: set, newest: int,
+def test_explain_no_leader(me: str, my_uid: str, membership: VotingConfig, seen: dict, alive: set, newest: int,
                            reason: str, action: str | None) -> None:
     why = explain_no_leader(me, my_uid, membership, seen, alive, newest, "10.0.0.1:7100")
     assert reason in why.reason

@@ -1,4 +1,4 @@
-"""The per-peer message stream: batching, refusal reporting after a break, Deliver fallback, token, bad batches."""
+"""The per-peer message stream: batching, refusal reporting after a break, token, bad batches."""
 
 from __future__ import annotations
 
@@ -91,34 +91,6 @@ def test_a_broken_stream_reports_the_refusal_without_waiting_for_the_next_messag
         finally:
             await sender.close()
             await server.stop(0.1)
-
-    asyncio.run(go())
-
-
-def test_a_peer_without_stream_is_reached_through_deliver() -> None:
-    async def go() -> None:
-        addr, got = free_addr(), []
-
-        async def deliver(request: pb.Envelope, context: grpc.aio.ServicerContext) -> pb.Delivered:
-            got.append(request)
-            return pb.Delivered()
-
-        old = grpc.aio.server()
-        handlers = {"Deliver": grpc.unary_unary_rpc_method_handler(
-            deliver, request_deserializer=pb.Envelope.FromString, response_serializer=pb.Delivered.SerializeToString)}
-        old.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("dpeer.v1.Peer", handlers),))
-        old.add_insecure_port(addr)
-        await old.start()
-        sender = PeerSender(Channels(Security()), on_refused=lambda a: None)
-        try:
-            sender.send(addr, env(1))
-            await until(lambda: sender._links[addr].unary_until > 0, "the fallback")
-            for i in range(2, 5):
-                sender.send(addr, env(i))
-            await until(lambda: len(got) >= 3, "envelopes through Deliver")
-        finally:
-            await sender.close()
-            await old.stop(0.1)
 
     asyncio.run(go())
 

@@ -13,7 +13,7 @@ import pytest
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.supervisor import TrainStatus, WorkerSupervisor
 from dpeer.daemon.worker_health import judge_worker, missed_view
-from dpeer.statemachine.state import View
+from dpeer.statemachine.state import CommittedView
 
 
 def write(data_dir: Path, *records: dict) -> None:
@@ -106,7 +106,7 @@ def test_missed_view(in_view, ready, given, missed, why) -> None:
 
 def test_a_view_counts_as_given_only_once_a_worker_process_was_started(tmp_path: Path) -> None:
     sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: None)
-    view = View(2, ("n1",), "127.0.0.1:7000")
+    view = CommittedView(2, ("n1",), "127.0.0.1:7000")
     sup.publish(view)
     assert sup.given_generation == 0  # no worker process yet: its start clears the file
     sup.proc = subprocess.Popen([sys.executable, "-c", "pass"])

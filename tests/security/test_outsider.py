@@ -48,7 +48,6 @@ def forged(victim: str, addr: str) -> dict[str, Any]:
     return {
         "Deliver": envelope, "Stream": pb.EnvelopeBatch(envelopes=[envelope]),
         "FetchEntries": pb.FetchEntriesRequest(node_id=victim, from_index=1),
-        "FetchSnapshot": pb.FetchSnapshotRequest(node_id=victim),
         "Join": pb.JoinRequest(node_id=victim, addr="127.0.0.1:9", store_port=9, ready=True),
         "Leave": pb.LeaveRequest(node_id=victim, forwarded=True),
         "GroupFailed": pb.GroupFailedRequest(node_id=victim, generation=1, reason="forged"),
@@ -137,7 +136,7 @@ def test_every_rpc_refuses_strangers_forgers_and_non_operators(daemons, pki: Pki
                     assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code)
                     seen[method]["n2 as n1 / n2 as operator"] = code.name
                 if method in ("KvPut", "Force", "Leave", "JobControl", "FetchCheckpoint", "FetchEntries",
-                              "Join", "Deliver", "Stream", "ReportCheckpoint", "GroupFailed", "FetchSnapshot"):
+                              "Join", "Deliver", "Stream", "ReportCheckpoint", "GroupFailed"):
                     request = pb.LeaveRequest() if method == "Leave" else requests[method]  # "leave yourself"
                     code = await call(chans["client bob"], method, request, token)
                     assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code)
@@ -182,7 +181,6 @@ def random_request(method: str, rng: random.Random) -> Any:
     return {
         "Deliver": envelope, "Stream": pb.EnvelopeBatch(envelopes=[envelope] * rng.randrange(1, 4)),
         "FetchEntries": pb.FetchEntriesRequest(node_id=who, from_index=big, to_index=big),
-        "FetchSnapshot": pb.FetchSnapshotRequest(node_id=who, offset=big),
         "Join": pb.JoinRequest(node_id=who, addr="127.0.0.1:1", store_port=rng.randrange(1 << 32)),
         "Leave": pb.LeaveRequest(node_id=who, forwarded=rng.random() < 0.5),
         "GroupFailed": pb.GroupFailedRequest(node_id=who, generation=big, reason="x" * rng.randrange(5000)),

@@ -21,7 +21,6 @@ def requests(claim: str) -> dict[str, object]:
         "Deliver": pb.Envelope(from_id=claim, ping=pb.Ping(seq=1, target="x", hb=hb)),
         "Stream": pb.EnvelopeBatch(envelopes=[pb.Envelope(from_id=claim, vote_request=pb.VoteRequest(term=9, candidate=claim))]),
         "FetchEntries": pb.FetchEntriesRequest(node_id=claim, from_index=1),
-        "FetchSnapshot": pb.FetchSnapshotRequest(node_id=claim),
         "Join": pb.JoinRequest(node_id=claim, addr="127.0.0.1:1"),
         "Leave": pb.LeaveRequest(node_id=claim, forwarded=True),
         "GroupFailed": pb.GroupFailedRequest(node_id=claim, generation=1),

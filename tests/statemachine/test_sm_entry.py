@@ -118,8 +118,6 @@ def test_decode_names_the_index() -> None:
     (EntryKind.CHECKPOINT, {"step": -1, "digest": "ab", "holders": []}, False),
     (EntryKind.KV_PUT, {"key": "k", "value": "v"}, True),
     (EntryKind.KV_PUT, {"key": "k", "value": 3}, False),
-    (EntryKind.CONTROL, {"action": "drain"}, True),
-    (EntryKind.CONTROL, {"action": "stop"}, False),
     (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": ["b"], "uids": {"a": U1, "b": U2}, "epoch": 1}, True),
     (EntryKind.CONFIG_CHANGE, {"voters": ["a"], "learners": [], "uids": {"a": U1}, "epoch": 2, "forced_at": 1.5},
      True),

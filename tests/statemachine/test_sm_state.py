@@ -62,17 +62,16 @@ def test_view_must_name_active_members() -> None:
     assert not res[2].accepted and s.view is None
 
 
-def test_checkpoint_kv_control_config() -> None:
+def test_checkpoint_kv_config() -> None:
     s, res = run((K.CHECKPOINT, {"step": 10, "digest": "d1", "holders": ["a"]}),
                  (K.CHECKPOINT, {"step": 10, "digest": "d2", "holders": ["a"]}),
                  (K.KV_PUT, {"key": "x", "value": "1"}), (K.KV_DELETE, {"key": "y"}),
-                 (K.CONTROL, {"action": "pause"}), (K.CONFIG_CHANGE, conf(["a"], ["b"])),
-                 (K.NOOP, {}), (K.KV_PUT, {"key": "x"}))
-    assert [r.accepted for r in res] == [True, False, True, False, True, True, True, False]
+                 (K.CONFIG_CHANGE, conf(["a"], ["b"])), (K.NOOP, {}), (K.KV_PUT, {"key": "x"}))
+    assert [r.accepted for r in res] == [True, False, True, False, True, True, False]
     assert s.checkpoint is not None and s.checkpoint.digest == "d1"
-    assert dict(s.kv) == {"x": "1"} and s.control == "paused"
+    assert dict(s.kv) == {"x": "1"}
     assert s.voters == ("a",) and s.learners == ("b",)
-    assert res[7].reason == "malformed payload"
+    assert res[6].reason == "malformed payload"
 
 
 def test_apply_refuses_out_of_order_and_term_regression() -> None:
@@ -101,7 +100,6 @@ specs = st.one_of(
     st.builds(lambda s: (K.CHECKPOINT, {"step": s, "digest": "d", "holders": ["a"]}), st.integers(0, 9)),
     st.builds(lambda k, v: (K.KV_PUT, {"key": k, "value": v}), ids, st.text(max_size=3)),
     st.builds(lambda k: (K.KV_DELETE, {"key": k}), ids),
-    st.builds(lambda a: (K.CONTROL, {"action": a}), st.sampled_from(["pause", "resume", "drain"])),
     st.builds(lambda v: (K.CONFIG_CHANGE, conf(v[:2], v[2:])),
               st.lists(ids, min_size=2, max_size=4, unique=True)),
 )

@@ -331,32 +331,6 @@ class EntryChunk(_message.Message):
     epoch: int
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ..., term: _Optional[int] = ..., uid: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
-class FetchSnapshotRequest(_message.Message):
-    __slots__ = ("node_id", "offset")
-    NODE_ID_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    node_id: str
-    offset: int
-    def __init__(self, node_id: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
-
-class SnapshotChunk(_message.Message):
-    __slots__ = ("index", "snapshot_term", "offset", "data", "total_size", "done", "crc32")
-    INDEX_FIELD_NUMBER: _ClassVar[int]
-    SNAPSHOT_TERM_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    TOTAL_SIZE_FIELD_NUMBER: _ClassVar[int]
-    DONE_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
-    index: int
-    snapshot_term: int
-    offset: int
-    data: bytes
-    total_size: int
-    done: bool
-    crc32: int
-    def __init__(self, index: _Optional[int] = ..., snapshot_term: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., total_size: _Optional[int] = ..., done: _Optional[bool] = ..., crc32: _Optional[int] = ...) -> None: ...
-
 class JoinRequest(_message.Message):
     __slots__ = ("node_id", "addr", "store_port", "ready", "uid")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]

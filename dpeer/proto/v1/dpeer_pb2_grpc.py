@@ -49,11 +49,6 @@ class PeerStub:
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchEntriesRequest.SerializeToString,
                 response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.EntryChunk.FromString,
                 _registered_method=True)
-        self.FetchSnapshot = channel.unary_stream(
-                '/dpeer.v1.Peer/FetchSnapshot',
-                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchSnapshotRequest.SerializeToString,
-                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.SnapshotChunk.FromString,
-                _registered_method=True)
         self.Join = channel.unary_unary(
                 '/dpeer.v1.Peer/Join',
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JoinRequest.SerializeToString,
@@ -116,20 +111,13 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stream(self, request_iterator, context):
-        """One client stream per peer carries what Deliver carries, without a call per message;
-        peers that lack it (UNIMPLEMENTED) are reached through Deliver.
+        """One client stream per peer carries what Deliver carries, without a call per message.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def FetchEntries(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def FetchSnapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -212,11 +200,6 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.FetchEntries,
                     request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchEntriesRequest.FromString,
                     response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.EntryChunk.SerializeToString,
-            ),
-            'FetchSnapshot': grpc.unary_stream_rpc_method_handler(
-                    servicer.FetchSnapshot,
-                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchSnapshotRequest.FromString,
-                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.SnapshotChunk.SerializeToString,
             ),
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
@@ -350,33 +333,6 @@ class Peer:
             '/dpeer.v1.Peer/FetchEntries',
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchEntriesRequest.SerializeToString,
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.EntryChunk.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def FetchSnapshot(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/dpeer.v1.Peer/FetchSnapshot',
-            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.FetchSnapshotRequest.SerializeToString,
-            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,18 +14,18 @@ belongs to a cluster that an operator gave up on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.meta import valid_uid
 
 
-class MembershipError(ValueError):
+class ConfigChangeError(ValueError):
     """A requested change is not a single-server change, breaks the voter cap, or is a no-op."""
 
 
-class ChangeOp(str, Enum):
+class ChangeOp(StrEnum):
     """The single-server changes a leader accepts."""
 
     ADD_LEARNER = "add_learner"
@@ -35,7 +35,7 @@ class ChangeOp(str, Enum):
 
 
 @dataclass(frozen=True)
-class Membership:
+class VotingConfig:
     """Voters and learners, disjoint, each with its store uid (`uids`: sorted (node, uid) pairs),
     the cluster epoch (1 when founded, +1 per forced reconfiguration) and when the last force
     happened (unix seconds, 0.0 if never). An empty voter set means 'not yet part of a cluster'."""
@@ -48,20 +48,20 @@ class Membership:
 
     @classmethod
     def of(cls, voters: Iterable[str], learners: Iterable[str], uids: Mapping[str, str], epoch: int = 1,
-           forced_at: float = 0.0) -> Membership:
-        """Build from any iterables; raises MembershipError when a node is both voter and learner
+           forced_at: float = 0.0) -> VotingConfig:
+        """Build from any iterables; raises ConfigChangeError when a node is both voter and learner
         or a member lacks a valid uid."""
         v, l = frozenset(voters), frozenset(learners)
         if v & l:
-            raise MembershipError(f"nodes both voter and learner: {sorted(v & l)}")
+            raise ConfigChangeError(f"nodes both voter and learner: {sorted(v & l)}")
         if set(uids) != v | l or not all(valid_uid(u) for u in uids.values()):
-            raise MembershipError(f"every member needs one store uid (32 hex digits): {dict(uids)}")
+            raise ConfigChangeError(f"every member needs one store uid (32 hex digits): {dict(uids)}")
         if epoch < 1:
-            raise MembershipError(f"epoch must be >= 1, got {epoch}")
+            raise ConfigChangeError(f"epoch must be >= 1, got {epoch}")
         return cls(v, l, tuple(sorted(uids.items())), epoch, forced_at)
 
     @classmethod
-    def from_payload(cls, payload: Mapping[str, Any]) -> Membership:
+    def from_payload(cls, payload: Mapping[str, Any]) -> VotingConfig:
         """Read a config_change entry's payload (see to_payload)."""
         return cls.of(payload["voters"], payload.get("learners", ()), payload["uids"], payload["epoch"],
                       float(payload.get("forced_at", 0.0)))
@@ -83,15 +83,15 @@ class Membership:
         """node with this store uid is a voter of this configuration."""
         return node in self.voters and self.uid_of(node) == uid
 
-    def forced(self, voters: Iterable[str], forced_at: float) -> Membership:
+    def forced(self, voters: Iterable[str], forced_at: float) -> VotingConfig:
         """The configuration a forced reconfiguration makes: `voters` (members of this one) become
         the only voters, in the next epoch; learners stay learners."""
         v = frozenset(voters)
         if not v or not v <= self.members:
-            raise MembershipError(f"forced voters {sorted(v)} must be members of {self.to_payload()}")
+            raise ConfigChangeError(f"forced voters {sorted(v)} must be members of {self.to_payload()}")
         uids = dict(self.uids)
         learners = self.learners - v
-        return Membership.of(v, learners, {n: uids[n] for n in v | learners}, self.epoch + 1, forced_at)
+        return VotingConfig.of(v, learners, {n: uids[n] for n in v | learners}, self.epoch + 1, forced_at)
 
     @property
     def quorum(self) -> int:
@@ -103,13 +103,13 @@ class Membership:
         """Every node that replicates the log."""
         return self.voters | self.learners
 
-    def changed(self, op: ChangeOp, node: str, max_voters: int, uid: str = "") -> Membership:
-        """The configuration after one single-server change; raises MembershipError if invalid.
+    def changed(self, op: ChangeOp, node: str, max_voters: int, uid: str = "") -> VotingConfig:
+        """The configuration after one single-server change; raises ConfigChangeError if invalid.
         Adding a node needs its store uid; promote and remove keep the uid the configuration has."""
         v, l, uids = set(self.voters), set(self.learners), dict(self.uids)
         adding = op in (ChangeOp.ADD_LEARNER, ChangeOp.ADD_VOTER)
         if adding and not valid_uid(uid):
-            raise MembershipError(f"{op.value} {node!r} needs the node's store uid, got {uid!r}")
+            raise ConfigChangeError(f"{op.value} {node!r} needs the node's store uid, got {uid!r}")
         if op is ChangeOp.ADD_LEARNER and node not in self.members:
             l.add(node)
         elif op is ChangeOp.ADD_VOTER and node not in self.members:
@@ -121,16 +121,16 @@ class Membership:
             v.discard(node)
             l.discard(node)
         else:
-            raise MembershipError(f"{op.value} {node!r} does not apply to {self.to_payload()}")
+            raise ConfigChangeError(f"{op.value} {node!r} does not apply to {self.to_payload()}")
         if len(v) > max_voters and len(v) > len(self.voters):
-            raise MembershipError(f"voter cap {max_voters} reached; add {node!r} as a learner")
+            raise ConfigChangeError(f"voter cap {max_voters} reached; add {node!r} as a learner")
         if not v:
-            raise MembershipError("a configuration needs at least one voter")
+            raise ConfigChangeError("a configuration needs at least one voter")
         if adding:
             uids[node] = uid
         elif op is ChangeOp.REMOVE:
             uids.pop(node)
-        return Membership.of(v, l, uids, self.epoch, self.forced_at)
+        return VotingConfig.of(v, l, uids, self.epoch, self.forced_at)
 
 
 def bootstrap(storage: Any, voters: Iterable[str], learners: Iterable[str] = (), *,
@@ -142,16 +142,16 @@ def bootstrap(storage: Any, voters: Iterable[str], learners: Iterable[str] = (),
     the same); nodes that join later start empty and learn the configuration from the leader.
     """
     if storage.last_index != 0 or storage.snapshot_index != 0:
-        raise MembershipError("bootstrap needs an empty storage")
-    conf = Membership.of(voters, learners, uids)
+        raise ConfigChangeError("bootstrap needs an empty storage")
+    conf = VotingConfig.of(voters, learners, uids)
     if not conf.voters:
-        raise MembershipError("bootstrap needs at least one voter")
+        raise ConfigChangeError("bootstrap needs at least one voter")
     storage.set_hard_state(1, None)
     storage.append([Entry(1, 1, EntryKind.CONFIG_CHANGE, conf.to_payload())])
     storage.set_commit(1)
 
 
-History = list[tuple[int, Membership]]
+History = list[tuple[int, VotingConfig]]
 
 
 def load_history(storage: Any) -> History:
@@ -162,7 +162,7 @@ def load_history(storage: Any) -> History:
     lo = max(storage.first_index, snap.index + 1)
     for e in storage.entries(lo, storage.last_index + 1) if lo <= storage.last_index else []:
         if e.kind is EntryKind.CONFIG_CHANGE:
-            history.append((e.index, Membership.from_payload(e.payload)))
+            history.append((e.index, VotingConfig.from_payload(e.payload)))
     return history
 
 
@@ -172,7 +172,7 @@ def history_after_append(history: History, entries: Iterable[Entry]) -> History:
     entries = list(entries)
     start = entries[0].index
     out = [c for c in history if c[0] < start] or history[:1]
-    out += [(e.index, Membership.from_payload(e.payload)) for e in entries if e.kind is EntryKind.CONFIG_CHANGE]
+    out += [(e.index, VotingConfig.from_payload(e.payload)) for e in entries if e.kind is EntryKind.CONFIG_CHANGE]
     return out
 
 
