@@ -13,7 +13,7 @@ import pytest
 
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.supervisor import SPARE_AFTER_S, WorkerSupervisor
-from dpeer.statemachine.state import View
+from dpeer.statemachine.state import CommittedView as View
 
 TIMEOUT = 240.0  # a worker's start is 3-5 CPU-s of imports; the box's two cores are shared
 TRAINING = TrainingConfig(steps=100000, global_batch=16, micro_batch=8, checkpoint_every=0)
