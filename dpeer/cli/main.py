@@ -369,7 +369,7 @@ def check_security(config: cfg.NodeConfig) -> None:
             named = certs.identity_of(s.tls_cert.read_bytes())
         except (OSError, certs.CertError) as exc:
             raise UsageError(f"security.tls_cert {s.tls_cert}: {exc}") from None
-        if named != auth.Principal(auth.Role.NODE, config.node_id or ""):
+        if named != auth.Principal(auth.CallerRole.NODE, config.node_id or ""):
             raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
                              f"node's certificate with `dpeer certs create-node {config.node_id}`")
 

@@ -22,7 +22,7 @@ ON_BEHALF_OF = "x-dpeer-on-behalf-of"
 """Metadata a forwarding node adds: the principal it authenticated, as ROLE/NAME."""
 
 
-class Role(enum.Enum):
+class CallerRole(enum.Enum):
     """What a caller is to this cluster."""
 
     NODE = "node"  # a cluster member: peer RPCs, under its own node id only
@@ -71,19 +71,19 @@ class Refusal(enum.Enum):
 class Principal:
     """An authenticated caller: a role and a name (a node id for nodes)."""
 
-    role: Role
+    role: CallerRole
     name: str = ""
 
     def __str__(self) -> str:
         return f"{self.role.value}/{self.name}" if self.name else self.role.value
 
 
-ANONYMOUS = Principal(Role.ANONYMOUS)
+ANONYMOUS = Principal(CallerRole.ANONYMOUS)
 CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("dpeer_caller", default=None)
 """The principal of the RPC the current task serves; read where a handler forwards a command."""
 
 
-def identity_uri(role: Role, name: str) -> str:
+def identity_uri(role: CallerRole, name: str) -> str:
     """The SAN URI a certificate carries for role and name: dpeer://node/ID."""
     return f"{URI_SCHEME}{role.value}/{name}"
 
@@ -91,16 +91,16 @@ def identity_uri(role: Role, name: str) -> str:
 def parse_principal(text: str) -> Principal | None:
     """ROLE/NAME (or a full dpeer:// URI) as a principal of a certificate role; None when it is not one."""
     role, _, name = text.removeprefix(URI_SCHEME).partition("/")
-    valid = {Role.NODE.value, Role.OPERATOR.value, Role.CLIENT.value}
+    valid = {CallerRole.NODE.value, CallerRole.OPERATOR.value, CallerRole.CLIENT.value}
     if role not in valid or not name or len(name) > 64 or not name.isprintable() or "/" in name:
         return None
-    return Principal(Role(role), name)
+    return Principal(CallerRole(role), name)
 
 
 def principal_from_uris(uris: Iterable[str]) -> Principal:
     """The role a certificate's URIs name; UNKNOWN when none (or more than one) is a dpeer identity."""
     found = {p for p in (parse_principal(u) for u in uris if u.startswith(URI_SCHEME)) if p is not None}
-    return found.pop() if len(found) == 1 else Principal(Role.UNKNOWN)
+    return found.pop() if len(found) == 1 else Principal(CallerRole.UNKNOWN)
 
 
 # -- the policy -----------------------------------------------------------------------------------
@@ -145,22 +145,22 @@ def claims(method: str, request: Any) -> list[str]:
 
 def authorize(mode: Mode, method: str, request: Any, caller: Principal) -> tuple[Refusal, str] | None:
     """None when caller may make this call, else why not (the refusal and one sentence)."""
-    if mode is Mode.NONE or caller.role is Role.TOKEN:
+    if mode is Mode.NONE or caller.role is CallerRole.TOKEN:
         return None  # no certificates: the token (or nothing) is the whole of the trust
-    if caller.role in (Role.UNKNOWN, Role.ANONYMOUS):
+    if caller.role in (CallerRole.UNKNOWN, CallerRole.ANONYMOUS):
         return Refusal.UNAUTHENTICATED, "the certificate names no dpeer role (make it with `dpeer certs`)"
     wanted = NEEDS[method]
-    if method == "Leave" and request.forwarded and caller.role is Role.NODE:
+    if method == "Leave" and request.forwarded and caller.role is CallerRole.NODE:
         wanted = Need.PEER  # a node committing its own leave through the leader
     if wanted is Need.READ:
         return None
     if wanted is Need.OPERATOR:
-        if caller.role is Role.OPERATOR:
+        if caller.role is CallerRole.OPERATOR:
             return None
         return Refusal.FORBIDDEN, f"{method} is an operator command and {caller} holds no operator certificate"
-    if wanted is Need.LOG and caller.role is Role.OPERATOR:
+    if wanted is Need.LOG and caller.role is CallerRole.OPERATOR:
         return None
-    if caller.role is not Role.NODE:
+    if caller.role is not CallerRole.NODE:
         return Refusal.FORBIDDEN, f"{method} is a peer call and {caller} is not a node"
     forged = sorted({c for c in claims(method, request) if c != caller.name})
     if forged:
@@ -170,17 +170,17 @@ def authorize(mode: Mode, method: str, request: Any, caller: Principal) -> tuple
 
 def vouch(caller: Principal | None) -> str | None:
     """What a node forwarding the current call names as its caller (None: nothing to vouch for)."""
-    if caller is None or caller.role not in (Role.NODE, Role.OPERATOR, Role.CLIENT):
+    if caller is None or caller.role not in (CallerRole.NODE, CallerRole.OPERATOR, CallerRole.CLIENT):
         return None
     return str(caller)
 
 
 def effective(caller: Principal, on_behalf_of: str | None) -> Principal:
     """The principal a call is judged as: a node may name the caller it forwards for."""
-    if on_behalf_of is None or caller.role is not Role.NODE:
+    if on_behalf_of is None or caller.role is not CallerRole.NODE:
         return caller
     vouched = parse_principal(on_behalf_of)
-    return vouched if vouched is not None else Principal(Role.UNKNOWN)
+    return vouched if vouched is not None else Principal(CallerRole.UNKNOWN)
 
 
 # -- quiet refusal logs ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dpeer.security.auth import TLS_SERVER_NAME, Principal, Role, identity_uri, principal_from_uris
+from dpeer.security.auth import TLS_SERVER_NAME, CallerRole, Principal, identity_uri, principal_from_uris
 CA_CERT, CA_KEY, TOKEN_FILE = "ca.pem", "ca.key", "cluster.token"
 CA_DAYS, LEAF_DAYS = 3650, 825
 
@@ -124,7 +124,7 @@ def _host_names(hosts: list[str]) -> list[x509.GeneralName]:
     return out
 
 
-def _issue(ca_dir: Path, out_dir: Path, stem: str, role: Role, name: str, hosts: list[str], days: int) -> Written:
+def _issue(ca_dir: Path, out_dir: Path, stem: str, role: CallerRole, name: str, hosts: list[str], days: int) -> Written:
     _check_name(name)
     ca_cert, ca_key = _load_ca(ca_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +133,7 @@ def _issue(ca_dir: Path, out_dir: Path, stem: str, role: Role, name: str, hosts:
     key = ec.generate_private_key(ec.SECP256R1())
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity_uri(role, name))]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH]
-    if role is Role.NODE:
+    if role is CallerRole.NODE:
         sans += [x509.DNSName(TLS_SERVER_NAME), *_host_names(hosts)]
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
     cert = (
@@ -156,12 +156,12 @@ def _issue(ca_dir: Path, out_dir: Path, stem: str, role: Role, name: str, hosts:
 
 def create_node(ca_dir: Path, out_dir: Path, node_id: str, hosts: list[str], days: int = LEAF_DAYS) -> Written:
     """node-ID.pem / node-ID.key: a node certificate naming dpeer://node/ID (and DNS:dpeer, the hosts)."""
-    return _issue(ca_dir, out_dir, f"node-{node_id}", Role.NODE, node_id, hosts, days)
+    return _issue(ca_dir, out_dir, f"node-{node_id}", CallerRole.NODE, node_id, hosts, days)
 
 
 def create_client(ca_dir: Path, out_dir: Path, name: str, operator: bool, days: int = LEAF_DAYS) -> Written:
     """operator-NAME or client-NAME .pem/.key: a client certificate; operators may change the cluster."""
-    role = Role.OPERATOR if operator else Role.CLIENT
+    role = CallerRole.OPERATOR if operator else CallerRole.CLIENT
     return _issue(ca_dir, out_dir, f"{role.value}-{name}", role, name, [], days)
 
 

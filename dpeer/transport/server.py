@@ -99,7 +99,7 @@ class Guard:
             uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", ())]
             caller = auth.principal_from_uris(uris)
             return auth.effective(caller, metadata.get(auth.ON_BEHALF_OF))
-        return auth.Principal(auth.Role.TOKEN) if self._token is not None else auth.ANONYMOUS
+        return auth.Principal(auth.CallerRole.TOKEN) if self._token is not None else auth.ANONYMOUS
 
     def refuse(self, context: grpc.aio.ServicerContext, method: str, refusal: auth.Refusal, why: str,
                caller: auth.Principal | None = None) -> None:

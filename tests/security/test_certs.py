@@ -9,7 +9,7 @@ import pytest
 from cryptography import x509
 
 from dpeer.security import certs
-from dpeer.security.auth import TLS_SERVER_NAME, Principal, Role
+from dpeer.security.auth import TLS_SERVER_NAME, CallerRole, Principal
 from tests.operate.conftest import cli, one_sentence
 
 
@@ -32,9 +32,9 @@ def test_the_cli_makes_a_ca_token_node_and_clients_with_private_keys_0600(tmp_pa
     assert sans.get_values_for_type(x509.UniformResourceIdentifier) == ["dpeer://node/n1"]
     assert set(sans.get_values_for_type(x509.DNSName)) == {TLS_SERVER_NAME, "box1.lan"}
     assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["10.0.0.1"]
-    assert certs.identity_of((d / "node-n1.pem").read_bytes()) == Principal(Role.NODE, "n1")
-    assert certs.identity_of((d / "operator-alice.pem").read_bytes()) == Principal(Role.OPERATOR, "alice")
-    assert certs.identity_of((d / "client-bob.pem").read_bytes()) == Principal(Role.CLIENT, "bob")
+    assert certs.identity_of((d / "node-n1.pem").read_bytes()) == Principal(CallerRole.NODE, "n1")
+    assert certs.identity_of((d / "operator-alice.pem").read_bytes()) == Principal(CallerRole.OPERATOR, "alice")
+    assert certs.identity_of((d / "client-bob.pem").read_bytes()) == Principal(CallerRole.CLIENT, "bob")
     client = x509.load_pem_x509_certificate((d / "client-bob.pem").read_bytes())
     client_sans = client.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert client_sans.get_values_for_type(x509.DNSName) == [], "a client certificate must not pose as a node"
@@ -63,4 +63,4 @@ def test_a_certificate_without_a_dpeer_identity_names_no_role(tmp_path: Path) ->
         certs.identity_of(b"not a certificate")
     d = tmp_path / "pki"
     certs.create_ca(d)
-    assert certs.identity_of((d / "ca.pem").read_bytes()).role is Role.UNKNOWN
+    assert certs.identity_of((d / "ca.pem").read_bytes()).role is CallerRole.UNKNOWN

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dpeer.security import auth, exposure
-from dpeer.security.auth import Mode, Principal, Refusal, Role
+from dpeer.security.auth import CallerRole, Mode, Principal, Refusal
 from dpeer.proto.v1 import dpeer_pb2 as pb
 
-NODE, OTHER = Principal(Role.NODE, "n1"), Principal(Role.NODE, "n2")
-OPERATOR, CLIENT = Principal(Role.OPERATOR, "alice"), Principal(Role.CLIENT, "bob")
-UNKNOWN = Principal(Role.UNKNOWN)
+NODE, OTHER = Principal(CallerRole.NODE, "n1"), Principal(CallerRole.NODE, "n2")
+OPERATOR, CLIENT = Principal(CallerRole.OPERATOR, "alice"), Principal(CallerRole.CLIENT, "bob")
+UNKNOWN = Principal(CallerRole.UNKNOWN)
 SERVICE = pb.DESCRIPTOR.services_by_name["Peer"]
 
 
@@ -63,7 +63,7 @@ def test_roles_and_claims(method: str) -> None:
             assert verdict(NODE, forged)[0] is Refusal.IDENTITY, "a node speaking for another is refused"
             assert verdict(OTHER)[0] is Refusal.IDENTITY
         # without certificates the token (or, without security, nothing) is the whole of the trust
-        assert auth.authorize(Mode.TOKEN, method, forged, Principal(Role.TOKEN)) is None
+        assert auth.authorize(Mode.TOKEN, method, forged, Principal(CallerRole.TOKEN)) is None
         assert auth.authorize(Mode.NONE, method, forged, auth.ANONYMOUS) is None
 
 
@@ -91,12 +91,12 @@ def test_raft_and_gossip_envelopes_claim_their_sender_inside_too() -> None:
 
 def test_only_a_node_may_name_the_caller_it_forwards_for() -> None:
     assert auth.effective(NODE, "operator/alice") == OPERATOR
-    assert auth.effective(NODE, "junk").role is Role.UNKNOWN
+    assert auth.effective(NODE, "junk").role is CallerRole.UNKNOWN
     assert auth.effective(CLIENT, "operator/alice") == CLIENT, "a client cannot promote itself"
     assert auth.effective(OPERATOR, "node/n1") == OPERATOR
-    assert auth.vouch(Principal(Role.TOKEN)) is None and auth.vouch(None) is None
+    assert auth.vouch(Principal(CallerRole.TOKEN)) is None and auth.vouch(None) is None
     assert auth.parse_principal(auth.vouch(OPERATOR) or "") == OPERATOR
-    assert auth.principal_from_uris(["dpeer://node/n1", "dpeer://operator/x"]).role is Role.UNKNOWN
+    assert auth.principal_from_uris(["dpeer://node/n1", "dpeer://operator/x"]).role is CallerRole.UNKNOWN
 
 
 def test_refusals_are_logged_once_per_peer_and_method_per_interval() -> None:
