@@ -48,7 +48,7 @@ class Superseded(GroupError):
 
 
 @dataclass(frozen=True)
-class Membership:
+class GroupSeat:
     """This process's place in the formed group; heal_key authenticates the heal stream (b"" when the
     view carried no secret)."""
 
@@ -146,7 +146,7 @@ class GroupManager:
         self.init_timeout = init_timeout
         self.connect_timeout = connect_timeout
         self.abort_timeout = abort_timeout
-        self.membership: Membership | None = None
+        self.membership: GroupSeat | None = None
         self._hosted: dict[tuple[str, int], tuple[socket.socket, dist.TCPStore]] = {}
         self._bound = store_socket  # bound at start (bind_store_socket); used when a view names its port
         self._clients: dict[tuple[str, int], dist.TCPStore] = {}
@@ -230,7 +230,7 @@ class GroupManager:
         if prefix.compare_set("sealed", "", "go") != b"go":
             raise Superseded(f"generation {view.generation} was abandoned by a member before it formed")
 
-    def form(self, view: View, superseded: Callable[[], bool] = lambda: False) -> Membership:
+    def form(self, view: View, superseded: Callable[[], bool] = lambda: False) -> GroupSeat:
         """Destroy any current group and form the one of ``view`` (this node must be a member).
 
         ``superseded`` is polled while waiting for the other members; returning True abandons
@@ -271,7 +271,7 @@ class GroupManager:
             self.destroy()
             raise failure
         heal_key = derive(view.secret, "heal", view.generation) if view.secret else b""
-        self.membership = Membership(view.generation, rank, len(view.members), tuple(view.members), heal_key)
+        self.membership = GroupSeat(view.generation, rank, len(view.members), tuple(view.members), heal_key)
         self.set_timeout(self._collective_timeout)
         return self.membership
 
