@@ -281,6 +281,31 @@ class Service:
 
         return await self._via_leader(here, lambda c: c.kv_get(request.key))
 
+    async def kv_delete(self, request: pb.KvDeleteRequest) -> pb.KvDeleteReply:
+        """Commit the key's removal; found is false (nothing changed) when it was not set."""
+        if not request.key or len(request.key) > MAX_KEY:
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters")
+
+        async def here() -> pb.KvDeleteReply:
+            entry, result = await self.node.propose(EntryKind.KV_DELETE, {"key": request.key}, COMMAND_TIMEOUT)
+            return pb.KvDeleteReply(committed=True, index=entry.index, leader_id=self.node.id,
+                                    found=result.accepted, reason=result.reason)
+
+        return await self._via_leader(here, lambda c: c.kv_delete(request.key))
+
+    async def kv_list(self, request: pb.KvListRequest) -> pb.KvListReply:
+        """A linearizable read of every key under the prefix, sorted."""
+        if len(request.prefix) > MAX_KEY:
+            raise BadRequest(f"a prefix is at most {MAX_KEY} characters")
+
+        async def here() -> pb.KvListReply:
+            index = await self.node.read_barrier(COMMAND_TIMEOUT)
+            kv = self.node.store.state.kv
+            pairs = [pb.KvPair(key=k, value=kv[k]) for k in sorted(kv) if k.startswith(request.prefix)]
+            return pb.KvListReply(pairs=pairs, read_index=index)
+
+        return await self._via_leader(here, lambda c: c.kv_list(request.prefix))
+
     async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
         """`retry`: commit the job as running again after the leader halted it as failed."""
         if request.action != "retry":
