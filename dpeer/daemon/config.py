@@ -79,6 +79,15 @@ class TrainingConfig(Strict):
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job, "
                                     "as strings (ctx.option(KEY, default) types them by the default)")
 
+    @field_validator("options", mode="before")
+    @classmethod
+    def _scalars_as_text(cls, value: Any) -> Any:
+        """YAML's `dim: 16` and `amp: true` are options too: they reach the job as '16' and 'true'."""
+        if not isinstance(value, dict):
+            return value
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (bool, int, float)) else v
+                for k, v in value.items()}
+
     @model_validator(mode="after")
     def _exact_batches(self) -> "TrainingConfig":
         if self.reduction == "exact" and self.global_batch % self.micro_batch:
