@@ -40,7 +40,7 @@ EXAMPLES = {
     "members": "dpeer members --addr 127.0.0.1:7101",
     "kv": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n  dpeer kv get team --addr 127.0.0.1:7101 --json\n"
     "  DPEER_ADDR=127.0.0.1:7101 dpeer kv list --json",
-    "leave": "dpeer leave --addr 127.0.0.1:7102",
+    "leave": "dpeer leave --addr 127.0.0.1:7102\n  dpeer leave --node n3 --addr 127.0.0.1:7101   # n3 is dead for good",
     "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
     "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
     "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
@@ -163,8 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     delete = _sub(kvs, "delete", "commit the removal of KEY; exit 1 when it was not set", "kv delete")
     delete.add_argument("key", metavar="KEY", help="the key to remove")
     _client_flags(delete)
-    leave = _sub(subs, "leave", "make a node leave gracefully; its daemon exits")
+    leave = _sub(subs, "leave", "make a node leave gracefully (its daemon exits), or remove a dead one for good (--node)")
     _client_flags(leave)
+    leave.add_argument("--node", metavar="NODE_ID", help="remove this dead member (commit its leave and its removal "
+                       "from the voters through the leader) instead of the addressed node")
     force = _sub(subs, "force", "UNSAFE: after losing a majority of voters for good, make the survivors the voters")
     _client_flags(force)
     force.add_argument("--voters", required=True, help="comma-separated surviving voters, the addressed node among them")
@@ -378,12 +380,38 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_leave(args: argparse.Namespace) -> int:
-    """Ask the node to leave; exit 1 if it refuses."""
+    """Ask the node to leave, or (--node) remove a member gossip holds dead; exit 1 if refused."""
+    if args.node:
+        return _remove_dead(args)
     reply = _run(args, lambda c: c.leave())
     if not reply.accepted:
         print(f"dpeer: the node did not leave: {reply.reason}", file=sys.stderr)
         return EXIT_NO
     _emit(args, {"left": True}, "left")
+    return EXIT_OK
+
+
+def _remove_dead(args: argparse.Namespace) -> int:
+    """Commit a dead member's leave through the addressed node, refusing a live or unknown one."""
+    async def remove(client: NodeClient) -> str | None:
+        doc = json.loads((await client.status()).json)
+        seen = {m["node_id"]: m for m in doc["members"]}
+        member = seen.get(args.node)
+        if args.node == doc["node_id"]:
+            return f"{args.node} is the addressed node: run `dpeer leave --addr` without --node to make it leave"
+        if member is None or member.get("committed") is None:
+            return f"{args.node} is not a member that {doc['node_id']} knows"
+        if member["state"] == "alive":
+            return (f"{args.node} is alive: make it leave gracefully with `dpeer leave --addr {member['addr']}`, "
+                    "or stop it first")
+        await client.leave(args.node, forwarded=True)
+        return None
+
+    refused = _run(args, remove)
+    if refused is not None:
+        print(f"dpeer: not removed: {refused}", file=sys.stderr)
+        return EXIT_NO
+    _emit(args, {"removed": args.node}, f"removed {args.node}: its leave is committed and it no longer votes")
     return EXIT_OK
 
 

@@ -6,6 +6,7 @@ failure (which the unit restarts on) against 2 for bad config, and `config check
 from __future__ import annotations
 
 import json
+import signal
 import socket
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import yaml
 from dpeer import __version__
 from dpeer.launch.cluster import free_port_block
 from dpeer.transport.options import Security
-from tests.operate.conftest import cli, cli_many, formed, one_sentence
+from tests.operate.conftest import cli, cli_many, formed, one_sentence, wait_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -139,3 +140,26 @@ def test_a_port_in_use_exits_4_which_the_unit_restarts_on_and_bad_config_exits_2
     assert bad.returncode == 2 and "DPEER_MAX_VOTERS" in one_sentence(bad.stderr)
     unit = (ROOT / "scripts" / "dpeer.service").read_text()
     assert "RestartPreventExitStatus=2\n" in unit and "Restart=on-failure" in unit
+
+
+def test_a_dead_box_is_removed_for_good_through_any_live_node(daemons) -> None:
+    n1 = daemons.start("n1")
+    n2 = daemons.start("n2", join=[n1.addr])
+    n3 = daemons.start("n3", join=[n1.addr, n2.addr])
+    formed(n1.addr, {"n1", "n2", "n3"})
+    daemons.signal(n3, signal.SIGKILL)
+    wait_status(n1.addr, lambda d: any(m["node_id"] == "n3" and m["state"] == "dead" for m in d["members"]),
+                "n3 dead as seen from n1")
+    alive, unknown, itself = cli_many([["leave", "--node", "n2", "--addr", n1.addr],
+                                       ["leave", "--node", "n9", "--addr", n1.addr],
+                                       ["leave", "--node", "n1", "--addr", n1.addr]])
+    assert alive.returncode == 1 and "n2 is alive" in one_sentence(alive.stderr)
+    assert unknown.returncode == 1 and "not a member" in one_sentence(unknown.stderr)
+    assert itself.returncode == 1 and "addressed node" in one_sentence(itself.stderr)
+    removed = cli("leave", "--node", "n3", "--addr", n2.addr, "--json")
+    assert removed.returncode == 0 and json.loads(removed.stdout) == {"removed": "n3"}, removed.stderr
+    # well inside the 30 s the leader waits before it replaces a dead voter on its own (lan)
+    doc = wait_status(n1.addr, lambda d: "n3" not in d["voters"] + d["learners"], "n3 out of the voters", timeout=5)
+    assert sorted(doc["voters"]) == ["n1", "n2"]
+    assert all(m.get("committed") != "active" for m in doc["members"] if m["node_id"] == "n3")
+    assert n1.running and n2.running
