@@ -40,9 +40,10 @@ if [ ! -e /etc/dpeer/dpeer.env ]; then
     echo "# Environment of the dpeer service (EnvironmentFile= of dpeer.service)."
     echo "# Where the job's module is found (docs/jobs.md):"
     echo "PYTHONPATH=/opt/dpeer/jobs"
-    echo "# The interface Gloo (and NCCL) connect over when a box has several (docs/operations.md):"
-    echo "#GLOO_SOCKET_IFNAME=eth0"
+    echo "# GPU boxes with several interfaces: the one NCCL connects over (Gloo binds the advertised address):"
     echo "#NCCL_SOCKET_IFNAME=eth0"
+    echo "# Which GPU the worker trains on (cuda:0 is the first one listed):"
+    echo "#CUDA_VISIBLE_DEVICES=0"
   } > /etc/dpeer/dpeer.env
   echo "wrote /etc/dpeer/dpeer.env"
 fi
