@@ -163,3 +163,20 @@ def test_a_dead_box_is_removed_for_good_through_any_live_node(daemons) -> None:
     assert sorted(doc["voters"]) == ["n1", "n2"]
     assert all(m.get("committed") != "active" for m in doc["members"] if m["node_id"] == "n3")
     assert n1.running and n2.running
+
+
+def test_every_command_that_prints_takes_json() -> None:
+    """The live displays (demo, chaos: chaos writes timeline.json) and start (it logs) aside."""
+    from dpeer.cli.main import build_parser
+
+    def leaves(parser, path=()):  # (path, parser) of every runnable command
+        subs = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+        if not subs:
+            yield path, parser
+            return
+        for name, sub in subs[0].choices.items():
+            yield from leaves(sub, (*path, name))
+
+    missing = [" ".join(path) for path, p in leaves(build_parser())
+               if path[0] not in ("start", "demo", "chaos") and "--json" not in p._option_string_actions]
+    assert not missing, f"these commands print but take no --json: {missing}"

@@ -104,3 +104,10 @@ def test_a_spec_the_runtime_would_train_wrongly_is_refused(change: dict, message
         setattr(spec, key, value)
     with pytest.raises(JobSpecError, match=message):
         prepare(spec, ctx, spec.collate)
+
+
+def test_the_run_defaults_a_job_sees_are_the_configs() -> None:
+    from dpeer.daemon.config import TrainingConfig
+    from dpeer.trainer.jobspec import RUN_DEFAULTS
+
+    assert RUN_DEFAULTS == {k: getattr(TrainingConfig(), k) for k in RUN_DEFAULTS}
