@@ -1,8 +1,8 @@
 """The `dpeer` command line: the public contract of DESIGN.md "Interfaces".
 
 Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config
-(the unit does not restart on it), 3 node unreachable, 4 a runtime failure (a port in use, a full
-disk: the unit restarts). Errors go to stderr as one clear sentence. Client commands find the node
+(the unit does not restart on it), 3 node unreachable, 4 a runtime failure (a port in use, a data
+dir it cannot write: the unit restarts). Errors go to stderr as one clear sentence. Client commands find the node
 at --addr, else DPEER_ADDR, else the --config's advertised address, else 127.0.0.1:7100, and their
 credentials in --tls-*/--token-file, else DPEER_CACERT, DPEER_CLIENT_CERT, DPEER_CLIENT_KEY and
 DPEER_TOKEN_FILE, else --config's security block.
@@ -30,7 +30,7 @@ EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_RUNTIME = 0, 1, 2, 3, 4
 
 
 class RuntimeFailure(Exception):
-    """The config was good but running failed (a port in use, a full disk): exit 4, restartable."""
+    """The config was good but running failed (a port in use, a data dir it cannot write): exit 4, restartable."""
 
 
 def _env_path(name: str) -> Path | None:

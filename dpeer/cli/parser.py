@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.",
                      epilog=f"example:\n  {EXAMPLES['dpeer']}\n\n"
                      "exit codes: 0 success, 1 a negative answer (absent key, not committed, refused),\n"
-                     "  2 bad usage or config, 3 node unreachable, 4 a runtime failure (port in use, disk full)\n\n"
+                     "  2 bad usage or config, 3 node unreachable, 4 a runtime failure (port in use, data dir not writable)\n\n"
                      f"environment: DPEER_ADDR (default {DEFAULT_ADDR}), DPEER_CACERT, DPEER_CLIENT_CERT,\n"
                      "  DPEER_CLIENT_KEY, DPEER_TOKEN_FILE for the client commands; DPEER_<KEY> config keys",
                      formatter_class=argparse.RawDescriptionHelpFormatter)

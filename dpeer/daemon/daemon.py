@@ -501,6 +501,6 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
     logs.setup(context)
     try:
         return asyncio.run(daemon.run())
-    except OSError as exc:  # a port in use, a full disk: the config is fine, so exit 4 and let the unit restart
+    except OSError as exc:  # a port in use, an unwritable file: the config is fine, so exit 4 and let the unit restart
         print(f"dpeer: {exc}", file=sys.stderr)
         return 4

@@ -180,3 +180,11 @@ def test_every_command_that_prints_takes_json() -> None:
     missing = [" ".join(path) for path, p in leaves(build_parser())
                if path[0] not in ("start", "demo", "chaos") and "--json" not in p._option_string_actions]
     assert not missing, f"these commands print but take no --json: {missing}"
+
+
+def test_a_data_dir_that_cannot_be_created_exits_4(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    port = free_port_block(1)
+    result = cli("start", "--node-id", "n1", "--listen", f"127.0.0.1:{port}", "--data-dir", str(blocker / "data"))
+    assert result.returncode == 4 and "a-file" in one_sentence(result.stderr), (result.returncode, result.stderr)
