@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Install dpeer as a systemd service on this box: a dpeer user, the package, a config and the unit.
-# Usage: sudo scripts/install.sh NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]
+# Usage: sudo scripts/install.sh [--job demo|MODULE:FUNCTION] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]
+# --job: the job every box runs (docs/jobs.md); put a MODULE of your own in /opt/dpeer/jobs first.
 set -euo pipefail
+usage="usage: $0 [--job demo|MODULE:FUNCTION] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]"
+job=
+if [ "${1:-}" = "--job" ]; then
+  [ "$#" -ge 2 ] || { echo "$usage" >&2; exit 2; }
+  job=$2
+  shift 2
+fi
 if [ "$#" -lt 2 ]; then
-  echo "usage: $0 NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]" >&2
+  echo "$usage" >&2
   exit 2
 fi
 node_id=$1 listen=$2 join=${3:-}
@@ -24,6 +32,21 @@ DPEER_VENV=/opt/dpeer/venv DPEER_EDITABLE=0 "$here/scripts/setup" >/dev/null
 ln -sf /opt/dpeer/venv/bin/dpeer /usr/local/bin/dpeer
 install -d -m 0700 -o dpeer -g dpeer /var/lib/dpeer
 install -d -m 0755 /etc/dpeer
+# jobs of your own live here (readable by the service; /home is hidden from it), docs where the unit says
+install -d -m 0755 /opt/dpeer/jobs /usr/share/doc/dpeer
+install -m 0644 "$here/README.md" "$here"/docs/*.md /usr/share/doc/dpeer/
+if [ ! -e /etc/dpeer/dpeer.env ]; then
+  {
+    echo "# Environment of the dpeer service (EnvironmentFile= of dpeer.service)."
+    echo "# Where the job's module is found (docs/jobs.md):"
+    echo "PYTHONPATH=/opt/dpeer/jobs"
+    echo "# GPU boxes with several interfaces: the one NCCL connects over (Gloo binds the advertised address):"
+    echo "#NCCL_SOCKET_IFNAME=eth0"
+    echo "# Which GPU the worker trains on (cuda:0 is the first one listed):"
+    echo "#CUDA_VISIBLE_DEVICES=0"
+  } > /etc/dpeer/dpeer.env
+  echo "wrote /etc/dpeer/dpeer.env"
+fi
 # --- security: mutual TLS and the cluster token (README "Security") --------------------------------
 # The first box (no JOIN) makes the cluster's CA, token and an operator certificate for root; every
 # box gets a node certificate naming its NODE_ID, made where the CA key is. Nothing is overwritten.
@@ -62,6 +85,7 @@ if [ ! -e /etc/dpeer/dpeer.yaml ]; then
     echo "data_dir: /var/lib/dpeer"
     [ -n "$join" ] && echo "join: \"$join\""
     echo "preset: lan"
+    [ -n "$job" ] && echo "job: \"$job\""
     echo "security:"
     echo "  tls_ca: $certs/ca.pem"
     echo "  tls_cert: $certs/node-$node_id.pem"
@@ -71,9 +95,11 @@ if [ ! -e /etc/dpeer/dpeer.yaml ]; then
   echo "wrote /etc/dpeer/dpeer.yaml"
 else
   echo "kept the existing /etc/dpeer/dpeer.yaml"
+  if [ -n "$job" ]; then echo "install.sh: --job $job was not written: set job: in /etc/dpeer/dpeer.yaml" >&2; fi
 fi
 bin=/opt/dpeer/venv/bin/dpeer
-"$bin" config check /etc/dpeer/dpeer.yaml
+# checked in the service's environment (its PYTHONPATH finds the job), from / as the service runs
+( set -a; . /etc/dpeer/dpeer.env; set +a; cd /; "$bin" config check /etc/dpeer/dpeer.yaml )
 sed "s#/usr/local/bin/dpeer#${bin}#" "$here/scripts/dpeer.service" > /etc/systemd/system/dpeer.service
 systemctl daemon-reload
 if [ "$upgrade" = 1 ] && systemctl is-active --quiet dpeer.service; then

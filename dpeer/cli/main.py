@@ -1,187 +1,53 @@
 """The `dpeer` command line: the public contract of docs/architecture.md "Interfaces".
 
-Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config,
-3 node unreachable. Errors go to stderr as one clear sentence.
+Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config
+(the unit does not restart on it), 3 node unreachable, 4 a runtime failure (a port in use, a data
+dir it cannot write: the unit restarts). Errors go to stderr as one clear sentence. Client commands find the node
+at --addr, else DPEER_ADDR, else the --config's advertised address, else 127.0.0.1:7100, and their
+credentials in --tls-*/--token-file, else DPEER_CACERT, DPEER_CLIENT_CERT, DPEER_CLIENT_KEY and
+DPEER_TOKEN_FILE, else --config's security block.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dpeer.daemon import config as cfg
-from dpeer import errors
-from dpeer.chaos.options import add_arguments as chaos_arguments
+from dpeer import __version__, errors
 from dpeer.chaos.options import options_from as chaos_options
+from dpeer.cli.parser import CLIENT_ENV, DEFAULT_ADDR, UsageError, build_parser
 
 if TYPE_CHECKING:  # grpc loads only where a command talks to a node: `start` spawns its worker first
     from dpeer.transport.client import NodeClient
     from dpeer.transport.options import Security
 
-EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-
-EXAMPLES = {
-    "dpeer": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir d1\n"
-    "  dpeer status --addr 127.0.0.1:7101 --json",
-    "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
-    "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo",
-    "status": "dpeer status --addr 127.0.0.1:7101 --json",
-    "members": "dpeer members --addr 127.0.0.1:7101",
-    "kv": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101\n  dpeer kv get lr --addr 127.0.0.1:7101 --json",
-    "leave": "dpeer leave --addr 127.0.0.1:7102",
-    "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
-    "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
-    "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
-    "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
-    "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
-    "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
-    "kv put": "dpeer kv put lr 0.01 --addr 127.0.0.1:7101",
-    "kv get": "dpeer kv get lr --addr 127.0.0.1:7101 --json",
-    "config show": "dpeer config show --config dpeer.yaml --preset edge",
-    "job": "dpeer job retry --addr 127.0.0.1:7101",
-    "job retry": "dpeer job retry --addr 127.0.0.1:7101",
-    "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
-    "certs": "dpeer certs create-ca --dir pki\n  dpeer certs create-node n1 --host 10.0.0.1 --dir pki\n"
-    "  dpeer certs create-client alice --operator --dir pki",
-    "certs create-ca": "dpeer certs create-ca --dir /etc/dpeer/certs",
-    "certs create-node": "dpeer certs create-node n1 --host 10.0.0.1 --host box1.lan --dir /etc/dpeer/certs",
-    "certs create-client": "dpeer certs create-client alice --operator --dir pki",
-}
+EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_RUNTIME = 0, 1, 2, 3, 4
 
 
-class UsageError(Exception):
-    """Bad flags or config: exit 2."""
+class RuntimeFailure(Exception):
+    """The config was good but running failed (a port in use, a data dir it cannot write): exit 4, restartable."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one sentence and exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see '{self.prog} --help')")
-
-
-def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | None = None) -> argparse.ArgumentParser:
-    """A subcommand whose --help ends with an example (EXAMPLES[path or name])."""
-    return subs.add_parser(
-        name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[path or name]}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
-def _client_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--addr", required=True, help="HOST:PORT of any node")
-    p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default 10)")
-    p.add_argument("--tls-ca", type=Path, help="the cluster's CA certificate (PEM); overrides --config's")
-    p.add_argument("--tls-cert", type=Path, help="your client certificate (`dpeer certs create-client`)")
-    p.add_argument("--tls-key", type=Path, help="your client certificate's key")
-    p.add_argument("--token-file", type=Path, help="file holding the cluster token")
-
-
-def _certs_parser(subs: argparse._SubParsersAction) -> None:
-    certs = _sub(subs, "certs", "make the cluster's CA, token, node and client certificates (keys 0600, never overwritten)")
-    cs = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
-    ca = _sub(cs, "create-ca", "a new CA (ca.pem, ca.key) and cluster token (cluster.token)", "certs create-ca")
-    node = _sub(cs, "create-node", "node-NODE_ID.pem/.key: a node certificate naming dpeer://node/NODE_ID",
-                "certs create-node")
-    node.add_argument("node_id", help="the node's --node-id")
-    node.add_argument("--host", action="append", default=[], help="a DNS name or IP the node is reached at (repeat)")
-    client = _sub(cs, "create-client", "a client certificate: read-only, or --operator to change the cluster",
-                  "certs create-client")
-    client.add_argument("name", help="who holds it, e.g. alice or backup-job")
-    client.add_argument("--operator", action="store_true", help="may kv put, leave, force and read the log")
-    for p in (ca, node, client):
-        p.add_argument("--dir", type=Path, default=Path("."), help="where the files go (default: here)")
-        p.add_argument("--days", type=int, default=None, help="validity in days")
-    for p in (node, client):
-        p.add_argument("--ca-dir", type=Path, default=None, help="where ca.pem and ca.key are (default: --dir)")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The full command tree."""
-    parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.",
-                     epilog=f"example:\n  {EXAMPLES['dpeer']}\n\n"
-                     "exit codes: 0 success, 1 a negative answer (absent key, not committed, refused),\n"
-                     "  2 bad usage or config, 3 node unreachable",
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    start = _sub(subs, "start", "run a node in the foreground")
-    start.add_argument("--node-id", help="unique, stable name of this box")
-    start.add_argument("--listen", help="HOST:PORT the gRPC server binds")
-    start.add_argument("--data-dir", type=Path, help="folder for the store and checkpoints")
-    start.add_argument("--join", help="HOST:PORT[,HOST:PORT...] of live members")
-    start.add_argument("--advertise", help="HOST:PORT peers dial when it differs from --listen")
-    start.add_argument("--config", type=Path, help="YAML config file")
-    start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
-    start.add_argument("--job", help="demo or MODULE:FUNCTION")
-    start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
-    start.add_argument("--insecure", action="store_true", default=None,
-                       help="run off loopback without mutual TLS and token (anyone who reaches the port controls "
-                       "the node); warned at every start and shown in status")
-    for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
-        p = _sub(subs, name, help_)
-        _client_flags(p)
-        p.add_argument("--json", action="store_true", help="print JSON")
-    kv = _sub(subs, "kv", "read and write cluster settings")
-    kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
-    put = _sub(kvs, "put", "commit KEY=VALUE; exit 0 only once committed", "kv put")
-    put.add_argument("key", help="1-256 characters")
-    put.add_argument("value", help="at most 64 KiB")
-    _client_flags(put)
-    get = _sub(kvs, "get", "linearizable read; exit 1 when absent", "kv get")
-    get.add_argument("key", help="the key to read")
-    get.add_argument("--json", action="store_true", help="print JSON")
-    _client_flags(get)
-    leave = _sub(subs, "leave", "make a node leave gracefully; its daemon exits")
-    _client_flags(leave)
-    force = _sub(subs, "force", "UNSAFE: after losing a majority of voters for good, make the survivors the voters")
-    _client_flags(force)
-    force.add_argument("--voters", required=True, help="comma-separated surviving voters, the addressed node among them")
-    force.add_argument("--yes", action="store_true", help="confirm: entries only the lost majority held may be lost")
-    job = _sub(subs, "job", "control the cluster's job")
-    jobs = job.add_subparsers(dest="job_command", required=True, parser_class=_Parser)
-    retry = _sub(jobs, "retry", "train again after the leader halted the job as broken (fix the cause first)",
-                 "job retry")
-    _client_flags(retry)
-    log = _sub(subs, "log", "print a node's committed entries: index, term, kind and the sha256 of each entry's "
-               "canonical bytes, to compare two nodes' committed prefixes")
-    _client_flags(log)
-    log.add_argument("--from", dest="first", type=int, default=None, metavar="I",
-                     help="first index (default: the first the node still holds)")
-    log.add_argument("--to", dest="last", type=int, default=None, metavar="J", help="last index (default: its commit index)")
-    log.add_argument("--json", action="store_true", help="one JSON object per line: {index, term, kind, hash}")
-    demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
-    demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
-    demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
-    demo.add_argument("--chaos", action="store_true", help="kill and restart nodes on a schedule")
-    demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
-    demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
-    demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
-    chaos = _sub(subs, "chaos", "a seeded chaos run of a local cluster training the demo job, then checks")
-    chaos_arguments(chaos)
-    conf = _sub(subs, "config", "show the effective config or check a file")
-    confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
-    show = _sub(confs, "show", "print the effective config as YAML (defaults < file < DPEER_* env < flags)",
-                "config show")
-    show.add_argument("--config", type=Path, help="YAML config file")
-    show.add_argument("--preset", choices=["lan", "wan", "edge"])
-    show.add_argument("--node-id")
-    check = _sub(confs, "check", "validate a config file; exit 2 when it is wrong", "config check")
-    check.add_argument("file", type=Path, help="the YAML config file")
-    _certs_parser(subs)
-    return parser
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(CLIENT_ENV[name], "").strip()
+    return Path(value) if value else None
 
 
 def _security(args: argparse.Namespace) -> Security:
-    """The client's credentials: --config's security block, each file overridden by its flag."""
+    """The client's credentials: each file from its flag, else its environment variable, else
+    --config's security block."""
     from dpeer.transport.options import Security
 
     s = cfg.load(args.config).security if args.config is not None else cfg.SecurityConfig()
-    files = {"--tls-cert": args.tls_cert or s.tls_cert, "--tls-key": args.tls_key or s.tls_key,
-             "--tls-ca": args.tls_ca or s.tls_ca, "--token-file": args.token_file or s.cluster_token_file}
+    files = {"--tls-cert": args.tls_cert or _env_path("tls_cert") or s.tls_cert,
+             "--tls-key": args.tls_key or _env_path("tls_key") or s.tls_key,
+             "--tls-ca": args.tls_ca or _env_path("tls_ca") or s.tls_ca,
+             "--token-file": args.token_file or _env_path("token_file") or s.cluster_token_file}
     for flag, path in files.items():
         if path is not None and not path.is_file():
             raise UsageError(f"{flag}: file {path} does not exist")
@@ -191,12 +57,31 @@ def _security(args: argparse.Namespace) -> Security:
         raise UsageError(str(exc).replace("security.tls_cert, tls_key and tls_ca", "--tls-cert, --tls-key and --tls-ca"))
 
 
+def node_addr(args: argparse.Namespace) -> str:
+    """--addr, else DPEER_ADDR, else the --config's advertised address, else the default listen."""
+    addr = args.addr or os.environ.get("DPEER_ADDR", "").strip()
+    source = "--addr" if args.addr else "DPEER_ADDR"
+    if not addr:
+        addr = cfg.load(args.config).advertise_addr if args.config is not None else DEFAULT_ADDR
+        source = "--config" if args.config is not None else "the default address"
+    try:
+        cfg.parse_hostport(addr)
+    except ValueError as exc:
+        raise UsageError(f"{source}: {exc}") from None
+    return addr
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
+    """Print doc as one JSON line under --json, else the text."""
+    print(json.dumps(doc, sort_keys=True) if args.json else text)
+
+
 def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
     import asyncio
 
     from dpeer.transport.client import NodeClient
 
-    cfg.parse_hostport(args.addr)
+    args.addr = node_addr(args)
 
     async def go() -> Any:
         async with NodeClient(args.addr, _security(args), timeout=args.timeout) as client:
@@ -227,14 +112,18 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_members(args: argparse.Namespace) -> int:
-    """Print the members table this node sees."""
-    members = json.loads(_run(args, lambda c: c.status()).json)["members"]
+    """Print the members table this node sees, each marked voter, learner or - (not committed)."""
+    doc = json.loads(_run(args, lambda c: c.status()).json)
+    members, voters, learners = doc["members"], set(doc.get("voters", ())), set(doc.get("learners", ()))
+    for m in members:
+        m["kind"] = "voter" if m["node_id"] in voters else "learner" if m["node_id"] in learners else None
     if args.json:
         print(json.dumps(members, sort_keys=True))
         return EXIT_OK
-    print(f"{'NODE':<20} {'ADDR':<22} {'STATE':<8} {'INC':>4} {'VERSION':>8}")
+    print(f"{'NODE':<20} {'ADDR':<22} {'STATE':<8} {'KIND':<8} {'INC':>4} {'VERSION':>8}")
     for m in members:
-        print(f"{m['node_id']:<20} {m['addr']:<22} {m['state']:<8} {m['incarnation']:>4} {m['version']:>8}")
+        print(f"{m['node_id']:<20} {m['addr']:<22} {m['state']:<8} {m['kind'] or '-':<8} {m['incarnation']:>4} "
+              f"{m['version']:>8}")
     return EXIT_OK
 
 
@@ -245,7 +134,21 @@ def cmd_kv(args: argparse.Namespace) -> int:
         if not reply.committed:
             print(f"dpeer: not committed: {reply.reason}", file=sys.stderr)
             return EXIT_NO
-        print(f"committed at index {reply.index}")
+        _emit(args, {"key": args.key, "committed": True, "index": reply.index}, f"committed at index {reply.index}")
+        return EXIT_OK
+    if args.kv_command == "list":
+        listed = _run(args, lambda c: c.kv_list(args.prefix))
+        pairs = {p.key: p.value for p in listed.pairs}
+        _emit(args, pairs, "\n".join(f"{k}\t{v}" for k, v in pairs.items()))
+        return EXIT_OK
+    if args.kv_command == "delete":
+        deleted = _run(args, lambda c: c.kv_delete(args.key, timeout=args.timeout))
+        if args.json or deleted.found:
+            _emit(args, {"key": args.key, "found": deleted.found, "index": deleted.index},
+                  f"deleted at index {deleted.index}")
+        if not deleted.found:
+            print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
+            return EXIT_NO
         return EXIT_OK
     reply = _run(args, lambda c: c.kv_get(args.key))
     if args.json:
@@ -265,7 +168,8 @@ def cmd_force(args: argparse.Namespace) -> int:
         raise UsageError("force can lose entries that only the lost voters held; add --yes to confirm")
     voters = [v.strip() for v in args.voters.split(",") if v.strip()]
     reply = _run(args, lambda c: c.force(voters))
-    print(f"forced: voters are now {', '.join(voters)} (term {reply.term}); {reply.reason}")
+    _emit(args, {"voters": voters, "term": reply.term, "epoch": reply.epoch, "reason": reply.reason},
+          f"forced: voters are now {', '.join(voters)} (term {reply.term}); {reply.reason}")
     return EXIT_OK
 
 
@@ -301,12 +205,38 @@ def cmd_log(args: argparse.Namespace) -> int:
 
 
 def cmd_leave(args: argparse.Namespace) -> int:
-    """Ask the node to leave; exit 1 if it refuses."""
+    """Ask the node to leave, or (--node) remove a member gossip holds dead; exit 1 if refused."""
+    if args.node:
+        return _remove_dead(args)
     reply = _run(args, lambda c: c.leave())
     if not reply.accepted:
         print(f"dpeer: the node did not leave: {reply.reason}", file=sys.stderr)
         return EXIT_NO
-    print("left")
+    _emit(args, {"left": True}, "left")
+    return EXIT_OK
+
+
+def _remove_dead(args: argparse.Namespace) -> int:
+    """Commit a dead member's leave through the addressed node, refusing a live or unknown one."""
+    async def remove(client: NodeClient) -> str | None:
+        doc = json.loads((await client.status()).json)
+        seen = {m["node_id"]: m for m in doc["members"]}
+        member = seen.get(args.node)
+        if args.node == doc["node_id"]:
+            return f"{args.node} is the addressed node: run `dpeer leave --addr` without --node to make it leave"
+        if member is None or member.get("committed") is None:
+            return f"{args.node} is not a member that {doc['node_id']} knows"
+        if member["state"] == "alive":
+            return (f"{args.node} is alive: make it leave gracefully with `dpeer leave --addr {member['addr']}`, "
+                    "or stop it first")
+        await client.leave(args.node, forwarded=True)
+        return None
+
+    refused = _run(args, remove)
+    if refused is not None:
+        print(f"dpeer: not removed: {refused}", file=sys.stderr)
+        return EXIT_NO
+    _emit(args, {"removed": args.node}, f"removed {args.node}: its leave is committed and it no longer votes")
     return EXIT_OK
 
 
@@ -316,7 +246,8 @@ def cmd_job(args: argparse.Namespace) -> int:
     if not reply.accepted:
         print(f"dpeer: not retried: {reply.reason}", file=sys.stderr)
         return EXIT_NO
-    print(f"{reply.reason} (committed at index {reply.index})")
+    _emit(args, {"retried": True, "reason": reply.reason, "index": reply.index},
+          f"{reply.reason} (committed at index {reply.index})")
     return EXIT_OK
 
 
@@ -325,11 +256,26 @@ def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
     if args.config_command == "check":
-        cfg.check_file(args.file)
-        print(f"{args.file}: ok")
+        try:
+            cfg.check_file(args.file)
+        except cfg.ConfigError as exc:
+            if args.json:
+                print(json.dumps({"file": str(args.file), "ok": False, "error": str(exc)}))
+            raise
+        _emit(args, {"file": str(args.file), "ok": True, "error": None}, f"{args.file}: ok")
         return EXIT_OK
     effective = cfg.load(args.config, {"preset": args.preset, "node_id": args.node_id})
-    print(yaml.safe_dump(json.loads(effective.model_dump_json()), sort_keys=False), end="")
+    doc = json.loads(effective.model_dump_json())
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        print(yaml.safe_dump(doc, sort_keys=False), end="")
+    return EXIT_OK
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """Print the version (the package's), with Python's under --json."""
+    _emit(args, {"version": __version__, "python": sys.version.split()[0]}, f"dpeer {__version__}")
     return EXIT_OK
 
 
@@ -344,11 +290,17 @@ def cmd_start(args: argparse.Namespace) -> int:
     if config.node_id is None:
         raise UsageError("--node-id (or node_id in the config, or DPEER_NODE_ID) is required")
     check_security(config)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    worker = start_worker_early(config)
-    from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
+    wildcard = cfg.wildcard_refusal(config)
+    if wildcard is not None:
+        raise UsageError(wildcard)
+    try:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        worker = start_worker_early(config)
+        from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
 
-    return run_daemon(config, worker)
+        return run_daemon(config, worker)
+    except (OSError, ValueError) as exc:  # the config was accepted: whatever fails now is worth a restart
+        raise RuntimeFailure(str(exc)) from exc
 
 
 def check_security(config: cfg.NodeConfig) -> None:
@@ -383,7 +335,8 @@ def cmd_certs(args: argparse.Namespace) -> int:
     try:
         if args.certs_command == "create-ca":
             made, token = certs.create_ca(args.dir, **days)
-            print(f"wrote {made.cert} (the CA certificate: give it to every node and client), {made.key} "
+            _emit(args, {"cert": str(made.cert), "key": str(made.key), "token": str(token)},
+                  f"wrote {made.cert} (the CA certificate: give it to every node and client), {made.key} "
                   f"(keep it private: it signs certificates) and {token} (the cluster token)")
             return EXIT_OK
         ca_dir = args.ca_dir or args.dir
@@ -393,7 +346,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
             made = certs.create_client(ca_dir, args.dir, args.name, args.operator, **days)
     except certs.CertError as exc:
         raise UsageError(str(exc)) from None
-    print(f"wrote {made.cert} and {made.key}")
+    _emit(args, {"cert": str(made.cert), "key": str(made.key)}, f"wrote {made.cert} and {made.key}")
     return EXIT_OK
 
 
@@ -426,7 +379,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
     "leave": cmd_leave, "force": cmd_force, "log": cmd_log, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
-    "job": cmd_job, "certs": cmd_certs,
+    "job": cmd_job, "certs": cmd_certs, "version": cmd_version,
 }
 
 
@@ -438,6 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, cfg.ConfigError, ValueError) as exc:
         print(f"dpeer: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (RuntimeFailure, OSError) as exc:
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return EXIT_RUNTIME
     except errors.Unreachable as exc:
         print(f"dpeer: {exc}; is its daemon running?", file=sys.stderr)
         return EXIT_UNREACHABLE

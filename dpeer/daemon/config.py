@@ -1,19 +1,25 @@
 """The daemon's configuration: one YAML file validated by pydantic, then DPEER_* env, then flags.
 
 Precedence, lowest first: built-in defaults, the preset's timing, the YAML file, DPEER_*
-environment variables, command-line flags. Unknown keys and bad values are refused with the
+environment variables, command-line flags. The `timing` keys left unset take the preset's values
+(daemon/timing.py), so `config show` prints every timing the node runs with. Unknown keys and bad values are refused with the
 key's dotted path, so an operator sees exactly which line of the file is wrong.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from dpeer.daemon import timing as tm
 
 PresetName = Literal["lan", "wan", "edge"]
 ReductionName = Literal["exact", "fast"]
@@ -45,7 +51,9 @@ class Strict(BaseModel):
 
 
 class TrainingConfig(Strict):
-    """The demo job's run: how long, how big a global batch, which seed."""
+    """The run of every job: steps, global_batch, micro_batch and seed reach the job as ctx.steps ...
+    and must be what its TrainSpec says (the worker refuses a spec that differs); lr and options
+    are the job's to use (ctx.lr, ctx.option); the rest is the runtime's."""
 
     steps: int = Field(20000, gt=0, description="steps to train; the default runs for minutes")
     global_batch: int = Field(64, gt=0, description="samples per step, fixed whatever the world size")
@@ -70,7 +78,17 @@ class TrainingConfig(Strict):
                          "core count); exact reduction needs the same count on every box")
     spare_worker: bool = Field(True, description="keep a warm spare worker process (torch imported, about 200 MB) "
                                "while training, so a crashed worker is replaced without a fresh interpreter's imports")
-    options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job")
+    options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job, "
+                                    "as strings (ctx.option(KEY, default) types them by the default)")
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _scalars_as_text(cls, value: Any) -> Any:
+        """YAML's `dim: 16` and `amp: true` are options too: they reach the job as '16' and 'true'."""
+        if not isinstance(value, dict):
+            return value
+        return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (bool, int, float)) else v
+                for k, v in value.items()}
 
     @model_validator(mode="after")
     def _exact_batches(self) -> "TrainingConfig":
@@ -99,13 +117,40 @@ class SecurityConfig(Strict):
         return value
 
 
+def _section(name: str, keys: tuple[str, ...], types: dict[str, Any], zero_ok: tuple[str, ...] = ()) -> type[Strict]:
+    """A timing section: every key optional (unset: the preset's), positive (or 0 where allowed)."""
+    spec: dict[str, Any] = {}
+    for key in keys:
+        kind = {"float": float, "int": int}[str(types[key])]
+        bound = {"ge": 0} if key in zero_ok else {"gt": 0}
+        spec[key] = (kind | None, Field(None, **bound))
+    return create_model(name, __base__=Strict, **spec)  # type: ignore[call-overload, no-any-return]
+
+
+MembershipTiming = _section("MembershipTiming", tm.MEMBERSHIP_KEYS,
+                            {f.name: f.type for f in fields(tm.MembershipConfig)})
+RaftTiming = _section("RaftTiming", tm.RAFT_KEYS, {f.name: f.type for f in fields(tm.RaftConfig)},
+                      zero_ok=("learner_heartbeat_interval", "idle_heartbeat_interval",
+                               "idle_learner_heartbeat_interval", "idle_election_timeout"))
+LeaderTimingConfig = _section("LeaderTimingConfig", tm.LEADER_KEYS, {f.name: f.type for f in fields(tm.LeaderTiming)})
+
+
+class TimingConfig(Strict):
+    """Per-key overrides of the preset's timings; unset keys show the preset's value."""
+
+    membership: MembershipTiming = Field(default_factory=MembershipTiming)  # type: ignore[valid-type]
+    raft: RaftTiming = Field(default_factory=RaftTiming)  # type: ignore[valid-type]
+    leader: LeaderTimingConfig = Field(default_factory=LeaderTimingConfig)  # type: ignore[valid-type]
+
+
 class NodeConfig(Strict):
     """Everything one daemon needs; `dpeer config show` prints the effective values."""
 
     node_id: str | None = Field(None, description="unique, stable name of this box")
     listen: str = Field("127.0.0.1:7100", description="address the gRPC server binds, and only it")
     advertise: str | None = Field(None, description="address peers dial when it differs from listen")
-    data_dir: Path = Field(Path("./dpeer-data"), description="LMDB store and checkpoints")
+    data_dir: Path = Field(Path("/var/lib/dpeer"), description="LMDB store, checkpoints and the worker's files "
+                           "(DATA_DIR/worker/final.pt); a relative path is made absolute against the working directory")
     join: list[str] = Field(default_factory=list, description="live members to join through")
     preset: PresetName = Field("lan", description="timing preset: lan, wan or edge")
     job: str | None = Field(None, description="demo or MODULE:FUNCTION; none runs a daemon only")
@@ -114,9 +159,44 @@ class NodeConfig(Strict):
                                    description="port of the rendezvous store this node's worker hosts as rank 0 "
                                    "(bound on the advertised host when the worker starts); default: any free port, "
                                    "so it can never collide with another daemon's port")
-    max_voters: int = Field(5, ge=1, le=9, description="voting members; the rest are learners")
+    max_voters: int = Field(5, ge=1, le=9, description="voting members (odd: 1, 3, 5, 7 or 9); the rest are "
+                            "learners")
+    timing: TimingConfig = Field(default_factory=TimingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.absolute()
+
+    @field_validator("max_voters")
+    @classmethod
+    def _odd(cls, value: int) -> int:
+        if value % 2 == 0:
+            raise ValueError(f"max_voters {value} is even: {value} voters survive no more failures than "
+                             f"{value - 1} and every commit waits for one more; use {value - 1} or {value + 1}")
+        return value
+
+    @model_validator(mode="after")
+    def _fill_timing(self) -> "NodeConfig":
+        """Unset timing keys take the preset's value; the result must hold together."""
+        defaults = tm.preset_values(self.preset)
+        for section, values in defaults.items():
+            model = getattr(self.timing, section)
+            for key, value in values.items():
+                if getattr(model, key) is None:
+                    setattr(model, key, value)
+        try:
+            self.resolved_timing()
+        except ValueError as exc:
+            raise ValueError(f"the timing keys contradict each other: {exc}") from None
+        return self
+
+    def resolved_timing(self) -> tm.Timing:
+        """The timings the daemon runs with (the preset's, overridden key by key)."""
+        return tm.resolve(self.preset, {s: getattr(self.timing, s).model_dump() for s in ("membership", "raft", "leader")},
+                          self.max_voters)
 
     @field_validator("node_id")
     @classmethod
@@ -163,9 +243,11 @@ def _format(err: ValidationError, source: str) -> str:
     (DPEER_TRAINING__STEPS) and the command line names the flag (--listen).
     """
     first = err.errors()[0]
-    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    key = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    if not first["loc"]:  # a check across keys (the timings): the message names them
+        return f"{source}: {msg}{more}"
     if source == "environment":
         var = "DPEER_" + "__".join(str(p) for p in first["loc"]).upper()
         return f"environment variable {var} (config key {key}): {msg}{more}"
@@ -247,9 +329,44 @@ def load(
     return NodeConfig.model_validate(merged)
 
 
-def check_file(path: Path) -> NodeConfig:
-    """Validate one file on its own, as `dpeer config check FILE` does."""
+def wildcard_refusal(config: NodeConfig) -> str | None:
+    """Why a listen on every interface without `advertise` cannot work (peers cannot dial 0.0.0.0), or None."""
+    host = parse_hostport(config.listen)[0]
+    if config.advertise is None and host in ("0.0.0.0", "::"):
+        return (f"listen {config.listen} binds every interface, so peers need an address to dial: set advertise "
+                "to this box's HOST:PORT on the cluster's network")
+    return None
+
+
+def job_refusal(job: str | None) -> str | None:
+    """Why the job's module cannot be imported from here (the working directory, PYTHONPATH and
+    this Python's packages, as the worker sees them), or None; the function is checked at build."""
+    if job is None or job == "demo":
+        return None
+    module = job.partition(":")[0]
+    path = [os.getcwd(), *sys.path]
+    old, sys.path[:] = list(sys.path), path
     try:
-        return NodeConfig.model_validate(read_file(path))
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        sys.path[:] = old
+    if found:
+        return None
+    return (f"job {job}: no module {module!r} on this Python's path (the working directory, PYTHONPATH, the "
+            "venv's packages): install it into dpeer's venv or put its folder on PYTHONPATH (the service reads "
+            "/etc/dpeer/dpeer.env), outside /home, which the unit hides")
+
+
+def check_file(path: Path) -> NodeConfig:
+    """Validate one file on its own, as `dpeer config check FILE` does: the keys, then what only
+    running would show (an unimportable job, a wildcard listen no peer can dial)."""
+    try:
+        config = NodeConfig.model_validate(read_file(path))
     except ValidationError as exc:
         raise ConfigError(_format(exc, str(path))) from None
+    for reason in (wildcard_refusal(config), job_refusal(config.job)):
+        if reason is not None:
+            raise ConfigError(f"{path}: {reason}")
+    return config

@@ -75,7 +75,7 @@ class Daemon:
             bootstrap(StoreStorage(store), [self.node_id], uids={self.node_id: store.uid})
             log.info("founded a new cluster (store identity %s)", store.uid)
         self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
-                         max_voters=config.max_voters)
+                         max_voters=config.max_voters, timing=config.resolved_timing())
         self.resyncer = Resyncer(self.node, self.channels)
         self.worker = worker
         if worker is not None:
@@ -85,7 +85,7 @@ class Daemon:
                 worker.publish_checkpoint(store.state.checkpoint)
             if store.state.job.state is JobState.FAILED:
                 worker.halt(store.state.job.error)
-        self.leader = LeaderChores(self.node, config.preset, self._store_port, self._ready,
+        self.leader = LeaderChores(self.node, config.resolved_timing().leader, self._store_port, self._ready,
                                    lambda: self.leaving, config.training.failure_repeats)
         self.node.chores.append(self.leader)
         # chores stay frequent while this node is not yet an active member, and while a worker
@@ -501,6 +501,6 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
     logs.setup(context)
     try:
         return asyncio.run(daemon.run())
-    except OSError as exc:
+    except OSError as exc:  # a port in use, an unwritable file: the config is fine, so exit 4 and let the unit restart
         print(f"dpeer: {exc}", file=sys.stderr)
-        return 2
+        return 4

@@ -18,6 +18,7 @@ from dpeer.daemon.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.errors import PeerError
 from dpeer.daemon.failures import REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_failure, reform_delay
 from dpeer.daemon.node import Node
+from dpeer.daemon.timing import LeaderTiming
 from dpeer.daemon.views import (
     Decision, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
 )
@@ -26,17 +27,8 @@ from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState
 
 log = logging.getLogger("dpeer.leader")
 
-# Per preset: how long wanted members must hold still before a view change (folds several
-# failures into one generation), and how long a voter may stay dead before a learner replaces it.
-QUIET_WINDOW = {"lan": 0.1, "wan": 0.5, "edge": 2.0}
-# The quiet window when the group itself reported the failure of the members gossip suspects
-# (views.quiet_window): long enough to fold boxes lost together, short on the kill path.
-CONFIRMED_QUIET = {"lan": 0.02, "wan": 0.1, "edge": 0.5}
-DEAD_VOTER_GRACE = {"lan": 30.0, "wan": 60.0, "edge": 300.0}
-# How long a failed group waits for gossip to explain the failure (a dead or hung member) before
-# it is re-formed with the same members under a new generation. A member gossip already suspects
-# is dropped as soon as its group reports the failure (views.training_members).
-FAILURE_GRACE = {"lan": 0.5, "wan": 2.0, "edge": 5.0}
+# The waits (quiet window, dead voter grace, failure grace) are the preset's or the config's
+# timing.leader keys: daemon/timing.py LeaderTiming says what each one folds or waits for.
 PROPOSAL_TIMEOUT = 5.0
 RETRY_AFTER_FAILURE = 0.1
 # A group failure more than this long after the previous one, or at a later step, starts the
@@ -48,18 +40,18 @@ class LeaderChores:
     """Callable chore; see the module docstring."""
 
     def __init__(
-        self, node: Node, preset: str, self_store_port: Callable[[], int], self_ready: Callable[[], bool],
+        self, node: Node, timing: LeaderTiming, self_store_port: Callable[[], int], self_ready: Callable[[], bool],
         self_leaving: Callable[[], bool], repeat_limit: int = REPEAT_LIMIT,
     ) -> None:
         self.node = node
-        self.quiet = QUIET_WINDOW[preset]
-        self.confirmed_quiet = CONFIRMED_QUIET[preset]
+        self.quiet = timing.quiet_window
+        self.confirmed_quiet = timing.confirmed_quiet
         self._before: list[str] | None = None
-        self.grace = DEAD_VOTER_GRACE[preset]
+        self.grace = timing.dead_voter_grace
         self.self_store_port = self_store_port
         self.self_ready = self_ready
         self.self_leaving = self_leaving
-        self.failure_grace = FAILURE_GRACE[preset]
+        self.failure_grace = timing.failure_grace
         self.failed_generation = 0
         self._failed_at = 0.0
         self.last_decision: Decision | None = None

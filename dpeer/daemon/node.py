@@ -20,7 +20,6 @@ from typing import Any, Callable
 from dpeer.transport import codec
 from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused
 from dpeer.consensus.ready import ProposeResult
-from dpeer.consensus.config import PRESETS as RAFT_PRESETS
 from dpeer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
 from dpeer.errors import BadRequest, Unavailable
 from dpeer.membership import (
@@ -35,10 +34,10 @@ from dpeer.membership import (
     Membership,
     Ping,
 )
-from dpeer.membership import preset as membership_preset
 from dpeer.daemon.probe_rtt import ProbeTimes
 from dpeer.daemon.resync import LocalVersion
 from dpeer.daemon.storage_adapter import StoreStorage
+from dpeer.daemon.timing import Timing, resolve
 from dpeer.daemon.views import Observed
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, EntryKind
@@ -71,6 +70,7 @@ class Node:
     def __init__(
         self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
         max_voters: int = 5, clock: Callable[[], float] = time.monotonic, seed: int | None = None,
+        timing: Timing | None = None,
         snapshot_every: int = 10_000, snapshot_keep: int = 1_000, wall: Callable[[], float] = time.time,
     ) -> None:
         self.id, self.addr, self.store, self.clock, self.wall = node_id, addr, store, clock, wall
@@ -78,11 +78,12 @@ class Node:
         self._send = sender
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
         now = clock()
-        self.raft_config = replace(RAFT_PRESETS[preset], max_voters=max_voters)
+        timing = timing or resolve(preset, {}, max_voters)  # the config's timing overrides, else the preset's
+        self.raft_config = replace(timing.raft, max_voters=max_voters)
         self.raft = RaftNode(node_id, self.storage, self.raft_config, rng, now)
         known = [MemberRecord(n, m.addr, MemberState.ALIVE, 0) for n, m in store.state.members.items()
                  if n != node_id and m.status == "active"]
-        self.swim = Membership(node_id, addr, membership_preset(preset), rng, now, known=known)
+        self.swim = Membership(node_id, addr, timing.membership, rng, now, known=known)
         self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
         self.addrs[node_id] = addr
         self.since: dict[str, tuple[str, float]] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import zlib
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -32,7 +31,6 @@ from dpeer.statemachine.meta import valid_uid
 log = logging.getLogger("dpeer.service")
 T = TypeVar("T")
 CHUNK_BYTES = 1 << 20
-SNAPSHOT_CHUNK = 1 << 20
 CHECKPOINT_CHUNK = 1 << 20
 COMMAND_TIMEOUT = 10.0
 # A command forwarded to a leader that is gone (or not yet known) is tried again this often,
@@ -94,18 +92,6 @@ class Service:
             yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=store.commit_index,
                                 term=store.current_term, uid=store.uid, epoch=self.node.raft.epoch)
             lo = batch[-1].index + 1
-
-    async def fetch_snapshot(self, request: pb.FetchSnapshotRequest) -> AsyncIterator[pb.SnapshotChunk]:
-        """The newest snapshot from request.offset on, in chunks; the last carries the CRC."""
-        snap = self.node.store.snapshot()
-        data = snap.data
-        if request.offset > len(data):
-            raise BadRequest(f"offset {request.offset} is past the snapshot's {len(data)} bytes")
-        for start in range(request.offset, max(len(data), 1), SNAPSHOT_CHUNK):
-            part = data[start:start + SNAPSHOT_CHUNK]
-            done = start + SNAPSHOT_CHUNK >= len(data)
-            yield pb.SnapshotChunk(index=snap.index, snapshot_term=snap.term, offset=start, data=part,
-                                   total_size=len(data), done=done, crc32=zlib.crc32(data) if done else 0)
 
     # -- commands through the leader -------------------------------------------------------
     def _leader_client(self) -> NodeClient:
@@ -280,6 +266,31 @@ class Service:
             return pb.KvGetReply(found=True, value=value, read_index=index)
 
         return await self._via_leader(here, lambda c: c.kv_get(request.key))
+
+    async def kv_delete(self, request: pb.KvDeleteRequest) -> pb.KvDeleteReply:
+        """Commit the key's removal; found is false (nothing changed) when it was not set."""
+        if not request.key or len(request.key) > MAX_KEY:
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters")
+
+        async def here() -> pb.KvDeleteReply:
+            entry, result = await self.node.propose(EntryKind.KV_DELETE, {"key": request.key}, COMMAND_TIMEOUT)
+            return pb.KvDeleteReply(committed=True, index=entry.index, leader_id=self.node.id,
+                                    found=result.accepted, reason=result.reason)
+
+        return await self._via_leader(here, lambda c: c.kv_delete(request.key))
+
+    async def kv_list(self, request: pb.KvListRequest) -> pb.KvListReply:
+        """A linearizable read of every key under the prefix, sorted."""
+        if len(request.prefix) > MAX_KEY:
+            raise BadRequest(f"a prefix is at most {MAX_KEY} characters")
+
+        async def here() -> pb.KvListReply:
+            index = await self.node.read_barrier(COMMAND_TIMEOUT)
+            kv = self.node.store.state.kv
+            pairs = [pb.KvPair(key=k, value=kv[k]) for k in sorted(kv) if k.startswith(request.prefix)]
+            return pb.KvListReply(pairs=pairs, read_index=index)
+
+        return await self._via_leader(here, lambda c: c.kv_list(request.prefix))
 
     async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
         """`retry`: commit the job as running again after the leader halted it as failed."""

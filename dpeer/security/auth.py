@@ -108,7 +108,7 @@ NEEDS: dict[str, Need] = {
     "Deliver": Need.PEER, "Stream": Need.PEER, "Join": Need.PEER, "GroupFailed": Need.PEER,
     "ReportCheckpoint": Need.PEER, "FetchEntries": Need.LOG,
     "FetchCheckpoint": Need.LOG, "Force": Need.OPERATOR, "KvPut": Need.OPERATOR, "JobControl": Need.OPERATOR,
-    "Status": Need.READ, "KvGet": Need.READ,
+    "KvDelete": Need.OPERATOR, "Status": Need.READ, "KvGet": Need.READ, "KvList": Need.READ,
     "Leave": Need.OPERATOR,  # but a node may commit its own leave through the leader (authorize)
 }
 

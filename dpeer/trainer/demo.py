@@ -13,18 +13,15 @@ from typing import Any, Sequence
 
 import torch
 
+from dpeer.trainer.jobspec import RUN_DEFAULTS
 from dpeer.trainer.loop import JobContext, TrainSpec
 
 DEFAULTS: dict[str, Any] = {
-    "steps": 20000,
-    "global_batch": 64,
-    "micro_batch": 16,
+    **RUN_DEFAULTS,  # steps, global_batch, micro_batch, seed, lr: the config's training keys
     "dataset_len": 65536,
     "dim": 32,
     "hidden": 64,
     "classes": 10,
-    "seed": 1234,
-    "lr": 0.05,
     "dtype": "float32",
     "dropout": 0.0,
     "norm": "none",
@@ -58,35 +55,35 @@ def collate(items: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.T
 
 
 def build(ctx: JobContext) -> TrainSpec:
-    """The demo job: ``job(ctx) -> TrainSpec``."""
-    o = {**DEFAULTS, **ctx.options}
-    seed = int(o["seed"])
+    """The demo job: ``job(ctx) -> TrainSpec``; each option typed by its default (``ctx.option``)."""
+    o = {key: ctx.option(key, default) for key, default in DEFAULTS.items()}
+    seed = o["seed"]
     if o["dtype"] not in DTYPES:
         raise ValueError(f"demo dtype must be one of {sorted(DTYPES)}, got {o['dtype']!r}")
     dtype = DTYPES[o["dtype"]]
-    data = SyntheticDataset(int(o["dataset_len"]), int(o["dim"]), int(o["classes"]), seed, dtype)
+    data = SyntheticDataset(o["dataset_len"], o["dim"], o["classes"], seed, dtype)
     if o["norm"] not in NORMS:
         raise ValueError(f"demo norm must be one of {list(NORMS)}, got {o['norm']!r}")
     torch.manual_seed(seed)
-    hidden, dropout = int(o["hidden"]), float(o["dropout"])
+    hidden, dropout = o["hidden"], o["dropout"]
     def drop() -> list[torch.nn.Module]:
         return [torch.nn.Dropout(dropout)] if dropout > 0 else []
 
     norm = [torch.nn.BatchNorm1d(hidden)] if o["norm"] == "batch" else []
     model = torch.nn.Sequential(
-        torch.nn.Linear(int(o["dim"]), hidden), *norm, torch.nn.ReLU(), *drop(),
+        torch.nn.Linear(o["dim"], hidden), *norm, torch.nn.ReLU(), *drop(),
         torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), *drop(),
-        torch.nn.Linear(hidden, int(o["classes"])),
+        torch.nn.Linear(hidden, o["classes"]),
     ).to(device=ctx.device, dtype=dtype)
-    optimizer = torch.optim.SGD(model.parameters(), lr=float(o["lr"]), momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=o["lr"], momentum=0.9)
     return TrainSpec(
         model=model,
         optimizer=optimizer,
         dataset=data,
         loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="sum"),
-        global_batch=int(o["global_batch"]),
-        micro_batch=int(o["micro_batch"]),
-        steps=int(o["steps"]),
+        global_batch=o["global_batch"],
+        micro_batch=o["micro_batch"],
+        steps=o["steps"],
         seed=seed,
         collate=collate,
     )

@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from dpeer.channel.local import SPARE_GO  # noqa: E402
 from dpeer.trainer.exact import ExactModeError, configure_process  # noqa: E402
 from dpeer.trainer.group import bind_store_socket  # noqa: E402
-from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec  # noqa: E402
+from dpeer.trainer.jobspec import JobSpecError, prepare  # noqa: E402
+from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec, default_collate  # noqa: E402
 from dpeer.trainer.stepping import Reduction  # noqa: E402
 from dpeer.trainer.viewsource import ViewSource, make_view_source  # noqa: E402
 
@@ -149,7 +150,9 @@ def _build(args: argparse.Namespace, source: ViewSource, imported_cpu: float) ->
         torch.set_num_threads(args.threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     t_build = time.monotonic()
-    spec = job(JobContext(args.node_id, device, options))
+    ctx = JobContext(args.node_id, device, options)
+    spec = job(ctx)
+    spec = prepare(spec, ctx, spec.collate or default_collate)
     cfg = LoopConfig(
         init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
         idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
@@ -180,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer, spec = _build(args, source, imported_cpu)
     except Exception as exc:  # noqa: BLE001 - whatever the job's build raises, the daemon must hear it
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-        if not isinstance(exc, ExactModeError):  # that one is a sentence about the job, not a bug
+        if not isinstance(exc, (ExactModeError, JobSpecError)):  # those are sentences about the job, not bugs
             traceback.print_exc()
         report = getattr(source, "report_job_error", None)
         if report is not None:

@@ -287,6 +287,14 @@ class NodeClient:
         """A linearizable read of key through the node."""
         return await self._call("KvGet", pb.KvGetRequest(key=key))
 
+    async def kv_delete(self, key: str, timeout: float | None = None) -> pb.KvDeleteReply:
+        """Commit the removal of key through the node."""
+        return await self._call("KvDelete", pb.KvDeleteRequest(key=key), timeout)
+
+    async def kv_list(self, prefix: str = "") -> pb.KvListReply:
+        """A linearizable read of every key starting with prefix, through the node."""
+        return await self._call("KvList", pb.KvListRequest(prefix=prefix))
+
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "") -> pb.JoinReply:
         """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not)."""
         request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid)

@@ -70,6 +70,12 @@ class PeerHandler(Protocol):
     async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
         """A linearizable read of a setting."""
 
+    async def kv_delete(self, request: pb.KvDeleteRequest) -> pb.KvDeleteReply:
+        """Commit a setting's removal; answer once it is committed."""
+
+    async def kv_list(self, request: pb.KvListRequest) -> pb.KvListReply:
+        """A linearizable read of the settings under a prefix."""
+
     async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
         """An operator's job command (retry a failed job), committed through the leader."""
 
@@ -147,6 +153,7 @@ def _safe(method: str, parse: Callable[[bytes], object]) -> Callable[[bytes], ob
 
 _HANDLERS = {"Deliver": "deliver", "Join": "join", "Leave": "leave", "GroupFailed": "group_failed",
              "Force": "force", "ReportCheckpoint": "report_checkpoint", "KvPut": "kv_put", "KvGet": "kv_get",
+             "KvDelete": "kv_delete", "KvList": "kv_list",
              "FetchEntries": "fetch_entries", "JobControl": "job_control",
              "FetchCheckpoint": "fetch_checkpoint"}
 
@@ -265,6 +272,7 @@ _TYPES = {
     "Join": (pb.JoinRequest, pb.JoinReply, _UU),
     "Leave": (pb.LeaveRequest, pb.LeaveReply, _UU), "Status": (pb.StatusRequest, pb.StatusReply, _UU),
     "KvPut": (pb.KvPutRequest, pb.KvPutReply, _UU), "KvGet": (pb.KvGetRequest, pb.KvGetReply, _UU),
+    "KvDelete": (pb.KvDeleteRequest, pb.KvDeleteReply, _UU), "KvList": (pb.KvListRequest, pb.KvListReply, _UU),
     "GroupFailed": (pb.GroupFailedRequest, pb.GroupFailedReply, _UU),
     "Force": (pb.ForceRequest, pb.ForceReply, _UU),
     "ReportCheckpoint": (pb.CheckpointReport, pb.CheckpointReply, _UU),

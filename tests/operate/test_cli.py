@@ -1,7 +1,7 @@
 """The `dpeer` command line as an operator's scripts see it (docs/architecture.md "Interfaces").
 
-Exit codes: 0 success, 1 a negative answer, 2 bad usage or config, 3 node unreachable; errors
-are one sentence on stderr.
+Exit codes: 0 success, 1 a negative answer, 2 bad usage or config, 3 node unreachable, 4 a
+runtime failure; errors are one sentence on stderr (test_conventions.py: env vars, --json, 4).
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from dpeer.daemon.config import NodeConfig
 from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wait_status
 
 COMMANDS = [
-    [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["leave"], ["log"], ["demo"],
-    ["config"], ["config", "show"], ["config", "check"], ["job"], ["job", "retry"],
+    [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["kv", "list"], ["kv", "delete"],
+    ["leave"], ["log"], ["demo"], ["config"], ["config", "show"], ["config", "check"], ["job"], ["job", "retry"],
+    ["version"],
 ]
 
 
@@ -37,7 +38,7 @@ def test_every_command_help_shows_an_example() -> None:
 BAD_USAGE = [
     [],
     ["frobnicate"],
-    ["status"],
+    ["kv", "delete"],
     ["status", "--addr", "127.0.0.1:7101", "--bogus"],
     ["status", "--addr", "nonsense"],
     ["status", "--addr", "127.0.0.1:99999"],

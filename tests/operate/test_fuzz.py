@@ -22,7 +22,7 @@ from dpeer.proto.v1 import dpeer_pb2 as pb
 from tests.operate.conftest import cli, formed, status_of
 
 U64 = 2**64 - 1
-METHODS_SAFE = ["Deliver", "Status", "KvGet"]  # random bodies cannot change state through these
+METHODS_SAFE = ["Deliver", "Status", "KvGet", "KvList"]  # random bodies cannot change state through these
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
@@ -190,12 +190,17 @@ def test_hostile_input_leaves_the_node_up_and_unchanged(daemons) -> None:
                 term=1, leader="evil", data=b"\0" * (MAX_MESSAGE_BYTES + 1024))).SerializeToString()
             assert await call("Deliver", big, "oversized") == grpc.StatusCode.RESOURCE_EXHAUSTED
             counts["deliver_invalid_after_oversize"] = counts["deliver_invalid"]
-            # KvPut/KvGet with absurd keys: refused before reaching the log.
+            # KvPut/KvGet/KvDelete/KvList with absurd keys: refused before reaching the log.
             for key, value in (("k" * 100_000, "v"), ("", "v"), ("k", "v" * (1 << 20))):
                 body = pb.KvPutRequest(key=key, value=value).SerializeToString()
                 assert await call("KvPut", body, "absurd kv_put") == grpc.StatusCode.INVALID_ARGUMENT, len(key)
             body = pb.KvGetRequest(key="k" * 100_000).SerializeToString()
             assert await call("KvGet", body, "absurd kv_get") == grpc.StatusCode.INVALID_ARGUMENT
+            for key in ("k" * 100_000, ""):
+                body = pb.KvDeleteRequest(key=key).SerializeToString()
+                assert await call("KvDelete", body, "absurd kv_delete") == grpc.StatusCode.INVALID_ARGUMENT
+            body = pb.KvListRequest(prefix="k" * 100_000).SerializeToString()
+            assert await call("KvList", body, "absurd kv_list") == grpc.StatusCode.INVALID_ARGUMENT
             # ReportCheckpoint with a bad digest, step or node id, or from a stranger: refused.
             good = "ab" * 32
             for label, report in (("bad digest", pb.CheckpointReport(node_id="n1", step=5, digest="XY" * 32)),

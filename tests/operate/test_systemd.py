@@ -152,3 +152,22 @@ def test_install_script_names_a_missing_prerequisite(tmp_path: Path) -> None:
     if "run it as root" in result.stderr:
         pytest.skip("not root here: install.sh stops at its first check")
     assert result.returncode == 1 and "systemctl is missing" in result.stderr, result.stderr
+
+
+def test_the_unit_reads_an_environment_file_names_installed_docs_and_install_writes_the_job() -> None:
+    text = UNIT.read_text()
+    settings = [line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")]
+    assert ["EnvironmentFile", "-/etc/dpeer/dpeer.env"] in settings
+    assert "ExecReload" not in dict(settings), "SIGHUP means nothing to the daemon: no ExecReload"
+    docs = dict(settings)["Documentation"].split()
+    install = (REPO / "scripts" / "install.sh").read_text()
+    assert 'install -m 0644 "$here/README.md" "$here"/docs/*.md /usr/share/doc/dpeer/' in install
+    for url in docs:
+        name = url.removeprefix("file:///usr/share/doc/dpeer/")
+        assert (REPO / name).is_file() or (REPO / "docs" / name).is_file(), f"{url} names a file nothing installs"
+    assert 'echo "job: \\"$job\\""' in install and "/etc/dpeer/dpeer.env" in install
+    for kept in ("create-ca", "create-node", "tls_ca:", "cluster_token_file:", "umask 077"):
+        assert kept in install, f"install.sh no longer writes its security ({kept})"
+    missing_value = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), "--job"], capture_output=True,
+                                   text=True, timeout=30)
+    assert missing_value.returncode == 2 and "[--job demo|MODULE:FUNCTION]" in missing_value.stderr

@@ -6,6 +6,7 @@ from types import MappingProxyType, SimpleNamespace
 
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.leader import LeaderChores
+from dpeer.daemon.timing import LEADER_PRESETS
 from dpeer.daemon.views import Observed
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, CommittedView, Member
@@ -30,7 +31,7 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
                          view=CommittedView(4, ("a", "b"), "10.0.0.1:7101"), uids=MappingProxyType(uids), epoch=1)
     node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
-    return LeaderChores(node, "lan", lambda: 7101, lambda: True, lambda: False), node
+    return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False), node
 
 
 def collective_failed(error: str, step: int = 7) -> FailureReport:

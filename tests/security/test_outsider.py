@@ -55,6 +55,7 @@ def forged(victim: str, addr: str) -> dict[str, Any]:
         "ReportCheckpoint": pb.CheckpointReport(node_id=victim, step=5, digest=DIGEST),
         "Status": pb.StatusRequest(), "KvPut": pb.KvPutRequest(key="evil", value="1"),
         "KvGet": pb.KvGetRequest(key="canary"), "JobControl": pb.JobControlRequest(action="retry"),
+        "KvDelete": pb.KvDeleteRequest(key="canary"), "KvList": pb.KvListRequest(prefix="can"),
         "FetchCheckpoint": pb.FetchCheckpointRequest(step=5),
     }
 
@@ -131,11 +132,11 @@ def test_every_rpc_refuses_strangers_forgers_and_non_operators(daemons, pki: Pki
                 assert code == grpc.StatusCode.UNAUTHENTICATED, (method, code)
                 seen[method]["n2 without token"] = code.name
                 # reads: any certificate of the cluster may make them; a node may fetch a checkpoint
-                if method not in ("Status", "KvGet", "FetchCheckpoint"):
+                if method not in ("Status", "KvGet", "KvList", "FetchCheckpoint"):
                     code = await call(chans["n2 as n1"], method, requests[method], token)
                     assert code == grpc.StatusCode.PERMISSION_DENIED, (method, code)
                     seen[method]["n2 as n1 / n2 as operator"] = code.name
-                if method in ("KvPut", "Force", "Leave", "JobControl", "FetchCheckpoint", "FetchEntries",
+                if method in ("KvPut", "KvDelete", "Force", "Leave", "JobControl", "FetchCheckpoint", "FetchEntries",
                               "Join", "Deliver", "Stream", "ReportCheckpoint", "GroupFailed"):
                     request = pb.LeaveRequest() if method == "Leave" else requests[method]  # "leave yourself"
                     code = await call(chans["client bob"], method, request, token)
@@ -188,6 +189,7 @@ def random_request(method: str, rng: random.Random) -> Any:
         "ReportCheckpoint": pb.CheckpointReport(node_id=who, step=big, digest=rng.choice([DIGEST, "zz"])),
         "Status": pb.StatusRequest(), "KvPut": pb.KvPutRequest(key=who or "k", value="v" * rng.randrange(100)),
         "KvGet": pb.KvGetRequest(key=who), "JobControl": pb.JobControlRequest(action=rng.choice(["retry", "boom", ""])),
+        "KvDelete": pb.KvDeleteRequest(key=who or "canary"), "KvList": pb.KvListRequest(prefix=who),
         "FetchCheckpoint": pb.FetchCheckpointRequest(step=big, offset=big),
     }[method]
 
@@ -220,7 +222,7 @@ def test_a_thousand_absurd_calls_leave_the_node_up_unchanged_and_its_log_quiet(d
                 request = random_request(method, rng)
                 code = await call(kinds[label][0], method, request, kinds[label][1], timeout=15.0)
                 if code == grpc.StatusCode.OK:
-                    assert method in ("Status", "KvGet"), (label, method, request)
+                    assert method in ("Status", "KvGet", "KvList"), (label, method, request)
                 assert code not in (grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED), (label, method)
                 codes[code.name] = codes.get(code.name, 0) + 1
         finally:

@@ -29,6 +29,8 @@ def requests(claim: str) -> dict[str, object]:
         "Status": pb.StatusRequest(),
         "KvPut": pb.KvPutRequest(key="k", value="v"),
         "KvGet": pb.KvGetRequest(key="k"),
+        "KvDelete": pb.KvDeleteRequest(key="k"),
+        "KvList": pb.KvListRequest(prefix="k"),
         "JobControl": pb.JobControlRequest(action="retry"),
         "FetchCheckpoint": pb.FetchCheckpointRequest(step=1),
     }

@@ -518,3 +518,45 @@ class KvGetReply(_message.Message):
     read_index: int
     reason: str
     def __init__(self, found: _Optional[bool] = ..., value: _Optional[str] = ..., read_index: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class KvDeleteRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class KvDeleteReply(_message.Message):
+    __slots__ = ("committed", "index", "leader_id", "reason", "found")
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    committed: bool
+    index: int
+    leader_id: str
+    reason: str
+    found: bool
+    def __init__(self, committed: _Optional[bool] = ..., index: _Optional[int] = ..., leader_id: _Optional[str] = ..., reason: _Optional[str] = ..., found: _Optional[bool] = ...) -> None: ...
+
+class KvListRequest(_message.Message):
+    __slots__ = ("prefix",)
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    def __init__(self, prefix: _Optional[str] = ...) -> None: ...
+
+class KvPair(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class KvListReply(_message.Message):
+    __slots__ = ("pairs", "read_index")
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    READ_INDEX_FIELD_NUMBER: _ClassVar[int]
+    pairs: _containers.RepeatedCompositeFieldContainer[KvPair]
+    read_index: int
+    def __init__(self, pairs: _Optional[_Iterable[_Union[KvPair, _Mapping]]] = ..., read_index: _Optional[int] = ...) -> None: ...

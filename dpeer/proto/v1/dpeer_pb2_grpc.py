@@ -89,6 +89,16 @@ class PeerStub:
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetRequest.SerializeToString,
                 response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetReply.FromString,
                 _registered_method=True)
+        self.KvDelete = channel.unary_unary(
+                '/dpeer.v1.Peer/KvDelete',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvDeleteRequest.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvDeleteReply.FromString,
+                _registered_method=True)
+        self.KvList = channel.unary_unary(
+                '/dpeer.v1.Peer/KvList',
+                request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvListRequest.SerializeToString,
+                response_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvListReply.FromString,
+                _registered_method=True)
         self.JobControl = channel.unary_unary(
                 '/dpeer.v1.Peer/JobControl',
                 request_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.JobControlRequest.SerializeToString,
@@ -171,6 +181,18 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KvDelete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def KvList(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def JobControl(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -240,6 +262,16 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.KvGet,
                     request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetRequest.FromString,
                     response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetReply.SerializeToString,
+            ),
+            'KvDelete': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvDelete,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvDeleteRequest.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvDeleteReply.SerializeToString,
+            ),
+            'KvList': grpc.unary_unary_rpc_method_handler(
+                    servicer.KvList,
+                    request_deserializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvListRequest.FromString,
+                    response_serializer=dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvListReply.SerializeToString,
             ),
             'JobControl': grpc.unary_unary_rpc_method_handler(
                     servicer.JobControl,
@@ -549,6 +581,60 @@ class Peer:
             '/dpeer.v1.Peer/KvGet',
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetRequest.SerializeToString,
             dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvGetReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvDelete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpeer.v1.Peer/KvDelete',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvDeleteRequest.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvDeleteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KvList(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpeer.v1.Peer/KvList',
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvListRequest.SerializeToString,
+            dpeer_dot_proto_dot_v1_dot_dpeer__pb2.KvListReply.FromString,
             options,
             channel_credentials,
             insecure,

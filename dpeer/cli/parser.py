@@ -1,0 +1,185 @@
+"""The `dpeer` command tree: every command's flags, help and example (DESIGN.md "Interfaces")."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dpeer import __version__
+from dpeer.chaos.options import add_arguments as chaos_arguments
+
+DEFAULT_ADDR = "127.0.0.1:7100"  # the config's default listen
+CLIENT_ENV = {"tls_ca": "DPEER_CACERT", "tls_cert": "DPEER_CLIENT_CERT", "tls_key": "DPEER_CLIENT_KEY",
+              "token_file": "DPEER_TOKEN_FILE"}
+
+EXAMPLES = {
+    "dpeer": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir d1\n"
+    "  dpeer status --addr 127.0.0.1:7101 --json",
+    "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
+    "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo",
+    "status": "dpeer status --addr 127.0.0.1:7101 --json",
+    "members": "dpeer members --addr 127.0.0.1:7101",
+    "kv": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n  dpeer kv get team --addr 127.0.0.1:7101 --json\n"
+    "  DPEER_ADDR=127.0.0.1:7101 dpeer kv list --json",
+    "leave": "dpeer leave --addr 127.0.0.1:7102\n  dpeer leave --node n3 --addr 127.0.0.1:7101   # n3 is dead for good",
+    "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
+    "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
+    "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
+    "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
+    "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
+    "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
+    "kv put": "dpeer kv put team ml-infra --addr 127.0.0.1:7101",
+    "kv get": "dpeer kv get team --addr 127.0.0.1:7101 --json",
+    "kv list": "dpeer kv list --prefix team --addr 127.0.0.1:7101 --json",
+    "kv delete": "dpeer kv delete team --addr 127.0.0.1:7101",
+    "version": "dpeer version --json",
+    "config show": "dpeer config show --config dpeer.yaml --preset edge",
+    "job": "dpeer job retry --addr 127.0.0.1:7101",
+    "job retry": "dpeer job retry --addr 127.0.0.1:7101",
+    "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
+    "certs": "dpeer certs create-ca --dir pki\n  dpeer certs create-node n1 --host 10.0.0.1 --dir pki\n"
+    "  dpeer certs create-client alice --operator --dir pki",
+    "certs create-ca": "dpeer certs create-ca --dir /etc/dpeer/certs",
+    "certs create-node": "dpeer certs create-node n1 --host 10.0.0.1 --host box1.lan --dir /etc/dpeer/certs",
+    "certs create-client": "dpeer certs create-client alice --operator --dir pki",
+}
+
+
+class UsageError(Exception):
+    """Bad flags or config: exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one sentence and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | None = None) -> argparse.ArgumentParser:
+    """A subcommand whose --help ends with an example (EXAMPLES[path or name])."""
+    return subs.add_parser(
+        name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[path or name]}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def _client_flags(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
+    p.add_argument("--addr", help=f"HOST:PORT of any node (default: $DPEER_ADDR, else the --config's "
+                   f"advertised address, else {DEFAULT_ADDR})")
+    p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default 10)")
+    p.add_argument("--tls-ca", type=Path, help="the cluster's CA certificate (PEM; default $DPEER_CACERT); "
+                   "overrides --config's")
+    p.add_argument("--tls-cert", type=Path, help="your client certificate (`dpeer certs create-client`; "
+                   "default $DPEER_CLIENT_CERT)")
+    p.add_argument("--tls-key", type=Path, help="your client certificate's key (default $DPEER_CLIENT_KEY)")
+    p.add_argument("--token-file", type=Path, help="file holding the cluster token (default $DPEER_TOKEN_FILE)")
+    p.add_argument("--json", action="store_true", help=json_help)
+
+
+def _certs_parser(subs: argparse._SubParsersAction) -> None:
+    certs = _sub(subs, "certs", "make the cluster's CA, token, node and client certificates (keys 0600, never overwritten)")
+    cs = certs.add_subparsers(dest="certs_command", required=True, parser_class=_Parser)
+    ca = _sub(cs, "create-ca", "a new CA (ca.pem, ca.key) and cluster token (cluster.token)", "certs create-ca")
+    node = _sub(cs, "create-node", "node-NODE_ID.pem/.key: a node certificate naming dpeer://node/NODE_ID",
+                "certs create-node")
+    node.add_argument("node_id", help="the node's --node-id")
+    node.add_argument("--host", action="append", default=[], help="a DNS name or IP the node is reached at (repeat)")
+    client = _sub(cs, "create-client", "a client certificate: read-only, or --operator to change the cluster",
+                  "certs create-client")
+    client.add_argument("name", help="who holds it, e.g. alice or backup-job")
+    client.add_argument("--operator", action="store_true", help="may kv put, leave, force and read the log")
+    for p in (ca, node, client):
+        p.add_argument("--dir", type=Path, default=Path("."), help="where the files go (default: here)")
+        p.add_argument("--days", type=int, default=None, help="validity in days")
+        p.add_argument("--json", action="store_true", help="print the files written as JSON")
+    for p in (node, client):
+        p.add_argument("--ca-dir", type=Path, default=None, help="where ca.pem and ca.key are (default: --dir)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command tree."""
+    parser = _Parser(prog="dpeer", description="Coordinator-free fault-tolerant PyTorch training.",
+                     epilog=f"example:\n  {EXAMPLES['dpeer']}\n\n"
+                     "exit codes: 0 success, 1 a negative answer (absent key, not committed, refused),\n"
+                     "  2 bad usage or config, 3 node unreachable, 4 a runtime failure (port in use, data dir not writable)\n\n"
+                     f"environment: DPEER_ADDR (default {DEFAULT_ADDR}), DPEER_CACERT, DPEER_CLIENT_CERT,\n"
+                     "  DPEER_CLIENT_KEY, DPEER_TOKEN_FILE for the client commands; DPEER_<KEY> config keys",
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"dpeer {__version__}")
+    subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    start = _sub(subs, "start", "run a node in the foreground")
+    start.add_argument("--node-id", help="unique, stable name of this box")
+    start.add_argument("--listen", help="HOST:PORT the gRPC server binds")
+    start.add_argument("--data-dir", type=Path, help="folder for the store and checkpoints")
+    start.add_argument("--join", help="HOST:PORT[,HOST:PORT...] of live members")
+    start.add_argument("--advertise", help="HOST:PORT peers dial when it differs from --listen")
+    start.add_argument("--config", type=Path, help="YAML config file")
+    start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
+    start.add_argument("--job", help="demo or MODULE:FUNCTION")
+    start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
+    start.add_argument("--insecure", action="store_true", default=None,
+                       help="run off loopback without mutual TLS and token (anyone who reaches the port controls "
+                       "the node); warned at every start and shown in status")
+    for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
+        p = _sub(subs, name, help_)
+        _client_flags(p)
+    kv = _sub(subs, "kv", "read and write cluster settings")
+    kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
+    put = _sub(kvs, "put", "commit KEY VALUE (two arguments); exit 0 only once committed", "kv put")
+    put.add_argument("key", metavar="KEY", help="1-256 characters")
+    put.add_argument("value", metavar="VALUE", help="at most 64 KiB")
+    _client_flags(put)
+    get = _sub(kvs, "get", "linearizable read; exit 1 when absent", "kv get")
+    get.add_argument("key", metavar="KEY", help="the key to read")
+    _client_flags(get)
+    ls = _sub(kvs, "list", "linearizable read of every key (under --prefix), sorted", "kv list")
+    ls.add_argument("--prefix", default="", help="only keys starting with this")
+    _client_flags(ls)
+    delete = _sub(kvs, "delete", "commit the removal of KEY; exit 1 when it was not set", "kv delete")
+    delete.add_argument("key", metavar="KEY", help="the key to remove")
+    _client_flags(delete)
+    leave = _sub(subs, "leave", "make a node leave gracefully (its daemon exits), or remove a dead one for good (--node)")
+    _client_flags(leave)
+    leave.add_argument("--node", metavar="NODE_ID", help="remove this dead member (commit its leave and its removal "
+                       "from the voters through the leader) instead of the addressed node")
+    force = _sub(subs, "force", "UNSAFE: after losing a majority of voters for good, make the survivors the voters")
+    _client_flags(force)
+    force.add_argument("--voters", required=True, help="comma-separated surviving voters, the addressed node among them")
+    force.add_argument("--yes", action="store_true", help="confirm: entries only the lost majority held may be lost")
+    job = _sub(subs, "job", "control the cluster's job")
+    jobs = job.add_subparsers(dest="job_command", required=True, parser_class=_Parser)
+    retry = _sub(jobs, "retry", "train again after the leader halted the job as broken (fix the cause first)",
+                 "job retry")
+    _client_flags(retry)
+    log = _sub(subs, "log", "print a node's committed entries: index, term, kind and the sha256 of each entry's "
+               "canonical bytes, to compare two nodes' committed prefixes")
+    _client_flags(log, "one JSON object per line: {index, term, kind, hash}")
+    log.add_argument("--from", dest="first", type=int, default=None, metavar="I",
+                     help="first index (default: the first the node still holds)")
+    log.add_argument("--to", dest="last", type=int, default=None, metavar="J", help="last index (default: its commit index)")
+    demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
+    demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
+    demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
+    demo.add_argument("--chaos", action="store_true", help="kill and restart nodes on a schedule")
+    demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
+    demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
+    demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
+    chaos = _sub(subs, "chaos", "a seeded chaos run of a local cluster training the demo job, then checks")
+    chaos_arguments(chaos)
+    conf = _sub(subs, "config", "show the effective config or check a file")
+    confs = conf.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    show = _sub(confs, "show", "print the effective config as YAML (defaults < file < DPEER_* env < flags)",
+                "config show")
+    show.add_argument("--config", type=Path, help="YAML config file")
+    show.add_argument("--preset", choices=["lan", "wan", "edge"])
+    show.add_argument("--node-id")
+    show.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    check = _sub(confs, "check", "validate a config file; exit 2 when it is wrong", "config check")
+    check.add_argument("file", type=Path, help="the YAML config file")
+    check.add_argument("--json", action="store_true", help="print {file, ok, error} as JSON")
+    version = _sub(subs, "version", "print dpeer's version")
+    version.add_argument("--json", action="store_true", help="print JSON")
+    _certs_parser(subs)
+    return parser
