@@ -86,23 +86,23 @@ def run_in_pty(cmd: list[str], timeout: float) -> tuple[int, str]:
 
 
 def test_the_live_screen_on_a_terminal_shows_a_row_per_node_and_the_events(tmp_path: Path) -> None:
-    code, drawn = run_in_pty([sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "2", "--steps", "120",
+    code, drawn = run_in_pty([sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "2", "--steps", "400",
                               "--dir", str(tmp_path)], timeout=300)
     assert code == 0, drawn[-3000:]
     assert "\x1b[" in drawn, "a terminal gets a screen redrawn in place, not plain lines"
     text = ANSI.sub("", drawn)
     last = text[text.rfind("dpeer demo "):]
     head = last.splitlines()[0]
-    assert re.search(r"leader n[12]\s+generation \d+\s+step 120/120\s+[\d.]+ steps/s", head), head
+    assert re.search(r"leader n[12]\s+generation \d+\s+step 400/400\s+[\d.]+ steps/s", head), head
     assert re.search(r"loss \d+\.\d{4} [▁▂▃▄▅▆▇█]+", last), last[:500]
     assert re.search(r"NODE\s+STATE\s+ROLE\s+RANK\s+STEP\s+LOSS\s+RTT\s+DIGEST", last)
-    rows = {m.group(1): m for m in re.finditer(r"^(n[12])\s+(finished)\s+(leader|follower)\s+(\d)/2\s+120\s+"
+    rows = {m.group(1): m for m in re.finditer(r"^(n[12])\s+(finished)\s+(leader|follower)\s+(\d)/2\s+400\s+"
                                                r"(\d+\.\d{4})\s+([\d.]+ms|-)\s+([0-9a-f]{12})\s*$", last, re.M)}
     assert set(rows) == {"n1", "n2"}, last[:1500]
     assert {r.group(3) for r in rows.values()} == {"leader", "follower"}
     assert rows["n1"].group(7) == rows["n2"].group(7)
     assert re.search(r"^\s+[\d.]+s\s+generation \d+ formed: n\d, n\d", last, re.M), "the events list"
-    assert "the job finished at step 120" in last
+    assert "the job finished at step 400" in last
 
 
 def test_demo_refuses_absurd_sizes() -> None:
