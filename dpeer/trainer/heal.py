@@ -279,7 +279,8 @@ def _move(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: l
         for w in works:
             transfer.wait(w)
     except (RuntimeError, TransferError) as exc:
-        transfer.drain(works + [w for d in posted for entry in d.values() for w in (*entry[0], *entry[2][:1])])
+        transfer.drain(works)
+        transfer.salvage({j: entry for d in posted for j, entry in d.items()})
         raise HealError(f"heal failed ({len(transfer.done)} of {layout.n_pieces} pieces held): {exc}") from None
     if mine and session.on_progress is not None and time.monotonic() - t0 > PROGRESS_AFTER_S:
         session.on_progress(HealProgress(layout.total, layout.total, time.monotonic() - t0, len(mine)))

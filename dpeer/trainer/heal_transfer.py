@@ -147,12 +147,17 @@ class Transfer:
     sent: int = 0
     received: int = 0
     _waited: set[int] = field(default_factory=set)
+    _failed: set[int] = field(default_factory=set)
 
     def wait(self, work: object) -> None:
         """Wait for a posted operation once (a Gloo receive waited twice blocks for a second message)."""
         if hasattr(work, "wait") and id(work) not in self._waited:
             self._waited.add(id(work))
-            work.wait()
+            try:
+                work.wait()
+            except RuntimeError:
+                self._failed.add(id(work))
+                raise
 
     def drain(self, works: list) -> None:
         """Wait for every posted operation not yet waited, ignoring failures, so none writes into a
@@ -234,3 +239,14 @@ class Transfer:
         a, b = self.layout.piece_range(piece)
         self.received += b - a
         self.done.add(piece)
+
+    def salvage(self, posted: dict[int, tuple[list, torch.Tensor | None, list]]) -> None:
+        """After a failure: drain every receive, then keep each piece that still arrived whole and
+        checks out (a resumed heal fetches only the others)."""
+        self.drain([w for entry in posted.values() for w in (*entry[0], *entry[2][:1])])
+        for j, entry in posted.items():
+            if j not in self.done and not any(id(w) in self._failed for w in (*entry[0], *entry[2][:1])):
+                try:
+                    self.finish_piece(j, *entry)
+                except TransferError:
+                    pass

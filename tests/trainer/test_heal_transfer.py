@@ -51,11 +51,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def build(seed: int, stepped: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(seed: int, stepped: bool, width: int = 512) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Many small tensors (packed pieces), a BatchNorm buffer, and Adam with or without state."""
     torch.manual_seed(seed)
     layers: list[torch.nn.Module] = [torch.nn.Linear(64, 64) for _ in range(20)]
-    model = torch.nn.Sequential(*layers, torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 512), torch.nn.Linear(512, 512))
+    model = torch.nn.Sequential(*layers, torch.nn.BatchNorm1d(64), torch.nn.Linear(64, width), torch.nn.Linear(width, width))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     if stepped:
         model(torch.randn(8, 64)).sum().backward()
