@@ -14,6 +14,7 @@ import gc
 import json
 import math
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, TextIO
@@ -170,8 +171,11 @@ class Trainer:
             self._remember(self.step, header["params_digest"])
 
     def _heal_progress(self, p: HealProgress) -> None:
+        """A long heal's progress: a report record, and a line in the daemon's log (the worker's stderr)."""
         self._event("heal_progress", gen=self.generation, done_bytes=p.done_bytes, total_bytes=p.total_bytes,
                     seconds=round(p.seconds, 3), donors=p.donors)
+        print(f"dpeer worker: healing in generation {self.generation}: {p.done_bytes / 1e6:.0f} of "
+              f"{p.total_bytes / 1e6:.0f} MB from {p.donors} donor(s) in {p.seconds:.1f} s", file=sys.stderr, flush=True)
 
     def _remember(self, step: int, digest: str) -> None:
         """Note this replica's digest at a checkpoint step (its lineage), keeping the newest few."""

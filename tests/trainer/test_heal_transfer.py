@@ -98,9 +98,12 @@ def heal_rank(rank: int, world: int, port: int, corrupt: bool, out: Any) -> None
     """Rank 0 is a newcomer at step 0 (fresh Adam, no state); the others donors at step 3."""
     import torch.distributed as dist
 
-    from dpeer.trainer.heal import HealError, heal
+    from dpeer.trainer import heal as heal_module
+    from dpeer.trainer.heal import HealError, HealSession, heal
 
     ht.PIECE_BYTES = 64 << 10  # many pieces, a few packed (the primary's size rules)
+    heal_module.PROGRESS_AFTER_S = 0.0  # report every piece (a real heal waits a second first)
+    seen: list = []
     if corrupt and rank == world - 1:
         real = ht._check
         ht._check = lambda views: real(views) ^ 1  # this donor lies about its pieces
@@ -108,10 +111,11 @@ def heal_rank(rank: int, world: int, port: int, corrupt: bool, out: Any) -> None
     state = State(model, opt, 3 if rank else 0)
     join(port, rank, world)
     try:
-        result = heal(rank, world, state.step, state)
-        out.put((rank, "ok", state.step, state.digest(), state.optimizer_digest(), result.received_bytes, result.sent_bytes))
+        result = heal(rank, world, state.step, state, session=HealSession(seen.append))
+        out.put((rank, "ok", state.step, state.digest(), state.optimizer_digest(), result.received_bytes, result.sent_bytes,
+                 [(p.done_bytes, p.total_bytes, p.donors) for p in seen]))
     except (HealError, RuntimeError) as exc:  # a donor's last collective fails once the receiver has left
-        out.put((rank, "error", state.step, str(exc), "", 0, 0))
+        out.put((rank, "error", state.step, str(exc), "", 0, 0, []))
     finally:
         dist.destroy_process_group()
 
@@ -139,6 +143,9 @@ def test_two_donors_heal_a_fresh_receiver_into_its_live_tensors() -> None:
     assert {r[2] for r in rows} == {3}
     assert len({r[3] for r in rows}) == 1 and len({r[4] for r in rows}) == 1  # params and Adam state alike
     assert rows[1][6] > 0 and rows[2][6] > 0 and rows[0][5] == rows[1][6] + rows[2][6]  # both donors sent a share
+    progress = rows[0][7]
+    assert len(progress) > 2 and progress[-1] == (rows[0][5], rows[0][5], 2) and not rows[1][7]  # the receiver's
+    assert [p[0] for p in progress] == sorted(p[0] for p in progress)
 
 
 @pytest.mark.timeout(180)
