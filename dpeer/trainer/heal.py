@@ -1,23 +1,26 @@
 """Healing after a re-form: ranks behind the group's highest step copy full state from ranks at it,
 and so do ranks at that step whose parameters belong to another lineage than the winning one.
 
-Every rank allgathers its step; when more than one rank is at the highest step (two lineages are
-possible) or a rank holds a torn state, the ranks at it allgather their parameter digests too. All
-compute the same ``plan_heal``. The first donor broadcasts the state header (step, RNG states,
-optimizer hyper-parameters, tensor specs), HMAC-tagged with the generation's key. The tensors then
+Every rank allgathers its step; the ranks at the highest step allgather their parameter digests
+too (two lineages are possible) and all compute the same ``plan_heal``. When ranks are behind,
+the pieces start before the digests are known, on the plan that the top ranks hold one lineage,
+and the digests, computed while the pieces travel, confirm it (a fork: the pieces are dropped and
+the heal runs again, planned first). The first donor broadcasts the state header (step, RNG states,
+optimizer hyper-parameters, tensor specs), HMAC-tagged with the generation's key. The tensors
 travel in pieces (heal_transfer), each donor sending a different share, from the donors' live
 tensors straight into the receiver's own parameters and optimizer state: nothing is flattened,
 pickled or staged on the way.
 
 Integrity: the model's bytes are covered by the final check, every rank allgathering its
 parameter digest (sha256 of parameters and buffers), which must all be equal; every other byte
-(optimizer state and the rest) travels in pieces that carry the donor's checksum (heal_transfer._check), checked on arrival.
-A full sha256 of the whole state, on both sides, cost more than the copy itself.
+(optimizer state and the rest) travels in pieces that carry the donor's checksum
+(heal_transfer._check), checked on arrival. A full sha256 of the whole state on both sides, as
+before, cost more than the copy itself.
 
 Resumption: a receiver writes into its live tensors, so from its first receive until the digests
 agree its state is torn: it then reports step -1 (it never donates nor wins a lineage) and keeps the
 pieces that arrived whole. The next heal from the same source (step and digest) fetches only the
-missing pieces.
+missing pieces (pieces from donors lost before their digests were exchanged are fetched again).
 """
 
 from __future__ import annotations
@@ -148,14 +151,8 @@ def gather_digests(digest: str, world: int, device: torch.device = torch.device(
     return [tensor_bytes(t).hex() for t in out]
 
 
-def verify_digests(digest: str, world: int, device: torch.device = torch.device("cpu")) -> list[str]:
-    """Allgather every rank's hex params digest; raise HealError unless all are equal."""
-    digests = gather_digests(digest, world, device)
-    _check_equal(digests)
-    return digests
-
-
 def _check_equal(digests: list[str]) -> None:
+    """Raise HealError unless every rank's digest is the same."""
     if len(set(digests)) != 1:
         raise HealError(f"replicas disagree after heal: {sorted(set(d[:12] for d in digests))}")
 
@@ -191,13 +188,17 @@ def heal(
         raise HealError("every rank holds a state torn by an interrupted heal; no peer can give a whole one")
     at_max = [r for r, s in steps.items() if s == max_step]
     any_torn = any(row[2] for row in rows)
-    mine = ""
-    digests = None
-    if len(at_max) > 1 or any_torn:  # two lineages are possible, or a resumption needs the source's digest
-        mine = state.digest() if rank in at_max else ""
-        words = _allgather_ints(_digest_words(mine), world, device)
-        digests = {r: _words_digest(w) if r in at_max else "" for r, w in enumerate(words)}
-    plan = plan_heal(steps, chunks, digests=digests, vouched={r for r, row in enumerate(rows) if row[1]})
+    vouchers = {r for r, row in enumerate(rows) if row[1]}
+    mine, digests = "", None
+    if any_torn:  # a resumption needs the source's digest before it asks for pieces
+        mine, digests = _gather_lineages(state, rank, at_max, world, device)
+    plan = plan_heal(steps, chunks, digests=digests, vouched=vouchers)
+    # Several ranks at the top step and some behind: the plan assumes the former hold one lineage and
+    # the pieces start at once; their digests, computed while the pieces travel, confirm it.
+    speculative = digests is None and len(at_max) > 1
+    if speculative and not plan.needed:  # nobody behind: only a fork can need a heal, and it must be known first
+        mine, digests = _gather_lineages(state, rank, at_max, world, device)
+        plan, speculative = plan_heal(steps, chunks, digests=digests, vouched=vouchers), False
     if not plan.needed:  # every rank at the highest step, their digests equal (compared just above)
         return HealResult(plan, False, 0, 0, time.monotonic() - t0)
     primary = plan.donors[0]
@@ -225,7 +226,23 @@ def heal(
         transfer.targets, transfer.done = p.targets, p.done
         resumed = sum(layout.piece_range(j)[1] - layout.piece_range(j)[0] for j in p.done)
     kept = _gather_kept(transfer.done, layout.n_pieces, world, device) if any_torn else [set()] * world
-    _move(rank, plan, layout, transfer, kept, chunks, session, t0)
+    posted = _post(rank, plan, layout, transfer, kept, chunks)
+    if speculative:
+        try:
+            mine, digests = _gather_lineages(state, rank, at_max, world, device)
+        except RuntimeError as exc:
+            _finish(transfer, posted, session, t0, failed=exc)
+        if is_receiver and session.partial is not None:  # the pieces' lineage, known now (a resumption needs it)
+            session.partial.source = (plan.max_step, digests[primary])
+        if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
+            try:
+                _finish(transfer, posted, session, t0, failed=HealError("two lineages at the top step"))
+            except HealError:
+                pass
+            if is_receiver and session.partial is not None:
+                session.partial.done.clear()  # the pieces may be another lineage's: take none of them
+            return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session)  # torn now: planned first
+    _finish(transfer, posted, session, t0)
     if is_receiver:
         try:
             state.load(StateParts(header, transfer.targets or []))
@@ -251,39 +268,64 @@ def _gather_kept(done: set[int], n_pieces: int, world: int, device: torch.device
     return [{j for j, v in enumerate(t.tolist()[:n_pieces]) if v} for t in out]
 
 
-def _move(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: list[set[int]], chunks: int,
-          session: HealSession, t0: float) -> None:
-    """Send or receive this rank's pieces; a receiver checks each as it lands and reports progress."""
-    works: list = []
-    posted: list[dict] = []
-    mine: list[tuple[int, list[int]]] = []
+def _gather_lineages(state: Healable, rank: int, at_max: list[int], world: int,
+                     device: torch.device) -> tuple[str, dict[int, str]]:
+    """This rank's digest (ranks at the top step only) and every top rank's, for the lineage pick."""
+    mine = state.digest() if rank in at_max else ""
+    words = _allgather_ints(_digest_words(mine), world, device)
+    return mine, {r: _words_digest(w) if r in at_max else "" for r, w in enumerate(words)}
+
+
+@dataclass
+class _Posted:
+    sends: list
+    receives: dict[int, tuple[list, torch.Tensor | None, list]]
+    order: list[int]  # the receiver's pieces, round-robin over its donors
+    donors: int
+
+
+def _post(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: list[set[int]],
+          chunks: int) -> _Posted:
+    """Post this rank's sends (a donor) or receives (a receiver) of the pieces missing on each receiver."""
+    sends: list = []
+    receives: dict = {}
+    mine: list[list[int]] = []
     for recv in plan.receivers:
         missing = [j for j in range(layout.n_pieces) if j not in kept[recv]]
         for donor, pieces in assigned_pieces(plan, recv, missing, chunks):
             if rank == donor:
-                works.extend(transfer.send(recv, pieces))
+                sends.extend(transfer.send(recv, pieces))
             elif rank == recv:
-                posted.append(transfer.post_receive(donor, pieces))
-                mine.append((donor, pieces))
+                receives.update(transfer.post_receive(donor, pieces))
+                mine.append(pieces)
+    return _Posted(sends, receives, [j for group in _interleave(mine) for j in group], len(mine))
+
+
+def _finish(transfer: Transfer, posted: _Posted, session: HealSession, t0: float,
+            failed: Exception | None = None) -> None:
+    """Wait for this rank's pieces; a receiver checks each as it lands and reports progress. On a
+    failure (``failed``: one found elsewhere) every posted operation is drained and whatever arrived
+    whole is kept, then HealError."""
+    layout = transfer.layout
     try:
-        order = [j for group in _interleave([p for _, p in mine]) for j in group]
-        lookup = {j: entry for d in posted for j, entry in d.items()}
+        if failed is not None:
+            raise failed
         last = t0
-        for j in order:
-            transfer.finish_piece(j, *lookup[j])
+        for j in posted.order:
+            transfer.finish_piece(j, *posted.receives[j])
             now = time.monotonic()
             if session.on_progress is not None and now - t0 > PROGRESS_AFTER_S and now - last >= PROGRESS_AFTER_S:
                 last = now
                 done = min(layout.total, len(transfer.done) * layout.piece_bytes)
-                session.on_progress(HealProgress(done, layout.total, now - t0, len(mine)))
-        for w in works:
+                session.on_progress(HealProgress(done, layout.total, now - t0, posted.donors))
+        for w in posted.sends:
             transfer.wait(w)
     except (RuntimeError, TransferError) as exc:
-        transfer.drain(works)
-        transfer.salvage({j: entry for d in posted for j, entry in d.items()})
+        transfer.drain(posted.sends)
+        transfer.salvage(posted.receives)
         raise HealError(f"heal failed ({len(transfer.done)} of {layout.n_pieces} pieces held): {exc}") from None
-    if mine and session.on_progress is not None and time.monotonic() - t0 > PROGRESS_AFTER_S:
-        session.on_progress(HealProgress(layout.total, layout.total, time.monotonic() - t0, len(mine)))
+    if posted.order and session.on_progress is not None and time.monotonic() - t0 > PROGRESS_AFTER_S:
+        session.on_progress(HealProgress(layout.total, layout.total, time.monotonic() - t0, posted.donors))
 
 
 def _interleave(lists: list[list[int]]) -> list[list[int]]:

@@ -17,28 +17,58 @@ from dpeer.trainer import state as st
 
 from .test_heal_transfer import CTX, State, _free_port, build, join
 
-SLOW_SENDS = 5  # messages the doomed donor sends (data and checksums, one at a time) before it stalls
+SLOW_SENDS = 5  # messages the doomed donor sends (data and checksums, one at a time, once the digests are
+# exchanged: a donor lost mid-transfer) before it stalls and the test SIGKILLs it
 
 
 def resume_rank(rank: int, ports: tuple[int, int], out: Any) -> None:
     """Rank 0: newcomer at step 0; rank 1: the surviving donor; rank 2: the donor that is killed."""
     import torch.distributed as dist
 
+    from dpeer.trainer import heal as heal_module
     from dpeer.trainer.heal import HealError, HealSession, heal
 
     ht.PIECE_BYTES = 1 << 20
-    if rank == 2:  # send a few messages one by one, then stall until the test kills this process
-        sent = [0]
+    if rank == 2:  # sends go out one by one from a thread, which stalls after a few until the test kills it
+        queue: list = []
+        wake = threading.Condition()
+
+        class Sent:
+            def __init__(self) -> None:
+                self.done = threading.Event()
+
+            def wait(self) -> None:
+                self.done.wait()
+
+        def sender() -> None:
+            for count in range(1 << 30):
+                with wake:
+                    wake.wait_for(lambda: queue)
+                    tensor, dst, sent = queue.pop(0)
+                if count == SLOW_SENDS:
+                    gathered.wait()  # die after the digests were exchanged, as a donor lost mid-transfer does
+                    out.put(("stalled", os.getpid()))
+                    threading.Event().wait()
+                dist.isend(tensor, dst=dst).wait()
+                sent.done.set()
 
         def isend(tensor: Any, dst: int) -> Any:
-            if sent[0] == SLOW_SENDS:
-                out.put(("stalled", os.getpid()))
-                threading.Event().wait()
-            sent[0] += 1
-            work = dist.isend(tensor, dst=dst)
-            work.wait()
-            return work
+            sent = Sent()
+            with wake:
+                queue.append((tensor, dst, sent))
+                wake.notify()
+            return sent
 
+        gathered = threading.Event()
+        real_gather = heal_module._gather_lineages
+
+        def gather(*args: Any) -> Any:
+            result = real_gather(*args)
+            gathered.set()
+            return result
+
+        heal_module._gather_lineages = gather
+        threading.Thread(target=sender, daemon=True).start()
         ht.dist = types.SimpleNamespace(isend=isend, irecv=dist.irecv)
     model, opt = build(1 if rank else 2, stepped=rank > 0, width=1536)
     state, session = State(model, opt, 3 if rank else 0), HealSession()

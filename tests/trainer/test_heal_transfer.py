@@ -94,8 +94,9 @@ def join(port: int, rank: int, world: int) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=dt.timedelta(seconds=60))
 
 
-def heal_rank(rank: int, world: int, port: int, corrupt: bool, out: Any) -> None:
-    """Rank 0 is a newcomer at step 0 (fresh Adam, no state); the others donors at step 3."""
+def heal_rank(rank: int, world: int, port: int, mode: str, out: Any) -> None:
+    """Rank 0 is a newcomer at step 0 (fresh Adam, no state); the others donors at step 3 ("fork":
+    the last one of another lineage; "corrupt": the last one lies about its pieces' checksums)."""
     import torch.distributed as dist
 
     from dpeer.trainer import heal as heal_module
@@ -104,10 +105,10 @@ def heal_rank(rank: int, world: int, port: int, corrupt: bool, out: Any) -> None
     ht.PIECE_BYTES = 64 << 10  # many pieces, a few packed (the primary's size rules)
     heal_module.PROGRESS_AFTER_S = 0.0  # report every piece (a real heal waits a second first)
     seen: list = []
-    if corrupt and rank == world - 1:
+    if mode == "corrupt" and rank == world - 1:
         real = ht._check
         ht._check = lambda views: real(views) ^ 1  # this donor lies about its pieces
-    model, opt = build(1 if rank else 2, stepped=rank > 0)
+    model, opt = build(1 if rank else 2, stepped=rank > 0) if mode != "fork" or rank < world - 1 else build(3, True)
     state = State(model, opt, 3 if rank else 0)
     join(port, rank, world)
     try:
@@ -138,7 +139,7 @@ def run_ranks(target: Any, world: int, *args: Any) -> list[tuple]:
 
 @pytest.mark.timeout(180)
 def test_two_donors_heal_a_fresh_receiver_into_its_live_tensors() -> None:
-    rows = run_ranks(heal_rank, 3, False)
+    rows = run_ranks(heal_rank, 3, "")
     assert [r[1] for r in rows] == ["ok"] * 3, rows
     assert {r[2] for r in rows} == {3}
     assert len({r[3] for r in rows}) == 1 and len({r[4] for r in rows}) == 1  # params and Adam state alike
@@ -150,6 +151,16 @@ def test_two_donors_heal_a_fresh_receiver_into_its_live_tensors() -> None:
 
 @pytest.mark.timeout(180)
 def test_a_piece_whose_checksum_differs_is_refused() -> None:
-    rows = run_ranks(heal_rank, 3, True)
+    rows = run_ranks(heal_rank, 3, "corrupt")
     assert rows[0][1] == "error" and "arrived corrupt" in rows[0][3], rows
     assert rows[0][2] == 0  # the newcomer took nothing of the refused state
+
+
+@pytest.mark.timeout(180)
+def test_a_fork_at_the_top_step_drops_the_early_pieces_and_heals_everyone_to_one_lineage() -> None:
+    """The pieces start before the top ranks' digests are known; these show two lineages (rank 1's
+    wins: lowest rank), so the heal runs again, planned first, and rank 2 receives too."""
+    rows = run_ranks(heal_rank, 3, "fork")
+    assert [r[1] for r in rows] == ["ok"] * 3, rows
+    assert len({r[3] for r in rows}) == 1 and len({r[4] for r in rows}) == 1
+    assert rows[2][5] > 0 and rows[1][5] == 0  # the other lineage's rank received, the winner did not
