@@ -169,7 +169,10 @@ def trial_heal(n_params: int, donors: int, tmp: Path) -> dict:
     out, port = str(tmp / "heal.json"), free_port()
     world = donors + 1
     wait_all([spawn("heal", str(r), str(world), str(port), str(n_params), out) for r in range(world)], 900)
-    return json.loads(Path(out).read_text())
+    result = json.loads(Path(out).read_text())
+    if result["step"] != 1:  # the heal itself raises unless the newcomer's digest equals the donors'
+        raise RuntimeError(f"the newcomer ended at step {result['step']}, not the donors' 1")
+    return result
 
 
 def trial_save(n_params: int, tmp: Path) -> dict:
