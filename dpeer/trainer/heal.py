@@ -279,7 +279,7 @@ def _gather_lineages(state: Healable, rank: int, at_max: list[int], world: int,
 @dataclass
 class _Posted:
     sends: list
-    receives: dict[int, tuple[list, torch.Tensor | None, list]]
+    receives: dict[int, tuple[list, list, list]]
     order: list[int]  # the receiver's pieces, round-robin over its donors
     donors: int
 

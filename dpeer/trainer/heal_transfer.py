@@ -124,10 +124,10 @@ def _schedule(pieces: list[int], checked: Callable[[int], bool]) -> list[tuple[s
     for j in pieces:
         out.append(("data", j))
         if pending is not None:
-            out.append(("crc", pending))
+            out.append(("check", pending))
         pending = j if checked(j) else None
     if pending is not None:
-        out.append(("crc", pending))
+        out.append(("check", pending))
     return out
 
 
@@ -171,10 +171,10 @@ class Transfer:
     def _views(self, tensors: list[torch.Tensor], piece: int) -> list[torch.Tensor]:
         return [_bytes(tensors[s.tensor])[s.start : s.end] for s in self.layout.slices(piece)]
 
-    def _direct(self, tensors: list[torch.Tensor], piece: int) -> bool:
-        slices = self.layout.slices(piece)
-        return len(slices) <= DIRECT_SLICES and all(
-            tensors[s.tensor].device == self.device and tensors[s.tensor].is_contiguous() for s in slices)
+    def _direct(self, piece: int) -> bool:
+        """A piece of few slices travels as one message per slice, else packed in one (the same
+        answer on both sides: it depends on the layout only)."""
+        return len(self.layout.slices(piece)) <= DIRECT_SLICES
 
     def _split(self, staging: torch.Tensor, piece: int) -> list[torch.Tensor]:
         """A packed piece's staging buffer cut back into its slices."""
@@ -194,53 +194,59 @@ class Transfer:
         contiguous = [t if t.is_contiguous() else t.contiguous() for t in self.sources]
         works, keep = [], []
         for kind, j in _schedule(pieces, self.layout.checked):
-            if kind == "crc":
+            if kind == "check":
                 crc = torch.tensor([_check(self._views(contiguous, j))], dtype=torch.int64, device=self.device)
                 keep.append(crc)
                 works.append(dist.isend(crc, dst=receiver))
                 continue
-            views = self._views(contiguous, j)
-            if not self._direct(self.sources, j):
-                views = [torch.cat([v.to(self.device) for v in views])]
-                keep.append(views[0])
+            views = [v.to(self.device) for v in self._views(contiguous, j)]
+            if not self._direct(j):
+                views = [torch.cat(views)]
+            keep.extend(views)
             for v in views:
                 works.append(dist.isend(v, dst=receiver))
             self.sent += sum(v.numel() for v in views)
         works.append(keep)  # the staging and checksum tensors live until their sends are waited on
         return works
 
-    def post_receive(self, donor: int, pieces: list[int]) -> dict[int, tuple[list, torch.Tensor | None, list]]:
-        """Post every receive of ``pieces`` from ``donor``: piece -> (data works, staging, checksum work+buffer)."""
+    def post_receive(self, donor: int, pieces: list[int]) -> dict[int, tuple[list, list, list]]:
+        """Post every receive of ``pieces`` from ``donor``: piece -> (data works, buffers, checksum
+        work and buffer). A direct piece lands in the targets themselves where they are on the
+        collective device."""
         assert self.targets is not None
-        posted: dict[int, tuple[list, torch.Tensor | None, list]] = {}
+        posted: dict[int, tuple[list, list, list]] = {}
         for kind, j in _schedule(pieces, self.layout.checked):
-            if kind == "crc":
+            if kind == "check":
                 buf = torch.zeros(1, dtype=torch.int64, device=self.device)
                 posted[j][2].extend([dist.irecv(buf, src=donor), buf])
                 continue
-            staging = None if self._direct(self.targets, j) else self._staging(j)
-            views = [staging] if staging is not None else self._views(self.targets, j)
-            posted[j] = ([dist.irecv(v, src=donor) for v in views], staging, [])
+            if self._direct(j):
+                bufs = [v if v.device == self.device else torch.empty(v.numel(), dtype=torch.uint8, device=self.device)
+                        for v in self._views(self.targets, j)]
+            else:
+                bufs = [self._staging(j)]
+            posted[j] = ([dist.irecv(b, src=donor) for b in bufs], bufs, [])
         return posted
 
-    def finish_piece(self, piece: int, works: list, staging: torch.Tensor | None, crc: list) -> None:
+    def finish_piece(self, piece: int, works: list, bufs: list, crc: list) -> None:
         """Wait for one piece, check it, write it into the targets; raise TransferError if it is wrong."""
         assert self.targets is not None
         for w in works:
             self.wait(w)
+        landed = bufs if self._direct(piece) else self._split(bufs[0], piece)
         if crc:
             self.wait(crc[0])
-            got = _check(self._split(staging, piece) if staging is not None else self._views(self.targets, piece))
+            got = _check(landed)
             if got != int(crc[1].item()):
                 raise TransferError(f"piece {piece} arrived corrupt (checksum {got:08x}, the donor's {int(crc[1].item()):08x})")
-        if staging is not None:
-            for view, part in zip(self._views(self.targets, piece), self._split(staging, piece)):
+        for view, part in zip(self._views(self.targets, piece), landed):
+            if part is not view:
                 view.copy_(part)
         a, b = self.layout.piece_range(piece)
         self.received += b - a
         self.done.add(piece)
 
-    def salvage(self, posted: dict[int, tuple[list, torch.Tensor | None, list]]) -> None:
+    def salvage(self, posted: dict[int, tuple[list, list, list]]) -> None:
         """After a failure: drain every receive, then keep each piece that still arrived whole and
         checks out (a resumed heal fetches only the others)."""
         self.drain([w for entry in posted.values() for w in (*entry[0], *entry[2][:1])])
