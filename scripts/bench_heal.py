@@ -55,30 +55,53 @@ def build(n_params: int, seed: int):  # noqa: ANN201 - torch is imported only in
     return model, opt
 
 
+class BenchState:
+    """Model + Adam at a step, seen by the heal the way the runtime's loop shows its state."""
+
+    def __init__(self, model, opt, step: int) -> None:  # noqa: ANN001 - torch is imported only in the children
+        self.model, self.opt, self.step = model, opt, step
+
+    def parts(self):  # noqa: ANN201
+        from dpeer.trainer import state as st
+
+        return st.capture_parts(self.model, self.opt, step=self.step)
+
+    def targets(self, header: dict) -> list:
+        from dpeer.trainer import state as st
+
+        return st.receive_targets(header, self.model, self.opt)
+
+    def load(self, parts) -> None:  # noqa: ANN001
+        from dpeer.trainer import state as st
+
+        self.step = st.restore_parts(parts, self.model, self.opt)[0]
+
+    def digest(self) -> str:
+        from dpeer.trainer import state as st
+
+        return st.params_digest(self.model)
+
+
 def child_heal(rank: int, world: int, port: int, n_params: int, out: str) -> None:
     """One rank of a heal: donors (rank >= 1) at step 1 with seed 1, the newcomer (rank 0) at step 0."""
     import datetime as dt
 
-    import torch
     import torch.distributed as dist
 
-    from dpeer.trainer import state as st
     from dpeer.trainer.heal import heal
 
     model, opt = build(n_params, 1 if rank else 2)
-    step = {"v": 1 if rank else 0}
+    state = BenchState(model, opt, 1 if rank else 0)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=dt.timedelta(seconds=300))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=dt.timedelta(seconds=300))
     dist.barrier()
     t0 = time.monotonic()
-    result = heal(rank, world, step["v"], lambda: st.capture(model, opt, step=step["v"]),
-                  lambda blob: step.update(v=st.restore(blob, model, opt)[0]), lambda: st.params_digest(model))
+    result = heal(rank, world, state.step, state)
     seconds = time.monotonic() - t0
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        Path(out).write_text(json.dumps({"seconds": seconds, "bytes": result.received_bytes, "step": step["v"]}))
-    del torch
+        Path(out).write_text(json.dumps({"seconds": seconds, "bytes": result.received_bytes, "step": state.step}))
 
 
 def child_save(role: str, path: str, n_params: int, out: str) -> None:
@@ -146,7 +169,10 @@ def trial_heal(n_params: int, donors: int, tmp: Path) -> dict:
     out, port = str(tmp / "heal.json"), free_port()
     world = donors + 1
     wait_all([spawn("heal", str(r), str(world), str(port), str(n_params), out) for r in range(world)], 900)
-    return json.loads(Path(out).read_text())
+    result = json.loads(Path(out).read_text())
+    if result["step"] != 1:  # the heal itself raises unless the newcomer's digest equals the donors'
+        raise RuntimeError(f"the newcomer ended at step {result['step']}, not the donors' 1")
+    return result
 
 
 def trial_save(n_params: int, tmp: Path) -> dict:

@@ -1,13 +1,26 @@
 """Healing after a re-form: ranks behind the group's highest step copy full state from ranks at it,
 and so do ranks at that step whose parameters belong to another lineage than the winning one.
 
-Every rank allgathers its step and parameter digest; all compute the same ``plan_heal``. The first donor broadcasts the
-state header (step, RNG states, optimizer hyper-parameters, tensor specs, payload digest); each
-receiver then gets the payload in contiguous chunks from several donors over send/recv in the new
-group. The receiver checks the payload digest (every donor's bytes must equal the first donor's),
-restores, and finally all ranks allgather their parameter digests, which must all be equal.
-A failure anywhere raises and the caller re-forms; nothing is resumed half-way (the state is small
-next to the link speed here, so a retry from scratch is the simple, correct choice).
+Every rank allgathers its step; the ranks at the highest step allgather their parameter digests
+too (two lineages are possible) and all compute the same ``plan_heal``. When ranks are behind,
+the pieces start before the digests are known, on the plan that the top ranks hold one lineage,
+and the digests, computed while the pieces travel, confirm it (a fork: the pieces are dropped and
+the heal runs again, planned first). The first donor broadcasts the state header (step, RNG states,
+optimizer hyper-parameters, tensor specs), HMAC-tagged with the generation's key. The tensors
+travel in pieces (heal_transfer), each donor sending a different share, from the donors' live
+tensors straight into the receiver's own parameters and optimizer state: nothing is flattened,
+pickled or staged on the way.
+
+Integrity: the model's bytes are covered by the final check, every rank allgathering its
+parameter digest (sha256 of parameters and buffers), which must all be equal; every other byte
+(optimizer state and the rest) travels in pieces that carry the donor's checksum
+(heal_transfer._check), checked on arrival. A full sha256 of the whole state on both sides, as
+before, cost more than the copy itself.
+
+Resumption: a receiver writes into its live tensors, so from its first receive until the digests
+agree its state is torn: it then reports step -1 (it never donates nor wins a lineage) and keeps the
+pieces that arrived whole. The next heal from the same source (step and digest) fetches only the
+missing pieces (pieces from donors lost before their digests were exchanged are fetched again).
 """
 
 from __future__ import annotations
@@ -15,33 +28,75 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan, plan_heal
-from dpeer.trainer.sampler import shard_bounds
-from dpeer.trainer.state import StateBlob, StateError, tensor_bytes
+from dpeer.trainer import heal_transfer
+from dpeer.trainer.heal_transfer import Layout, Transfer, TransferError, assigned_pieces
+from dpeer.trainer.state import StateError, StateParts, model_tensor_indices, tensor_bytes
 
-
-# TEST HOOK, inert unless set: TEST_DPEER_PLANT_BUG=skip_heal plants a deliberate bug so that
-# tests/chaos/test_planted_bug.py can show the chaos checks catch it: a rank behind the group
-# receives the state but keeps its own (stale) parameters, takes only the donor's step, and the
-# digest check is skipped, so replicas silently diverge. (Not a DPEER_* name: those are config
-# keys, and the daemon refuses unknown ones.)
-PLANT_ENV = "TEST_DPEER_PLANT_BUG"
-
-
-def _planted(bug: str) -> bool:
-    return os.environ.get(PLANT_ENV, "") == bug
+PROGRESS_AFTER_S = 1.0  # a transfer that lasts longer reports its progress, about once a second
 
 
 class HealError(RuntimeError):
-    """The group's replicas disagree after healing."""
+    """The group's replicas disagree after healing, or the state could not be received."""
+
+
+class Healable(Protocol):
+    """The training state as the heal sees it."""
+
+    def parts(self) -> StateParts:
+        """The header and the live tensors (a donor sends them where they lie)."""
+
+    def targets(self, header: dict) -> list[torch.Tensor]:
+        """Where each tensor of ``header`` is received (the receiver's own live tensors where they fit)."""
+
+    def load(self, parts: StateParts) -> None:
+        """Take the received state (its tensors are already in place where targets gave live ones)."""
+
+    def digest(self) -> str:
+        """The parameters' (and buffers') digest."""
+
+
+@dataclass(frozen=True)
+class HealProgress:
+    """How far a receiver's transfer got."""
+
+    done_bytes: int
+    total_bytes: int
+    seconds: float
+    donors: int
+
+
+@dataclass
+class _Partial:
+    source: tuple[int, str]  # the step and parameter digest of the state being received
+    specs: str  # its tensor specs and piece size, canonical JSON
+    targets: list[torch.Tensor]
+    done: set[int]
+
+
+class HealSession:
+    """What a worker keeps from one heal to the next: a partial (torn) state to resume, and where
+    progress of long transfers goes."""
+
+    def __init__(self, on_progress: Callable[[HealProgress], None] | None = None) -> None:
+        self.on_progress = on_progress
+        self.partial: _Partial | None = None
+
+    @property
+    def torn(self) -> bool:
+        """True while an interrupted heal left this replica's state half overwritten."""
+        return self.partial is not None
+
+    def forget(self) -> None:
+        """The whole state was replaced (a checkpoint load): nothing torn remains to resume."""
+        self.partial = None
 
 
 @dataclass(frozen=True)
@@ -53,23 +108,29 @@ class HealResult:
     sent_bytes: int
     received_bytes: int
     seconds: float
+    resumed_bytes: int = 0
 
 
-def _allgather_replicas(step: int, digest: str, vouched: bool, world: int,
-                        device: torch.device) -> list[tuple[int, str, bool]]:
-    """Every rank's (step, parameter digest, whether its lineage holds the committed checkpoint)."""
-    words = [int.from_bytes(bytes.fromhex(digest)[i : i + 8], "big", signed=True) for i in range(0, 32, 8)]
-    mine = torch.tensor([step, int(vouched), *words], dtype=torch.int64, device=device)
-    out = [torch.zeros(6, dtype=torch.int64, device=device) for _ in range(world)]
+def _allgather_ints(values: list[int], world: int, device: torch.device) -> list[list[int]]:
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    out = [torch.zeros(len(values), dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(out, mine)
-    rows = [[int(v) for v in t.tolist()] for t in out]
-    return [(r[0], b"".join(w.to_bytes(8, "big", signed=True) for w in r[2:]).hex(), bool(r[1])) for r in rows]
+    return [[int(v) for v in t.tolist()] for t in out]
+
+
+def _digest_words(digest: str) -> list[int]:
+    raw = bytes.fromhex(digest) if digest else bytes(32)
+    return [int.from_bytes(raw[i : i + 8], "big", signed=True) for i in range(0, 32, 8)]
+
+
+def _words_digest(words: list[int]) -> str:
+    return b"".join(w.to_bytes(8, "big", signed=True) for w in words).hex()
 
 
 def _broadcast_bytes(data: bytes | None, src: int, rank: int, device: torch.device) -> bytes:
-    size = torch.tensor([len(data) if rank == src else 0], dtype=torch.int64, device=device)
+    size = torch.tensor([len(data) if rank == src and data is not None else 0], dtype=torch.int64, device=device)
     dist.broadcast(size, src)
-    if rank == src:
+    if rank == src and data is not None:
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
@@ -82,32 +143,30 @@ def _tag(key: bytes, header: bytes) -> bytes:
     return hmac.new(key, header, hashlib.sha256).digest()
 
 
-def _byte_range(total: int, n_chunks: int, first: int, end: int) -> tuple[int, int]:
-    return shard_bounds(total, first, n_chunks)[0], shard_bounds(total, end - 1, n_chunks)[1]
-
-
-def verify_digests(digest: str, world: int, device: torch.device = torch.device("cpu")) -> list[str]:
-    """Allgather every rank's hex params digest; raise HealError unless all are equal."""
+def gather_digests(digest: str, world: int, device: torch.device = torch.device("cpu")) -> list[str]:
+    """Allgather every rank's hex params digest."""
     mine = torch.frombuffer(bytearray(bytes.fromhex(digest)), dtype=torch.uint8).to(device)
     out = [torch.zeros(32, dtype=torch.uint8, device=device) for _ in range(world)]
     dist.all_gather(out, mine)
-    digests = [tensor_bytes(t).hex() for t in out]
+    return [tensor_bytes(t).hex() for t in out]
+
+
+def _check_equal(digests: list[str]) -> None:
+    """Raise HealError unless every rank's digest is the same."""
     if len(set(digests)) != 1:
         raise HealError(f"replicas disagree after heal: {sorted(set(d[:12] for d in digests))}")
-    return digests
 
 
 def heal(
     rank: int,
     world: int,
     my_step: int,
-    capture: Callable[[], StateBlob],
-    apply: Callable[[StateBlob], None],
-    digest: Callable[[], str],
+    state: Healable,
     n_chunks: int | None = None,
     device: torch.device = torch.device("cpu"),
     key: bytes = b"",
     vouched: bool = False,
+    session: HealSession | None = None,
 ) -> HealResult:
     """Bring every rank of the new group to the highest step among them and to one lineage
     (collective: all ranks call). Ranks at that step whose parameters differ from the winning
@@ -115,56 +174,164 @@ def heal(
     checkpoint) receive its state too, so a group whose replicas forked converges instead of
     failing its digest check at every re-form.
 
-    ``device`` is where collective buffers live (cuda for NCCL); the state itself is staged on CPU.
-    ``key`` (the generation's heal key, the same on every rank) authenticates the stream: the
-    primary donor sends an HMAC of the header, which names the payload's sha256, and a receiver
-    takes nothing whose tag does not verify.
+    ``device`` is where collective buffers live (cuda for NCCL). ``key`` (the generation's heal
+    key, the same on every rank) authenticates the header: a receiver takes nothing whose tag does
+    not verify. ``session`` carries a torn state from an interrupted heal into the next one.
     """
     t0 = time.monotonic()
+    session = session or HealSession()
     chunks = n_chunks or max(1, world - 1)
-    mine = digest()
-    replicas = _allgather_replicas(my_step, mine, vouched, world, device)
-    plan = plan_heal({r: v[0] for r, v in enumerate(replicas)}, chunks,
-                     digests={r: v[1] for r, v in enumerate(replicas)},
-                     vouched={r for r, v in enumerate(replicas) if v[2]})
-    sent = received = 0
-    if plan.needed:
-        is_donor = rank in plan.donors
-        blob = capture() if is_donor else None
-        primary = plan.donors[0]
-        header = _broadcast_bytes(blob.header_bytes() if rank == primary else None, primary, rank, device)
-        if key:
-            tag = _broadcast_bytes(_tag(key, header) if rank == primary else None, primary, rank, device)
-            if rank in plan.receivers and not hmac.compare_digest(tag, _tag(key, header)):
-                raise HealError("the heal header's authentication tag does not verify; refusing the state")
-        total = int(json.loads(header.decode())["payload_len"])
-        buf = torch.empty(total, dtype=torch.uint8, device=device) if rank in plan.receivers else None
-        payload = blob.payload.to(device) if blob is not None else None
-        works = []
-        for recv in plan.receivers:
-            for donor, first, end in plan.assignment[recv]:
-                a, b = _byte_range(total, chunks, first, end)
-                if a == b:
-                    continue
-                if rank == donor:
-                    works.append(dist.isend(payload[a:b].contiguous(), dst=recv))
-                    sent += b - a
-                elif rank == recv:
-                    works.append(dist.irecv(buf[a:b], src=donor))
-                    received += b - a
-        for w in works:
-            w.wait()
-        works.clear()
-        if buf is not None:
+    rows = _allgather_ints([-1 if session.torn else my_step, int(vouched), int(session.torn)], world, device)
+    steps = {r: row[0] for r, row in enumerate(rows)}
+    max_step = max(steps.values())
+    if max_step < 0:
+        raise HealError("every rank holds a state torn by an interrupted heal; no peer can give a whole one")
+    at_max = [r for r, s in steps.items() if s == max_step]
+    any_torn = any(row[2] for row in rows)
+    vouchers = {r for r, row in enumerate(rows) if row[1]}
+    mine, digests = "", None
+    if any_torn:  # a resumption needs the source's digest before it asks for pieces
+        mine, digests = _gather_lineages(state, rank, at_max, world, device)
+    plan = plan_heal(steps, chunks, digests=digests, vouched=vouchers)
+    # Several ranks at the top step and some behind: the plan assumes the former hold one lineage and
+    # the pieces start at once; their digests, computed while the pieces travel, confirm it.
+    speculative = digests is None and len(at_max) > 1
+    if speculative and not plan.needed:  # nobody behind: only a fork can need a heal, and it must be known first
+        mine, digests = _gather_lineages(state, rank, at_max, world, device)
+        plan, speculative = plan_heal(steps, chunks, digests=digests, vouched=vouchers), False
+    if not plan.needed:  # every rank at the highest step, their digests equal (compared just above)
+        return HealResult(plan, False, 0, 0, time.monotonic() - t0)
+    primary = plan.donors[0]
+    source = (plan.max_step, digests[primary] if digests else "")
+    is_donor, is_receiver = rank in plan.donors, rank in plan.receivers
+    parts = state.parts() if is_donor else None
+    offer = {"state": parts.header, "piece_bytes": heal_transfer.PIECE_BYTES} if rank == primary and parts else None
+    header_bytes = _broadcast_bytes(json.dumps(offer, sort_keys=True).encode() if offer else None, primary, rank, device)
+    if key:
+        tag = _broadcast_bytes(_tag(key, header_bytes) if rank == primary else None, primary, rank, device)
+        if is_receiver and not hmac.compare_digest(tag, _tag(key, header_bytes)):
+            raise HealError("the heal header's authentication tag does not verify; refusing the state")
+    offered = json.loads(header_bytes.decode())
+    header = offered["state"]
+    specs = json.dumps([header["tensors"], offered["piece_bytes"]])
+    if parts is not None and parts.header["tensors"] != header["tensors"]:
+        raise HealError("this donor's tensors differ from the primary donor's; refusing to send them")
+    layout = Layout(header["tensors"], model_tensor_indices(header), int(offered["piece_bytes"]))
+    transfer = Transfer(rank, layout, device, sources=parts.tensors if parts else None)
+    resumed = 0
+    if is_receiver:
+        p = session.partial
+        if p is None or p.source != source or p.specs != specs:
+            p = session.partial = _Partial(source, specs, state.targets(header), set())
+        transfer.targets, transfer.done = p.targets, p.done
+        resumed = sum(layout.piece_range(j)[1] - layout.piece_range(j)[0] for j in p.done)
+    kept = _gather_kept(transfer.done, layout.n_pieces, world, device) if any_torn else [set()] * world
+    posted = _post(rank, plan, layout, transfer, kept, chunks)
+    if speculative:
+        try:
+            mine, digests = _gather_lineages(state, rank, at_max, world, device)
+        except RuntimeError as exc:
+            _finish(transfer, posted, session, t0, failed=exc)
+        if is_receiver and session.partial is not None:  # the pieces' lineage, known now (a resumption needs it)
+            session.partial.source = (plan.max_step, digests[primary])
+        if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
             try:
-                received_blob = StateBlob.from_parts(header, buf.cpu())
-                if _planted("skip_heal"):  # TEST HOOK (see PLANT_ENV): keep stale params, take the step
-                    received_blob = capture()
-                    received_blob.header["step"] = int(json.loads(header.decode())["step"])
-                apply(received_blob)
-            except StateError as exc:
-                raise HealError(f"received state rejected: {exc}") from None
-    if not _planted("skip_heal"):  # TEST HOOK: the planted bug also skips the replicas' digest check
-        verify_digests(digest() if rank in plan.receivers else mine, world, device)
-    return HealResult(plan, rank in plan.receivers, sent, received, time.monotonic() - t0)
+                _finish(transfer, posted, session, t0, failed=HealError("two lineages at the top step"))
+            except HealError:
+                pass
+            if is_receiver and session.partial is not None:
+                session.partial.done.clear()  # the pieces may be another lineage's: take none of them
+            return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session)  # torn now: planned first
+    _finish(transfer, posted, session, t0)
+    if is_receiver:
+        try:
+            state.load(StateParts(header, transfer.targets or []))
+        except (StateError, RuntimeError, KeyError, ValueError) as exc:
+            transfer.done.clear()
+            raise HealError(f"received state rejected: {exc}") from None
+    all_digests = gather_digests(state.digest() if is_receiver or not mine else mine, world, device)
+    if is_receiver and all_digests[rank] == all_digests[primary]:
+        session.partial = None
+    elif is_receiver and session.partial is not None:
+        session.partial.done.clear()  # whole pieces and a wrong result: something else is wrong, fetch all again
+    _check_equal(all_digests)
+    return HealResult(plan, is_receiver, transfer.sent, transfer.received, time.monotonic() - t0, resumed)
 
+
+def _gather_kept(done: set[int], n_pieces: int, world: int, device: torch.device) -> list[set[int]]:
+    """Every rank's pieces already held (a torn receiver's resumption); one byte per piece."""
+    mine = torch.zeros(max(1, n_pieces), dtype=torch.uint8, device=device)
+    for j in done:
+        mine[j] = 1
+    out = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(out, mine)
+    return [{j for j, v in enumerate(t.tolist()[:n_pieces]) if v} for t in out]
+
+
+def _gather_lineages(state: Healable, rank: int, at_max: list[int], world: int,
+                     device: torch.device) -> tuple[str, dict[int, str]]:
+    """This rank's digest (ranks at the top step only) and every top rank's, for the lineage pick."""
+    mine = state.digest() if rank in at_max else ""
+    words = _allgather_ints(_digest_words(mine), world, device)
+    return mine, {r: _words_digest(w) if r in at_max else "" for r, w in enumerate(words)}
+
+
+@dataclass
+class _Posted:
+    sends: list
+    receives: dict[int, tuple[list, list, list]]
+    order: list[int]  # the receiver's pieces, round-robin over its donors
+    donors: int
+
+
+def _post(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: list[set[int]],
+          chunks: int) -> _Posted:
+    """Post this rank's sends (a donor) or receives (a receiver) of the pieces missing on each receiver."""
+    sends: list = []
+    receives: dict = {}
+    mine: list[list[int]] = []
+    for recv in plan.receivers:
+        missing = [j for j in range(layout.n_pieces) if j not in kept[recv]]
+        for donor, pieces in assigned_pieces(plan, recv, missing, chunks):
+            if rank == donor:
+                sends.extend(transfer.send(recv, pieces))
+            elif rank == recv:
+                receives.update(transfer.post_receive(donor, pieces))
+                mine.append(pieces)
+    return _Posted(sends, receives, [j for group in _interleave(mine) for j in group], len(mine))
+
+
+def _finish(transfer: Transfer, posted: _Posted, session: HealSession, t0: float,
+            failed: Exception | None = None) -> None:
+    """Wait for this rank's pieces; a receiver checks each as it lands and reports progress. On a
+    failure (``failed``: one found elsewhere) every posted operation is drained and whatever arrived
+    whole is kept, then HealError."""
+    layout = transfer.layout
+    try:
+        if failed is not None:
+            raise failed
+        last = t0
+        for j in posted.order:
+            transfer.finish_piece(j, *posted.receives[j])
+            now = time.monotonic()
+            if session.on_progress is not None and now - t0 > PROGRESS_AFTER_S and now - last >= PROGRESS_AFTER_S:
+                last = now
+                done = min(layout.total, len(transfer.done) * layout.piece_bytes)
+                session.on_progress(HealProgress(done, layout.total, now - t0, posted.donors))
+        for w in posted.sends:
+            transfer.wait(w)
+    except (RuntimeError, TransferError) as exc:
+        transfer.drain(posted.sends)
+        transfer.salvage(posted.receives)
+        raise HealError(f"heal failed ({len(transfer.done)} of {layout.n_pieces} pieces held): {exc}") from None
+    if posted.order and session.on_progress is not None and time.monotonic() - t0 > PROGRESS_AFTER_S:
+        session.on_progress(HealProgress(layout.total, layout.total, time.monotonic() - t0, posted.donors))
+
+
+def _interleave(lists: list[list[int]]) -> list[list[int]]:
+    """Round-robin over the donors' piece lists (the order pieces are likely to land)."""
+    out, i = [], 0
+    while any(i < len(x) for x in lists):
+        out.append([x[i] for x in lists if i < len(x)])
+        i += 1
+    return out

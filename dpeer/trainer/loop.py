@@ -14,6 +14,7 @@ import gc
 import json
 import math
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, TextIO
@@ -24,7 +25,7 @@ from dpeer.trainer import state as st
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
-from dpeer.trainer.heal import heal
+from dpeer.trainer.heal import HealProgress, HealSession, heal
 from dpeer.trainer.jobspec import RUN_DEFAULTS, LossReduction, T, option
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep, Reduction, Trained
@@ -156,6 +157,7 @@ class Trainer:
         self._ledger: TextIO | None = None
         self._digest_next = False
         self._lineage: dict[int, str] = {}  # checkpoint step -> parameter digest, along this replica's lineage
+        self._heal = HealSession(self._heal_progress)  # a torn state from an interrupted heal, resumed by the next
         if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
             self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device,
                                                            self._collate)
@@ -167,22 +169,49 @@ class Trainer:
         if report is not None:
             report(kind, **fields)
 
-    def capture(self) -> st.StateBlob:
-        """The full training state at the current step."""
+    def parts(self) -> st.StateParts:
+        """The full training state at the current step, its tensors live (a heal donor's view)."""
         s = self.spec
-        blob = st.capture(s.model, s.optimizer, s.scheduler, s.scaler, self.step, self.sampler.cursor_after(self.step))
-        blob.header["reduction"] = self.stepper.state()
-        blob.header["lineage"] = sorted(self._lineage.items())
-        return blob
+        parts = st.capture_parts(s.model, s.optimizer, s.scheduler, s.scaler, self.step,
+                                 self.sampler.cursor_after(self.step))
+        parts.header["reduction"] = self.stepper.state()
+        parts.header["lineage"] = sorted(self._lineage.items())
+        return parts
+
+    def capture(self) -> st.StateBlob:
+        """The full training state at the current step, in one buffer."""
+        return st.flatten(self.parts())
+
+    def targets(self, header: dict) -> list[torch.Tensor]:
+        """Where a heal receives each tensor of a peer's state: this replica's own, where they fit."""
+        s = self.spec
+        return st.receive_targets(header, s.model, s.optimizer, s.scheduler, s.scaler)
+
+    def load(self, parts: st.StateParts) -> None:
+        """Replace the training state with received ``parts``."""
+        s = self.spec
+        self.step, _cursor = st.restore_parts(parts, s.model, s.optimizer, s.scheduler, s.scaler)
+        self._take_header(parts.header)
 
     def apply(self, blob: st.StateBlob) -> None:
         """Replace the training state with ``blob``."""
         s = self.spec
         self.step, _cursor = st.restore(blob, s.model, s.optimizer, s.scheduler, s.scaler)
-        self.stepper.load_state(blob.header.get("reduction"))
-        self._lineage = {int(k): str(v) for k, v in blob.header.get("lineage", [])}
-        if blob.header.get("params_digest"):
-            self._remember(self.step, blob.header["params_digest"])
+        self._heal.forget()
+        self._take_header(blob.header)
+
+    def _take_header(self, header: dict) -> None:
+        self.stepper.load_state(header.get("reduction"))
+        self._lineage = {int(k): str(v) for k, v in header.get("lineage", [])}
+        if header.get("params_digest"):
+            self._remember(self.step, header["params_digest"])
+
+    def _heal_progress(self, p: HealProgress) -> None:
+        """A long heal's progress: a report record, and a line in the daemon's log (the worker's stderr)."""
+        self._event("heal_progress", gen=self.generation, done_bytes=p.done_bytes, total_bytes=p.total_bytes,
+                    seconds=round(p.seconds, 3), donors=p.donors)
+        print(f"dpeer worker: healing in generation {self.generation}: {p.done_bytes / 1e6:.0f} of "
+              f"{p.total_bytes / 1e6:.0f} MB from {p.donors} donor(s) in {p.seconds:.1f} s", file=sys.stderr, flush=True)
 
     def _remember(self, step: int, digest: str) -> None:
         """Note this replica's digest at a checkpoint step (its lineage), keeping the newest few."""
@@ -329,14 +358,15 @@ class Trainer:
             t_formed = time.monotonic()
             self.group.set_timeout(self.cfg.init_timeout)
             vouched = view.checkpoint_step > 0 and self._lineage.get(view.checkpoint_step) == view.checkpoint_digest
-            result = heal(m.rank, m.world, self.step, self.capture, self.apply, self.digest,
-                          device=self.group.device, key=m.heal_key, vouched=vouched)
+            result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
+                          vouched=vouched, session=self._heal)
             self._timeout = self.cfg.init_timeout
             self._adapt_timeout()
             self._digest_next = True  # a replica that healed wrong differs from its first step on
             self._event(
                 "formed", gen=view.generation, rank=m.rank, world=m.world, step=self.step,
-                healed=result.received, heal_bytes=result.received_bytes, seconds=time.monotonic() - t0,
+                healed=result.received, heal_bytes=result.received_bytes, heal_resumed_bytes=result.resumed_bytes,
+                seconds=time.monotonic() - t0,
                 form_s=t_formed - t0, heal_s=result.seconds,
             )
             while self.step < self.spec.steps:

@@ -186,6 +186,58 @@ class StateBlob:
         return cls.from_parts(head, payload)
 
 
+@dataclass
+class StateParts:
+    """A captured state before flattening: the ``header`` (no payload digest) and the state's own
+    tensors in the header's order, live (not copies), so a heal can send them where they lie."""
+
+    header: dict[str, Any]
+    tensors: list[torch.Tensor]
+
+
+def _state_tree(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any) -> dict:
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
+    }
+
+
+def capture_parts(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    scaler: Any = None,
+    step: int = 0,
+    cursor: int = 0,
+) -> StateParts:
+    """Model, optimizer, scheduler, grad scaler, RNG states, step and data cursor, without copying
+    a tensor: the header plus the live tensors (``flatten`` makes the one-buffer blob of them)."""
+    tensors: list[torch.Tensor] = []
+    encoded = _encode(_state_tree(model, optimizer, scheduler, scaler), tensors)
+    specs = [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
+    header = {
+        "step": int(step),
+        "cursor": int(cursor),
+        "tree": encoded,
+        "tensors": specs,
+        "rng": _encode(capture_rng(), []),
+        "payload_len": sum(t.numel() * t.element_size() for t in tensors),
+        "payload_sha256": "",
+    }
+    return StateParts(header, [t.detach() for t in tensors])
+
+
+def flatten(parts: StateParts) -> StateBlob:
+    """The blob of ``parts``: every tensor's bytes copied, in order, into one payload, with its digest."""
+    views = [_as_bytes_view(t) for t in parts.tensors]
+    payload = torch.cat(views) if views else torch.empty(0, dtype=torch.uint8)
+    blob = StateBlob(dict(parts.header), payload)
+    blob.header["payload_sha256"] = blob.payload_digest()
+    return blob
+
+
 def capture(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -195,29 +247,71 @@ def capture(
     cursor: int = 0,
 ) -> StateBlob:
     """Capture model, optimizer, scheduler, grad scaler, RNG states, step and data cursor."""
-    tensors: list[torch.Tensor] = []
-    tree = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None else None,
-    }
-    encoded = _encode(tree, tensors)
-    views = [_as_bytes_view(t) for t in tensors]
-    payload = torch.cat(views) if views else torch.empty(0, dtype=torch.uint8)
-    specs = [[str(t.dtype).removeprefix("torch."), list(t.shape)] for t in tensors]
-    header = {
-        "step": int(step),
-        "cursor": int(cursor),
-        "tree": encoded,
-        "tensors": specs,
-        "rng": _encode(capture_rng(), []),
-        "payload_len": int(payload.numel()),
-        "payload_sha256": "",
-    }
-    blob = StateBlob(header, payload)
-    header["payload_sha256"] = blob.payload_digest()
-    return blob
+    return flatten(capture_parts(model, optimizer, scheduler, scaler, step, cursor))
+
+
+def _match_live(encoded: Any, live: Any, out: dict[int, torch.Tensor]) -> None:
+    """Pair each tensor slot of an encoded tree with the tensor at the same place in a live tree."""
+    if isinstance(encoded, dict) and "__t__" in encoded:
+        if isinstance(live, torch.Tensor):
+            out[encoded["__t__"]] = live
+    elif isinstance(encoded, dict) and "__d__" in encoded and isinstance(live, dict):
+        for key, value in encoded["__d__"]:
+            try:
+                k = _decode(key, [])
+            except (StateError, IndexError):
+                continue
+            if isinstance(k, (str, int)) and k in live:
+                _match_live(value, live[k], out)
+    elif isinstance(encoded, dict) and "__tup__" in encoded and isinstance(live, (tuple, list)):
+        for e, v in zip(encoded["__tup__"], live):
+            _match_live(e, v, out)
+    elif isinstance(encoded, list) and isinstance(live, (tuple, list)):
+        for e, v in zip(encoded, live):
+            _match_live(e, v, out)
+
+
+def model_tensor_indices(header: dict[str, Any]) -> set[int]:
+    """The tensors of a state header that belong to the model (those the parameter digest covers)."""
+    out: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict) and "__t__" in node:
+            out.add(node["__t__"])
+        elif isinstance(node, dict):
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    for key, value in header["tree"]["__d__"]:
+        if key == "model":  # a module's extra state is not a parameter nor a buffer: not covered
+            for name, tensor in value["__d__"]:
+                if not str(name).endswith("_extra_state"):
+                    walk(tensor)
+    return out
+
+
+def receive_targets(
+    header: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    scaler: Any = None,
+) -> list[torch.Tensor]:
+    """Where each tensor of a peer's state header can be received: this process's own live tensor
+    at the same place in the state (same dtype, shape and device, contiguous), so a heal writes
+    straight into the parameters and optimizer state; a new empty CPU tensor where none fits."""
+    live: dict[int, torch.Tensor] = {}
+    _match_live(header["tree"], _state_tree(model, optimizer, scheduler, scaler), live)
+    out = []
+    for i, (dtype_name, shape) in enumerate(header["tensors"]):
+        dtype, t = getattr(torch, dtype_name), live.get(i)
+        if t is None or t.dtype != dtype or list(t.shape) != shape or not t.is_contiguous():
+            t = torch.empty(shape, dtype=dtype)
+        out.append(t.detach())
+    return out
 
 
 def _tensors_from_payload(specs: list, payload: torch.Tensor) -> list[torch.Tensor]:
@@ -245,15 +339,40 @@ def restore(
 ) -> tuple[int, int]:
     """Load a captured state into the given objects (RNGs included); returns (step, cursor)."""
     tensors = _tensors_from_payload(blob.header["tensors"], blob.payload)
-    tree = _decode(blob.header["tree"], tensors)
-    model.load_state_dict(tree["model"])
+    return restore_parts(StateParts(blob.header, tensors), model, optimizer, scheduler, scaler)
+
+
+def _aliases_live(received: dict, live: dict) -> bool:
+    """True when every tensor of ``received`` is the live one of the same name (already in place)."""
+    return received.keys() == live.keys() and all(
+        isinstance(v, torch.Tensor) and v.data_ptr() == live[k].data_ptr() and v.shape == live[k].shape
+        and v.dtype == live[k].dtype for k, v in received.items())
+
+
+def restore_parts(
+    parts: StateParts,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any = None,
+    scaler: Any = None,
+) -> tuple[int, int]:
+    """Load a state whose tensors are given (and kept: the optimizer holds them); a model whose
+    received tensors are its own (``receive_targets``) already holds the values and is not copied."""
+    specs = parts.header["tensors"]
+    if len(specs) != len(parts.tensors) or any(
+            list(t.shape) != shape or str(t.dtype).removeprefix("torch.") != dtype
+            for (dtype, shape), t in zip(specs, parts.tensors)):
+        raise StateError("the tensors do not match the header's specs")
+    tree = _decode(parts.header["tree"], parts.tensors)
+    if not _aliases_live(tree["model"], model.state_dict()):
+        model.load_state_dict(tree["model"])
     optimizer.load_state_dict(tree["optimizer"])
     if scheduler is not None and tree["scheduler"] is not None:
         scheduler.load_state_dict(tree["scheduler"])
     if scaler is not None and tree["scaler"] is not None:
         scaler.load_state_dict(tree["scaler"])
-    restore_rng(_decode(blob.header["rng"], []))
-    return int(blob.header["step"]), int(blob.header["cursor"])
+    restore_rng(_decode(parts.header["rng"], []))
+    return int(parts.header["step"]), int(parts.header["cursor"])
 
 
 def params_digest(model: torch.nn.Module) -> str:
