@@ -48,6 +48,7 @@ from dpeer.statemachine.state import JobState
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.daemon")
+STORE_DIR = "store"  # the LMDB store's directory inside the data dir
 JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
@@ -471,6 +472,21 @@ def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None) -> in
             worker.stop()
 
 
+def founding_refusal(config: NodeConfig, store: Store) -> str | None:
+    """Why this start must not found a new cluster, or None. A store found corrupt (moved aside at
+    this start or an earlier one) belonged to a cluster: founding again beside it, as an empty
+    store without --join would, splits that cluster in two."""
+    if store.last_index or store.snapshot_index or config.join:
+        return None
+    asides = sorted(config.data_dir.glob(f"{STORE_DIR}.corrupt-*"))
+    if not asides:
+        return None
+    return (f"this node's store was found corrupt and moved aside to {asides[-1]}; it belonged to a cluster, "
+            "so founding a new one here would split it. Start with --join HOST:PORT of a live member to rejoin "
+            f"(it resyncs from its peers), or move {config.data_dir / (STORE_DIR + '.corrupt-*')} elsewhere "
+            "to found a new cluster on purpose")
+
+
 def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
     assert config.node_id is not None
     logs.setup(lambda: {"node": config.node_id})
@@ -482,13 +498,18 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
         return 2
     config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        store = Store.open(config.data_dir / "store", node_id=config.node_id)
+        store = Store.open(config.data_dir / STORE_DIR, node_id=config.node_id)
     except (StoreFormatError, NodeIdMismatch) as exc:
         print(f"dpeer: {exc}", file=sys.stderr)
         return 2
     except StoreError as exc:
         print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
         return 1
+    refusal = founding_refusal(config, store)
+    if refusal is not None:
+        print(f"dpeer: {refusal}", file=sys.stderr)
+        store.close()
+        return 2
     daemon = Daemon(config, store, security, worker)
 
     def context() -> dict[str, Any]:

@@ -237,6 +237,17 @@ class Service:
         return pb.ForceReply(term=self.node.store.current_term, epoch=self.node.raft.epoch,
                              reason=f"forced; campaigning under the new voters in cluster epoch {self.node.raft.epoch}")
 
+    def node_id(self) -> str:
+        """This node's id."""
+        return self.node.id
+
+    def may_forward(self, node_id: str) -> bool:
+        """A member of the cluster (in the configuration, or an active member) may forward
+        commands to us in the names of the callers it took them from."""
+        state = self.node.store.state
+        member = state.members.get(node_id)
+        return node_id in state.voters + state.learners or getattr(member, "status", None) == "active"
+
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""
         return pb.StatusReply(json=json.dumps(self._status(), sort_keys=True))

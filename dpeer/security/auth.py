@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextvars
 import enum
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 URI_SCHEME = "dpeer://"
 TLS_SERVER_NAME = "dpeer"
@@ -175,12 +175,33 @@ def vouch(caller: Principal | None) -> str | None:
     return str(caller)
 
 
-def effective(caller: Principal, on_behalf_of: str | None) -> Principal:
-    """The principal a call is judged as: a node may name the caller it forwards for."""
+# The calls a node forwards to the leader for the caller it took them from (daemon/service.py's
+# _via_leader); only these may carry ON_BEHALF_OF. Raft and gossip messages never do.
+FORWARDED = frozenset({"Join", "Leave", "GroupFailed", "ReportCheckpoint", "KvPut", "KvGet", "KvDelete", "KvList",
+                       "JobControl", "Force"})
+
+
+def effective(caller: Principal, on_behalf_of: str | None, method: str, receiver: str,
+              may_forward: Callable[[str], bool]) -> Principal | tuple[Refusal, str]:
+    """The principal a call is judged as, or why it is refused. A node forwarding a command names
+    the caller it took it from; that is believed only for the commands nodes forward, only from a
+    node that may_forward says is a member of the cluster (not a stranger or a retired box holding
+    an old certificate), and never in the receiving node's own name (a node's requests are its own
+    to make, never forwarded back to it)."""
     if on_behalf_of is None or caller.role is not CallerRole.NODE:
         return caller
+    if method not in FORWARDED:
+        return Refusal.IDENTITY, f"{method} is never forwarded: {caller} may not name another caller"
+    if caller.name == receiver:
+        return Refusal.IDENTITY, f"{caller} is this node's own certificate: a node forwards nothing to itself"
+    if not may_forward(caller.name):
+        return Refusal.IDENTITY, f"{caller} is no member of this cluster and may not forward for others"
     vouched = parse_principal(on_behalf_of)
-    return vouched if vouched is not None else Principal(CallerRole.UNKNOWN)
+    if vouched is None:
+        return Refusal.UNAUTHENTICATED, "the forwarded caller names no dpeer role"
+    if vouched.role is CallerRole.NODE and vouched.name == receiver:
+        return Refusal.IDENTITY, f"{caller} may not forward a request in this node's own name"
+    return vouched
 
 
 # -- quiet refusal logs ------------------------------------------------------------------------------

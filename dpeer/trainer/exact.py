@@ -259,8 +259,8 @@ class ExactStep:
         spec = self.spec
         self.row.zero_()
         self.norms.restore()
-        x, y = self.collate([spec.dataset[i] for i in micro_batch_slice(self._indices, spec.micro_batch, j)])
-        with seeded(micro_batch_seed(spec.seed, self._step, j), self.device):
+        with seeded(micro_batch_seed(spec.seed, self._step, j), self.device):  # augmentation draws here too
+            x, y = self.collate([spec.dataset[i] for i in micro_batch_slice(self._indices, spec.micro_batch, j)])
             loss = spec.loss_fn(spec.model(x.to(self.device)), y.to(self.device))
             (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
         for p, view, off in self._loose:

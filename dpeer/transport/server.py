@@ -61,6 +61,13 @@ class PeerHandler(Protocol):
     async def report_checkpoint(self, request: pb.CheckpointReport) -> pb.CheckpointReply:
         """A node holds a checkpoint (through the leader, which records it once a majority does)."""
 
+    def node_id(self) -> str:
+        """This node's id (a call in its own name is never forwarded to it)."""
+
+    def may_forward(self, node_id: str) -> bool:
+        """Whether node_id is a member of the cluster, whose forwarded commands are judged as the
+        callers it names (a stranger's or a retired box's certificate forwards nothing)."""
+
     async def status(self) -> pb.StatusReply:
         """This node's status document."""
 
@@ -95,8 +102,10 @@ class Guard:
         self._quiet = auth.RefusalLog()
         self.refusals: dict[tuple[str, auth.Refusal], int] = {}
 
-    def principal(self, context: grpc.aio.ServicerContext) -> auth.Principal | tuple[auth.Refusal, str]:
-        """Who calls (after the token gate), or why the call is refused before it is even read."""
+    def principal(self, context: grpc.aio.ServicerContext, method: str, receiver: str,
+                  may_forward: Callable[[str], bool]) -> auth.Principal | tuple[auth.Refusal, str]:
+        """Who calls (after the token gate), or why the call is refused before it is even read;
+        a forwarded call is judged as the caller the forwarding node names (auth.effective)."""
         metadata = dict(context.invocation_metadata() or ())
         if self._token is not None and not hmac.compare_digest(str(metadata.get(TOKEN_HEADER, "")).encode(),
                                                                self._token):
@@ -104,7 +113,7 @@ class Guard:
         if self.mode in (auth.Mode.MTLS, auth.Mode.MTLS_TOKEN):
             uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", ())]
             caller = auth.principal_from_uris(uris)
-            return auth.effective(caller, metadata.get(auth.ON_BEHALF_OF))
+            return auth.effective(caller, metadata.get(auth.ON_BEHALF_OF), method, receiver, may_forward)
         return auth.Principal(auth.CallerRole.TOKEN) if self._token is not None else auth.ANONYMOUS
 
     def refuse(self, context: grpc.aio.ServicerContext, method: str, refusal: auth.Refusal, why: str,
@@ -178,7 +187,7 @@ class _Servicer:
 
     async def _admit(self, method: str, request: object, context: grpc.aio.ServicerContext) -> auth.Principal:
         """The caller, once the token, the request's shape and the policy all allow the call (else abort)."""
-        caller = self.guard.principal(context)
+        caller = self.guard.principal(context, method, self._h.node_id(), self._h.may_forward)
         if isinstance(caller, tuple):
             await self._abort(context, method, *caller)
         assert isinstance(caller, auth.Principal)

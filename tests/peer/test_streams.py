@@ -36,6 +36,12 @@ class Handler:
     def note_malformed(self, method: str) -> None:
         self.malformed.append(method)
 
+    def node_id(self) -> str:
+        return "receiver"
+
+    def may_forward(self, node_id: str) -> bool:
+        return False
+
     async def deliver(self, envelope: pb.Envelope) -> None:
         if envelope.from_id == "forger":
             raise BadRequest("forged")

@@ -92,10 +92,12 @@ def test_raft_and_gossip_envelopes_claim_their_sender_inside_too() -> None:
 
 
 def test_only_a_node_may_name_the_caller_it_forwards_for() -> None:
-    assert auth.effective(NODE, "operator/alice") == OPERATOR
-    assert auth.effective(NODE, "junk").role is CallerRole.UNKNOWN
-    assert auth.effective(CLIENT, "operator/alice") == CLIENT, "a client cannot promote itself"
-    assert auth.effective(OPERATOR, "node/n1") == OPERATOR
+    def judged(caller: Principal, header: str, method: str = "KvPut") -> Principal | tuple:
+        return auth.effective(caller, header, method, "leader", lambda n: n in ("n1", "n2"))
+    assert judged(NODE, "operator/alice") == OPERATOR
+    assert judged(NODE, "junk")[0] is auth.Refusal.UNAUTHENTICATED
+    assert judged(CLIENT, "operator/alice") == CLIENT, "a client cannot promote itself"
+    assert judged(OPERATOR, "node/n1") == OPERATOR
     assert auth.vouch(Principal(CallerRole.TOKEN)) is None and auth.vouch(None) is None
     assert auth.parse_principal(auth.vouch(OPERATOR) or "") == OPERATOR
     assert auth.principal_from_uris(["dpeer://node/n1", "dpeer://operator/x"]).role is CallerRole.UNKNOWN
