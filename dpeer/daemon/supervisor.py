@@ -82,6 +82,7 @@ class WorkerSupervisor:
         self.given_generation = 0
         self.spare = WarmSpare() if training.spare_worker else None
         self.spare_takeovers = 0
+        self.heal: dict[str, Any] | None = None  # the newest progress of a heal under way (long ones only)
         self._crashes = 0  # worker exits in a row without a committed step between them
         self._trained_at: float | None = None  # when the current worker first reported a committed step
 
@@ -92,7 +93,7 @@ class WorkerSupervisor:
                 "groups_formed": self.reforms, "store_port": self.store_port, "halted": self.halted or None,
                 "fenced": self.fenced, "last_formed": self.last_formed,
                 "spare_pid": self.spare.proc.pid if self.spare is not None and self.spare.proc is not None else None,
-                "spare_takeovers": self.spare_takeovers}
+                "spare_takeovers": self.spare_takeovers, "heal": self.heal}
 
     def take_recoveries(self) -> list[float]:
         """Seconds from each reported group failure to the next committed step, since the last call."""
@@ -226,7 +227,10 @@ class WorkerSupervisor:
             if self._failed_at is not None:
                 self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
                 self._failed_at = None
+        elif kind == "heal_progress":
+            self.heal = {k: record.get(k) for k in ("gen", "done_bytes", "total_bytes", "seconds", "donors")}
         elif kind == "formed":
+            self.heal = None
             self.reforms += 1
             self.last_formed = {k: record.get(k) for k in ("gen", "world", "rank", "step", "healed", "heal_bytes",
                                                            "seconds", "heal_s", "t")}

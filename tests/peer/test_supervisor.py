@@ -27,9 +27,13 @@ def write(data_dir: Path, *records: dict) -> None:
 def test_reports_drive_readiness_progress_failures_reforms_and_recovery_times(tmp_path: Path) -> None:
     failed: list[tuple[int, str]] = []
     sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: failed.append((g, r)))
-    write(tmp_path, {"kind": "waiting", "t": 1.0}, {"kind": "formed", "t": 1.1, "gen": 1})
+    write(tmp_path, {"kind": "waiting", "t": 1.0}, {"kind": "heal_progress", "t": 1.05, "gen": 1, "done_bytes": 5,
+                                                   "total_bytes": 10, "seconds": 1.2, "donors": 2})
     sup.poll(0.0)
-    assert sup.ready and sup.reforms == 1 and sup.train is None
+    assert sup.status()["heal"] == {"gen": 1, "done_bytes": 5, "total_bytes": 10, "seconds": 1.2, "donors": 2}
+    write(tmp_path, {"kind": "formed", "t": 1.1, "gen": 1})
+    sup.poll(0.0)
+    assert sup.ready and sup.reforms == 1 and sup.train is None and sup.status()["heal"] is None
     write(tmp_path, {"kind": "progress", "t": 2.0, "step": 5, "samples": 320, "loss": 0.5, "digest": "ab"},
           {"kind": "failure", "t": 3.0, "gen": 1, "reason": "Connection reset by peer"},
           {"kind": "failure", "t": 3.1, "gen": 1, "reason": "again"},
