@@ -165,7 +165,8 @@ class LeaderChores:
         if report.phase is FailurePhase.BUILD:
             boxes = {n: m.ready for n, m in state.members.items() if m.status is not MemberStatus.LEFT}
             built = judge_build(self.builds, report, boxes, self.repeat_limit)
-            self.builds, self._kept_out, halt, reason = dict(built.streaks), dict(built.kept_out), built.halt, built.reason
+            self.builds, self._kept_out = dict(built.streaks), dict(built.kept_out)
+            halt, reason = built.halt, built.reason
         else:
             verdict = judge_failure(self.streak, report, self.repeat_limit)
             self.streak, halt, reason = verdict.streak, verdict.halt, verdict.reason

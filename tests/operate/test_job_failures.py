@@ -112,7 +112,8 @@ def test_a_job_failing_every_step_with_a_changing_message_halts_and_warns(daemon
     assert (doc["group"] or {}).get("generation", 0) <= 6, doc["group"]
     warned = lines_at(node, "the job failed at step 0", ("warning",))
     assert len(warned) >= 2 and "MiB free" in warned[0]["msg"], [line["msg"] for line in warned]
-    quiet = [line["msg"] for line in lines_at(node, "MiB free", ("info", "debug")) if not line["msg"].startswith("committed")]
+    quiet = [line["msg"] for line in lines_at(node, "MiB free", ("info", "debug"))
+             if not line["msg"].startswith("committed")]
     assert not quiet, f"the job's own error logged below warning: {quiet}"
 
 

@@ -137,7 +137,8 @@ def test_a_box_that_cannot_build_is_kept_out_while_the_group_trains_without_it()
 def test_the_job_halts_when_no_box_can_build_it() -> None:
     leader, node = chores("alive")
     state = node.store.state
-    unbuilt = {n: Member(m.addr, "active", m.joined_index, m.store_port, False, m.uid) for n, m in state.members.items()}
+    unbuilt = {n: Member(m.addr, "active", m.joined_index, m.store_port, False, m.uid)
+               for n, m in state.members.items()}
     node.store.state = ClusterState(members=MappingProxyType(unbuilt), voters=state.voters, view=None,
                                     uids=state.uids, epoch=1)
     leader.self_ready = lambda: False  # the leader's own worker has not built the job either
