@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dpeer.daemon.failures import (
-    FailurePhase, FailureReport, LastFailure, Streak, fold, judge_build, judge_failure, note_failure, reform_delay,
+    BuildVerdict, FailurePhase, FailureReport, LastFailure, Streak, fold, judge_build, judge_failure, note_failure, reform_delay,
 )
 
 TRAIN, BUILD, GROUP = FailurePhase.TRAIN, FailurePhase.BUILD, FailurePhase.GROUP
@@ -71,8 +71,8 @@ def build(node: str, start: int, error: str = "ModuleNotFoundError: No module na
     return FailureReport(node, BUILD, 0, error, start)
 
 
-def builds(reports: list[FailureReport], boxes: dict[str, bool], limit: int = 3):
-    streaks: dict = {}
+def builds(reports: list[FailureReport], boxes: dict[str, bool], limit: int = 3) -> BuildVerdict:
+    streaks: dict[str, Streak] = {}
     verdict = None
     for report in reports:
         verdict = judge_build(streaks, report, boxes, limit)
