@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dpeer.daemon.failures import (
-    BuildVerdict, FailurePhase, FailureReport, LastFailure, Streak, fold, judge_build, judge_failure, note_failure, reform_delay,
+    BuildVerdict, FailurePhase, FailureReport, LastFailure, Streak, fold, judge_build, judge_failure, note_failure,
+    reform_delay,
 )
 
 TRAIN, BUILD, GROUP = FailurePhase.TRAIN, FailurePhase.BUILD, FailurePhase.GROUP
