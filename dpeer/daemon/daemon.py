@@ -142,8 +142,13 @@ class Daemon:
 
     def _group_failed(self, generation: int, report: FailureReport) -> None:
         """The worker's group (or its job's build) failed: tell the leader (directly when it is us)."""
-        log.info("worker reports a %s failure (generation %d, step %d): %s", report.phase.value, generation,
-                 report.step, report.error)
+        last = self.worker.last_failure if self.worker is not None else None
+        if report.phase is FailurePhase.TRAIN and last is not None:  # the job's own error: never quiet
+            log.warning("the job failed at step %d (generation %d; %d time(s) in a row here): %s", report.step,
+                        generation, last.repeats, report.error)
+        elif report.phase is FailurePhase.GROUP:
+            log.info("worker reports a group failure (generation %d, step %d): %s", generation, report.step,
+                     report.error)
         self.metrics.failures.inc()
         if self.node.role == "leader":
             self.leader.group_failed(generation, report)
@@ -266,7 +271,10 @@ class Daemon:
             return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
         formed = (view is not None and self.node_id in view.members and self.worker.proc is not None
                   and self.worker.given_generation == view.generation)
-        return {"state": "training" if formed else "waiting", "error": None}
+        last = self.worker.last_failure
+        return {"state": "training" if formed else "waiting", "error": None,
+                "last_failure": last.as_status() if last is not None else None,
+                "kept_out": self.leader.kept_out() if self.node.role == "leader" else None}
 
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:

@@ -16,14 +16,16 @@ from typing import Callable
 
 from dpeer.daemon.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.errors import PeerError
-from dpeer.daemon.failures import REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_failure, reform_delay
+from dpeer.daemon.failures import (
+    REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_build, judge_failure, reform_delay,
+)
 from dpeer.daemon.node import Node
 from dpeer.daemon.timing import LeaderTiming
 from dpeer.daemon.views import (
     Decision, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
 )
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState
+from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState, MemberStatus
 
 log = logging.getLogger("dpeer.leader")
 
@@ -63,6 +65,8 @@ class LeaderChores:
         self._last_checkpoint_note = ""
         self.repeat_limit = repeat_limit
         self.streak = Streak()
+        self.builds: dict[str, Streak] = {}  # each box's failed builds in a row (failures.judge_build)
+        self._kept_out: dict[str, str] = {}
         self._halt: Decision | None = None
         self.failures_in_a_row = 0
         self._last_failure_step = -1
@@ -91,6 +95,7 @@ class LeaderChores:
             return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
         if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
             self._job_seen, self.streak, self._halt = state.job, Streak(), None
+            self.builds, self._kept_out = {}, {}
         if self._halt is not None:
             return self._halt
         observed = node.observed()
@@ -146,17 +151,33 @@ class LeaderChores:
                 log.error("checkpoint reports disagree: %s", decision.reason)
         return decision if decision.propose else None
 
+    def kept_out(self) -> dict[str, str]:
+        """Boxes kept out of the group because their build failed `repeat_limit` times in a row and
+        that have not built the job since (box -> the newest error); for the leader's status."""
+        members = self.node.store.state.members
+        return {n: e for n, e in self._kept_out.items() if n not in members or not members[n].ready}
+
     def group_failed(self, generation: int, report: FailureReport) -> None:
         """A box reports its group of `generation` failed, or its job's build did: judge whether the
-        job is broken (halt it) and re-form a failed current group, backing off while it keeps failing."""
-        verdict = judge_failure(self.streak, report, self.repeat_limit)
-        self.streak = verdict.streak
-        if verdict.halt and self._halt is None and self.node.store.state.job.state is JobState.RUNNING:
-            log.error("halting the job: %s", verdict.reason)
-            payload = {"state": JobState.FAILED.value, "error": verdict.reason, "node": report.node, "step": report.step}
-            self._halt = Decision(EntryKind.JOB, payload, f"the job cannot train: {verdict.reason}")
+        job is broken (halt it) and re-form a failed current group, backing off while it keeps failing.
+        A build that fails only on some boxes keeps those out of the group; the rest train on."""
+        state = self.node.store.state
+        if report.phase is FailurePhase.BUILD:
+            boxes = {n: m.ready for n, m in state.members.items() if m.status is not MemberStatus.LEFT}
+            built = judge_build(self.builds, report, boxes, self.repeat_limit)
+            self.builds, self._kept_out = dict(built.streaks), dict(built.kept_out)
+            halt, reason = built.halt, built.reason
+        else:
+            verdict = judge_failure(self.streak, report, self.repeat_limit)
+            self.streak, halt, reason = verdict.streak, verdict.halt, verdict.reason
+        if halt and self._halt is None and state.job.state is JobState.RUNNING:
+            log.error("halting the job: %s", reason)
+            payload = {"state": JobState.FAILED.value, "error": reason, "node": report.node, "step": report.step}
+            self._halt = Decision(EntryKind.JOB, payload, f"the job cannot train: {reason}")
             self.node.poke()
             return
+        if report.phase is not FailurePhase.GROUP and not halt:
+            log.warning("the job failed: %s", reason)
         view = self.node.store.state.view
         if report.phase is FailurePhase.BUILD or view is None or generation != view.generation:
             return
@@ -165,8 +186,9 @@ class LeaderChores:
             progressed = report.step > self._last_failure_step or now - self._failed_at > PROGRESS_RESET
             self.failures_in_a_row = 1 if progressed else self.failures_in_a_row + 1
             self._last_failure_step = report.step
-            log.info("group of generation %d failed (%s: %s); re-forming in %.1fs", generation, report.node,
-                     report.error, reform_delay(self.failures_in_a_row, self.failure_grace))
+            log.log(logging.INFO if report.phase is FailurePhase.GROUP else logging.WARNING,
+                    "group of generation %d failed (%s: %s); re-forming in %.1fs", generation, report.node,
+                    report.error, reform_delay(self.failures_in_a_row, self.failure_grace))
             self.failed_generation = generation
             self._failed_at = now
             self.node.poke()

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
-from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
+from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure, note_failure, one_line
 from dpeer.daemon.spare import WarmSpare
 from dpeer.channel.local import ReportTail, View, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
@@ -69,6 +69,7 @@ class WorkerSupervisor:
         self.train: TrainStatus | None = None
         self.latest_step = 0
         self.failures = 0
+        self.last_failure: LastFailure | None = None  # the job's newest build or step failure here, until it passes
         self.reforms = 0
         self.recoveries: list[float] = []
         self._failed_at: float | None = None
@@ -217,9 +218,13 @@ class WorkerSupervisor:
         elif kind == "waiting" and not self.ready:
             self.ready = True
             log.info("worker is ready (job built, waiting for a view)")
+            if self.last_failure is not None and self.last_failure.report.phase is FailurePhase.BUILD:
+                self.last_failure = None
         elif kind == "progress":
             self._crashes = 0
             self.latest_step = max(self.latest_step, int(record["step"]))
+            if self.last_failure is not None and self.latest_step > self.last_failure.report.step:
+                self.last_failure = None
             if record.get("digest"):  # the status pairs a step with the digest of that very step
                 loss = float(record["loss"])
                 self.train = TrainStatus(int(record["step"]), int(record["samples"]),
@@ -238,15 +243,25 @@ class WorkerSupervisor:
             self.failures += 1
             if self._failed_at is None:
                 self._failed_at = float(record["t"])
-            self.on_failure(int(record.get("gen", 0)), self._failure(record, FailurePhase.GROUP))
+            self._report(int(record.get("gen", 0)), self._failure(record, FailurePhase.GROUP))
         elif kind == "job_error":
-            log.error("the job could not be built on this box: %s", record.get("error"))
-            self.on_failure(0, self._failure(record, FailurePhase.BUILD))
+            report = self._failure(record, FailurePhase.BUILD)
+            self.last_failure = note_failure(self.last_failure, report)
+            repeats = self.last_failure.repeats if self.last_failure is not None else 1
+            log.error("the job could not be built on this box (%d time%s in a row): %s", repeats,
+                      "" if repeats == 1 else "s", report.error)
+            self.on_failure(0, report)
         elif kind == "checkpoint":
             log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))
             step, digest = record.get("step"), record.get("params_digest")
             if self.on_checkpoint is not None and type(step) is int and step > 0 and isinstance(digest, str):
                 self.on_checkpoint(Held(step, digest, record.get("final") is True))
+
+    def _report(self, generation: int, report: FailureReport) -> None:
+        """Note a failure of the group or of a step (the status shows a step's with its repeat
+        count), then pass it on."""
+        self.last_failure = note_failure(self.last_failure, report)
+        self.on_failure(generation, report)
 
     def _failure(self, record: dict[str, Any], default: FailurePhase) -> FailureReport:
         """A worker's failure record as the report the leader judges."""
@@ -273,6 +288,7 @@ class WorkerSupervisor:
         if not self.halted:
             return
         self.halted = ""
+        self.last_failure, self._crashes = None, 0  # a fresh start: the restart backoff begins anew
         log.info("the job runs again: starting the worker")
         if not self.done:
             self._restart_at = now

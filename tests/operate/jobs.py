@@ -1,8 +1,11 @@
 """Jobs that cannot train, for the tests of a job that halts with its reason (importable by the
-workers as tests.operate.jobs:NAME when the daemons run from the repository root)."""
+workers as tests.operate.jobs:NAME when the daemons run from the repository root), among them
+deterministic failures whose message differs on each try (as messages naming an address, a PID
+or a free-memory figure do)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -10,6 +13,8 @@ import torch
 
 from dpeer.trainer.demo import build as demo_build
 from dpeer.trainer.loop import JobContext, TrainSpec
+
+_TRIES = itertools.count()
 
 
 def fails_to_build(ctx: JobContext) -> TrainSpec:
@@ -35,6 +40,27 @@ def fails_at_step(ctx: JobContext) -> TrainSpec:
 
     spec.loss_fn = failing_loss
     return spec
+
+
+def fails_every_step_with_a_changing_message(ctx: JobContext) -> TrainSpec:
+    """The demo job whose loss raises at every training step, the same error with a figure that
+    differs on each try, as an out-of-memory error's "MiB free" does. The build's probe of the loss
+    (without gradients) passes, so the job fails in training, not at build."""
+    spec = demo_build(ctx)
+    loss_fn = spec.loss_fn
+
+    def failing_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return loss_fn(out, target)
+        raise MemoryError(f"tried to allocate 2.00 GiB; {512 - next(_TRIES) % 97} MiB free")
+
+    spec.loss_fn = failing_loss
+    return spec
+
+
+def fails_to_build_with_a_changing_message(ctx: JobContext) -> TrainSpec:
+    """A build that always raises, naming the process it ran in (a fresh one on each worker start)."""
+    raise RuntimeError(f"cannot open the dataset: lock held (pid {os.getpid()})")
 
 
 def pid_file_job(ctx: JobContext) -> TrainSpec:

@@ -115,3 +115,45 @@ def test_a_new_leader_waits_the_quiet_window_for_a_newcomer() -> None:
     assert leader.decide(20.0) is None
     d = leader.decide(20.0 + leader.quiet + 0.01)
     assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a", "b", "c"]
+
+
+def build_failed(node: str, start: int) -> FailureReport:
+    return FailureReport(node, FailurePhase.BUILD, 0, f"RuntimeError: lock held (pid {4000 + start})", start)
+
+
+def test_a_box_that_cannot_build_is_kept_out_while_the_group_trains_without_it() -> None:
+    leader, node = chores("alive")
+    state = node.store.state
+    b_not_built = Member("10.0.0.2:7100", "active", 2, 7201, False, "b" * 32)
+    node.store.state = ClusterState(members=MappingProxyType({**state.members, "b": b_not_built}),
+                                    voters=state.voters, view=CommittedView(4, ("a",), "10.0.0.1:7101"),
+                                    uids=state.uids, epoch=1)
+    for start in (1, 2, 3, 4):
+        leader.group_failed(0, build_failed("b", start))
+    assert leader.decide(30.0) is None, "no halt: a trains"
+    assert set(leader.kept_out()) == {"b"} and "lock held" in leader.kept_out()["b"]
+
+
+def test_the_job_halts_when_no_box_can_build_it() -> None:
+    leader, node = chores("alive")
+    state = node.store.state
+    unbuilt = {n: Member(m.addr, "active", m.joined_index, m.store_port, False, m.uid)
+               for n, m in state.members.items()}
+    node.store.state = ClusterState(members=MappingProxyType(unbuilt), voters=state.voters, view=None,
+                                    uids=state.uids, epoch=1)
+    leader.self_ready = lambda: False  # the leader's own worker has not built the job either
+    for start in (1, 2, 3):
+        leader.group_failed(0, build_failed("b", start))
+        leader.group_failed(0, build_failed("a", start))
+    d = leader.decide(30.0)
+    assert d is not None and d.kind is EntryKind.JOB and d.payload["state"] == "failed", d
+    assert "no box can build it: a, b" in d.payload["error"]
+
+
+def test_a_step_failing_with_a_changing_figure_halts_the_job() -> None:
+    leader, _ = chores("alive")
+    for generation, free in ((4, 512), (5, 431), (6, 97)):
+        leader.group_failed(generation, FailureReport("b", FailurePhase.TRAIN, 0, f"MemoryError: {free} MiB free",
+                                                      generation))
+    d = leader.decide(30.0)
+    assert d is not None and d.kind is EntryKind.JOB and "3 times in a row" in d.payload["error"], d
