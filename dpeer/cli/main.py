@@ -300,6 +300,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     if wildcard is not None:
         raise UsageError(wildcard)
     try:
+        if config.metrics_listen is not None:
+            from dpeer.daemon.metrics import check_listen
+            check_listen(config.metrics_listen)  # before the data dir: a busy port founds no cluster
         config.data_dir.mkdir(parents=True, exist_ok=True)
         worker = start_worker_early(config)
         from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch

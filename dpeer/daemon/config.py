@@ -193,6 +193,17 @@ class NodeConfig(Strict):
             raise ValueError(f"the timing keys contradict each other: {exc}") from None
         return self
 
+    @model_validator(mode="after")
+    def _metrics_apart(self) -> "NodeConfig":
+        """metrics_listen cannot share the gRPC server's port (a wildcard host overlaps every host)."""
+        if self.metrics_listen is None:
+            return self
+        (host, port), (m_host, m_port) = parse_hostport(self.listen), parse_hostport(self.metrics_listen)
+        if port == m_port and (host == m_host or {host, m_host} & {"0.0.0.0", "::"}):
+            raise ValueError(f"metrics_listen {self.metrics_listen} is the gRPC listen address {self.listen}; "
+                             "give metrics a port of their own")
+        return self
+
     def resolved_timing(self) -> tm.Timing:
         """The timings the daemon runs with (the preset's, overridden key by key)."""
         return tm.resolve(self.preset, {s: getattr(self.timing, s).model_dump() for s in ("membership", "raft", "leader")},
