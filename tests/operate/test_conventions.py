@@ -106,6 +106,10 @@ CHECK_REFUSALS = {
     "contradicting_timing": ("timing:\n  raft:\n    heartbeat_interval: 2\n",
                              "heartbeat_interval must be positive and below election_timeout_min"),
     "unknown_timing_key": ("timing:\n  raft:\n    heartbeat: 2\n", "config key timing.raft.heartbeat"),
+    "seed_past_64_bits": ("training:\n  seed: 1.0e+26\n",
+                          "config key training.seed: Input should be less than or equal to 9223372036854775807"),
+    "too_many_exact_micro_batches": ("training:\n  global_batch: 131072\n  micro_batch: 1\n",
+                                     "exact sums at most 65536 micro-batches per step"),
     "metrics_on_the_grpc_port": ("listen: 127.0.0.1:7100\nmetrics_listen: 0.0.0.0:7100\n",
                                  "is the gRPC listen address 127.0.0.1:7100; give metrics a port of their own"),
 }
