@@ -133,8 +133,21 @@ def cmd_members(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_kv(args: argparse.Namespace) -> None:
+    """UsageError for a key, value or prefix the node would refuse as too long, before dialling it."""
+    from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
+    key = getattr(args, "key", None)
+    if key is not None and not 1 <= len(key) <= MAX_KEY:
+        raise UsageError(f"KEY must be 1 to {MAX_KEY} characters, not {len(key)}")
+    if len(getattr(args, "value", "")) > MAX_VALUE:
+        raise UsageError(f"VALUE must be at most {MAX_VALUE} characters, not {len(args.value)}")
+    if len(getattr(args, "prefix", "")) > MAX_KEY:
+        raise UsageError(f"--prefix must be at most {MAX_KEY} characters, not {len(args.prefix)}")
+
+
 def cmd_kv(args: argparse.Namespace) -> int:
     """kv put waits for the commit; kv get reads linearizably and exits 1 when absent."""
+    _check_kv(args)
     if args.kv_command == "put":
         reply = _run(args, lambda c: c.kv_put(args.key, args.value, timeout=args.timeout))
         if not reply.committed:

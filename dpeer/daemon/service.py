@@ -23,7 +23,7 @@ from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node import Node
 from dpeer.transport.client import Channels, NodeClient
 from dpeer.proto.v1 import dpeer_pb2 as pb
-from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE, EntryKind
 from dpeer.statemachine.errors import Compacted
 from dpeer.statemachine.state import JobState
 from dpeer.statemachine.meta import valid_uid
@@ -36,7 +36,6 @@ COMMAND_TIMEOUT = 10.0
 # A command forwarded to a leader that is gone (or not yet known) is tried again this often,
 # re-reading who leads, until COMMAND_TIMEOUT: a leader change costs a retry, not an error.
 FORWARD_RETRY = 0.1
-MAX_KEY, MAX_VALUE = 256, 64 * 1024
 MAX_STEP = 1 << 62
 
 
@@ -244,7 +243,7 @@ class Service:
     async def kv_put(self, request: pb.KvPutRequest) -> pb.KvPutReply:
         """Commit key=value; the reply comes once the entry is applied here (on the leader)."""
         if not request.key or len(request.key) > MAX_KEY or len(request.value) > MAX_VALUE:
-            raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} bytes")
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} characters")
 
         async def here() -> pb.KvPutReply:
             entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
