@@ -297,7 +297,13 @@ class Service:
             raise BadRequest("the job action must be 'retry'")
 
         async def here() -> pb.JobControlReply:
-            job = self.node.store.state.job
+            state = self.node.store.state
+            job = state.job
+            if (job.state is JobState.RUNNING and self._status().get("job") is None
+                    and not any(m.store_port for m in state.members.values())):
+                # this leader runs no job, and no member's record carries the store port a job's worker binds
+                return pb.JobControlReply(accepted=False, reason="there is no job to retry: no member of this "
+                                          "cluster runs a job's worker (nodes run one with --job)")
             if job.state is not JobState.FAILED:
                 return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
             entry, result = await self.node.propose(EntryKind.JOB, {"state": JobState.RUNNING.value}, COMMAND_TIMEOUT)
