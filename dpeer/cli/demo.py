@@ -5,7 +5,8 @@ on its data dir a little later, never taking down more nodes than a quorum allow
 recovery is measured from the kill to the survivors' next committed step, and each rejoin from
 the restart to the restarted node training again. SIGINT, SIGTERM and SIGHUP (the terminal
 closing) stop every process the demo started. The exit code is 0 only when every replica ends
-with the job's committed final step and digest.
+with the job's committed final step and digest; a daemon that exits on its own (one the chaos
+schedule did not kill) ends the demo at once with its error, exit 1.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from types import FrameType
 from rich.console import Console
 from rich.live import Live
 
-from dpeer.launch.cluster import LocalCluster
+from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.daemon.config import TrainingConfig
+from dpeer.cli.parser import UsageError
 from dpeer.cli.demo_events import Docs, EventLog, newest_step, train_of
 from dpeer.cli.demo_screen import Frame, final_table, plain, render
 
@@ -40,6 +42,16 @@ class Stopped(BaseException):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class DaemonExited(Exception):
+    """A daemon of the demo exited although the demo did not stop it: the run cannot go on."""
+
+    def __init__(self, node: LocalNode, during_start: bool, log_tail: str) -> None:
+        code = node.proc.returncode if node.proc is not None else None
+        when = "while starting" if during_start else "while the demo ran"
+        super().__init__(f"{node.node_id}'s daemon exited {when} (exit code {code})")
+        self.node, self.log_tail = node, log_tail
 
 
 @dataclass
@@ -85,6 +97,7 @@ class Demo:
         self.losses: list[float] = []
         self.docs: Docs = {}
         self._last_loss_step = -1
+        self._answered: set[str] = set()
 
     def frame(self, now: float) -> Frame:
         """What the screen shows now."""
@@ -99,8 +112,10 @@ class Demo:
     async def observe(self) -> list:
         """Read every node's status and fold it into the history and the event log."""
         docs = dict(await self.cluster.statuses(timeout=1.0))
+        self._check_exits()
         docs.update({n.node_id: None for n in self.cluster.nodes if not n.running})
         self.docs = docs
+        self._answered.update(n for n, d in docs.items() if d is not None)
         now = time.monotonic()
         step = newest_step(docs)
         self.history = [(t, s) for t, s in self.history if now - t < RATE_WINDOW] + [(now, step)]
@@ -112,6 +127,13 @@ class Demo:
         if self.chaos is not None:
             self._chaos_step(now)
         return events
+
+    def _check_exits(self) -> None:
+        """Raise DaemonExited for a daemon that ended although the chaos schedule did not kill it."""
+        killed = {k.node for k in self.log.kills if k.restarted_at is None}
+        for node in self.cluster.nodes:
+            if node.proc is not None and not node.running and node.node_id not in killed:
+                raise DaemonExited(node, node.node_id not in self._answered, self.cluster.tail(node, 12))
 
     def _chaos_step(self, now: float) -> None:
         assert self.chaos is not None
@@ -175,14 +197,33 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     raise Stopped(signum)
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Start the cluster, show it until the job ends (or a signal), then stop every node."""
+def _checked(args: argparse.Namespace) -> tuple[int, Path]:
+    """The steps to train and the demo's folder, or UsageError for flags that could never run."""
     if args.nodes < 1 or args.nodes > 9:
-        raise ValueError("--nodes must be between 1 and 9")
-    steps = args.steps or TrainingConfig().steps
+        raise UsageError("--nodes must be between 1 and 9")
+    steps = TrainingConfig().steps if args.steps is None else args.steps
     if steps < 1:
-        raise ValueError("--steps must be positive")
-    root = args.dir or Path(tempfile.mkdtemp(prefix="dpeer-demo-"))
+        raise UsageError(f"--steps must be at least 1, not {steps}")
+    if args.base_port is not None:
+        top = 65535 - 2 * (args.nodes - 1)
+        if not 1 <= args.base_port <= top:
+            raise UsageError(f"--base-port must be between 1 and {top} for {args.nodes} nodes (node i listens "
+                             f"on --base-port + 2i), not {args.base_port}")
+    if args.dir is None:
+        return steps, Path(tempfile.mkdtemp(prefix="dpeer-demo-"))
+    if args.dir.exists() and not args.dir.is_dir():
+        raise UsageError(f"--dir {args.dir} is a file, not a folder; name a folder (made if absent) for the "
+                         "nodes' data and logs")
+    try:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--dir {args.dir} cannot be made: {exc.strerror or exc}") from None
+    return steps, args.dir
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Start the cluster, show it until the job ends (or a signal, or a daemon's exit), then stop every node."""
+    steps, root = _checked(args)
     cluster = LocalCluster(root, args.nodes, job="demo", base_port=args.base_port,
                            config={"training": {"steps": steps}})
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
@@ -194,6 +235,12 @@ def run_demo(args: argparse.Namespace) -> int:
     except Stopped as stop:
         _tell(f"\nstopped by {stop}; stopping the cluster")
         return 128 + stop.signum
+    except DaemonExited as exited:
+        tail = "\n".join(f"  | {line}" for line in exited.log_tail.splitlines()) or "  | (its log is empty)"
+        _tell(f"\ndpeer: {exited}; the end of its log ({exited.node.log_path}):\n{tail}\n"
+              f"dpeer: stopping the other nodes; fix what the log says (a port in use: free it or "
+              f"pick another --base-port) and run the demo again")
+        return 1
     finally:
         for sig in previous:  # a second signal must not cut the clean-up short
             signal.signal(sig, signal.SIG_IGN)

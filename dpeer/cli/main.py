@@ -51,10 +51,16 @@ def _security(args: argparse.Namespace) -> Security:
     for flag, path in files.items():
         if path is not None and not path.is_file():
             raise UsageError(f"{flag}: file {path} does not exist")
+        if path is not None:
+            _readable(flag, path)
     try:
-        return Security.from_files(*files.values())
+        security = Security.from_files(*files.values())
     except ValueError as exc:
         raise UsageError(str(exc).replace("security.tls_cert, tls_key and tls_ca", "--tls-cert, --tls-key and --tls-ca"))
+    cert, key = files["--tls-cert"], files["--tls-key"]
+    if security.cert is not None and security.key is not None and cert is not None and key is not None:
+        _check_pair(("--tls-cert", cert, security.cert), ("--tls-key", key, security.key))
+    return security
 
 
 def node_addr(args: argparse.Namespace) -> str:
@@ -127,8 +133,21 @@ def cmd_members(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _check_kv(args: argparse.Namespace) -> None:
+    """UsageError for a key, value or prefix the node would refuse as too long, before dialling it."""
+    from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
+    key = getattr(args, "key", None)
+    if key is not None and not 1 <= len(key) <= MAX_KEY:
+        raise UsageError(f"KEY must be 1 to {MAX_KEY} characters, not {len(key)}")
+    if len(getattr(args, "value", "")) > MAX_VALUE:
+        raise UsageError(f"VALUE must be at most {MAX_VALUE} characters, not {len(args.value)}")
+    if len(getattr(args, "prefix", "")) > MAX_KEY:
+        raise UsageError(f"--prefix must be at most {MAX_KEY} characters, not {len(args.prefix)}")
+
+
 def cmd_kv(args: argparse.Namespace) -> int:
     """kv put waits for the commit; kv get reads linearizably and exits 1 when absent."""
+    _check_kv(args)
     if args.kv_command == "put":
         reply = _run(args, lambda c: c.kv_put(args.key, args.value, timeout=args.timeout))
         if not reply.committed:
@@ -294,6 +313,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     if wildcard is not None:
         raise UsageError(wildcard)
     try:
+        if config.metrics_listen is not None:
+            from dpeer.daemon.metrics import check_listen
+            check_listen(config.metrics_listen)  # before the data dir: a busy port founds no cluster
         config.data_dir.mkdir(parents=True, exist_ok=True)
         worker = start_worker_early(config)
         from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
@@ -315,15 +337,39 @@ def check_security(config: cfg.NodeConfig) -> None:
     reason = exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure)
     if reason is not None:
         raise UsageError(reason)
+    contents = {name: _readable(f"security.{name}", path) for name, path in
+                (("tls_cert", s.tls_cert), ("tls_key", s.tls_key), ("tls_ca", s.tls_ca),
+                 ("cluster_token_file", s.cluster_token_file)) if path is not None}
     if s.tls_cert is not None:
         from dpeer.security import certs
         try:
-            named = certs.identity_of(s.tls_cert.read_bytes())
-        except (OSError, certs.CertError) as exc:
+            named = certs.identity_of(contents["tls_cert"])
+        except certs.CertError as exc:
             raise UsageError(f"security.tls_cert {s.tls_cert}: {exc}") from None
+        assert s.tls_key is not None  # all three TLS files or none, checked above
+        _check_pair(("security.tls_cert", s.tls_cert, contents["tls_cert"]),
+                    ("security.tls_key", s.tls_key, contents["tls_key"]))
         if named != auth.Principal(auth.CallerRole.NODE, config.node_id or ""):
             raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
                              f"node's certificate with `dpeer certs create-node {config.node_id}`")
+
+
+def _readable(name: str, path: Path) -> bytes:
+    """The file's bytes, or UsageError naming the setting and why it cannot be read (say, its mode)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"{name} {path} cannot be read: {exc.strerror or exc}") from None
+
+
+def _check_pair(cert: tuple[str, Path, bytes], key: tuple[str, Path, bytes]) -> None:
+    """UsageError unless the key belongs to the certificate; each is (where it was set, path, bytes)."""
+    from dpeer.security import certs
+    try:
+        certs.check_pair(cert[2], key[2])
+    except certs.CertError as exc:
+        raise UsageError(f"{key[0]} {key[1]} does not go with {cert[0]} {cert[1]}: {exc}; use the key written "
+                         "with that certificate (`dpeer certs` writes NAME.pem and NAME.key as a pair)") from None
 
 
 def cmd_certs(args: argparse.Namespace) -> int:

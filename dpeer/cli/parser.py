@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from dpeer import __version__
@@ -64,11 +65,22 @@ def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | No
     )
 
 
+def _seconds(text: str) -> float:
+    """A --timeout: a finite number of seconds above 0 (argparse reports anything else as usage)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive, finite number of seconds")
+    return value
+
+
 def _client_flags(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
     p.add_argument("--addr", help=f"HOST:PORT of any node (default: $DPEER_ADDR, else the --config's "
                    f"advertised address, else {DEFAULT_ADDR})")
     p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the node (default 10)")
+    p.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for the node (default 10)")
     p.add_argument("--tls-ca", type=Path, help="the cluster's CA certificate (PEM; default $DPEER_CACERT); "
                    "overrides --config's")
     p.add_argument("--tls-cert", type=Path, help="your client certificate (`dpeer certs create-client`; "
@@ -129,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
     put = _sub(kvs, "put", "commit KEY VALUE (two arguments); exit 0 only once committed", "kv put")
     put.add_argument("key", metavar="KEY", help="1-256 characters")
-    put.add_argument("value", metavar="VALUE", help="at most 64 KiB")
+    put.add_argument("value", metavar="VALUE", help="at most 65536 characters")
     _client_flags(put)
     get = _sub(kvs, "get", "linearizable read; exit 1 when absent", "kv get")
     get.add_argument("key", metavar="KEY", help="the key to read")

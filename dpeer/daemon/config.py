@@ -50,6 +50,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+MAX_SEED = 2**63 - 1
+"""The largest training seed: torch.manual_seed takes a signed 64-bit integer."""
+
+EXACT_MAX_MICRO_BATCHES = 1 << 16
+"""Most micro-batches one exact step sums (trainer.fixedpoint.MAX_MICRO_BATCHES, which imports torch)."""
+
+
 class TrainingConfig(Strict):
     """The run of every job: steps, global_batch, micro_batch and seed reach the job as ctx.steps ...
     and must be what its TrainSpec says (the worker refuses a spec that differs); lr and options
@@ -58,7 +65,8 @@ class TrainingConfig(Strict):
     steps: int = Field(20000, gt=0, description="steps to train; the default runs for minutes")
     global_batch: int = Field(64, gt=0, description="samples per step, fixed whatever the world size")
     micro_batch: int = Field(16, gt=0, description="largest per-rank forward pass; bigger shares accumulate")
-    seed: int = Field(1234, ge=0, description="seeds the model, the data and the sample order")
+    seed: int = Field(1234, ge=0, le=MAX_SEED, description="seeds the model, the data and the sample order "
+                      "(0 to 2**63-1: torch's generators take a signed 64-bit seed)")
     lr: float = Field(0.05, gt=0, description="optimizer learning rate")
     checkpoint_every: int = Field(200, ge=0, description="steps between full-state checkpoints; 0 disables")
     hang_after: float = Field(60.0, gt=0, description="seconds a started worker may go without a report "
@@ -90,11 +98,21 @@ class TrainingConfig(Strict):
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (bool, int, float)) else v
                 for k, v in value.items()}
 
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _whole_float_as_int(cls, value: Any) -> Any:
+        """YAML's 1.0e+26 is a float: as the integer it names, the bound check says what is wrong with it."""
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
     @model_validator(mode="after")
     def _exact_batches(self) -> "TrainingConfig":
         if self.reduction == "exact" and self.global_batch % self.micro_batch:
             raise ValueError(f"reduction exact needs global_batch ({self.global_batch}) to be a multiple of "
                              f"micro_batch ({self.micro_batch}): a step is a fixed sequence of equal micro-batches")
+        if self.reduction == "exact" and self.global_batch // self.micro_batch > EXACT_MAX_MICRO_BATCHES:
+            raise ValueError(f"reduction exact sums at most {EXACT_MAX_MICRO_BATCHES} micro-batches per step, and "
+                             f"global_batch {self.global_batch} / micro_batch {self.micro_batch} makes "
+                             f"{self.global_batch // self.micro_batch}; raise micro_batch")
         return self
 
 
@@ -191,6 +209,17 @@ class NodeConfig(Strict):
             self.resolved_timing()
         except ValueError as exc:
             raise ValueError(f"the timing keys contradict each other: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_apart(self) -> "NodeConfig":
+        """metrics_listen cannot share the gRPC server's port (a wildcard host overlaps every host)."""
+        if self.metrics_listen is None:
+            return self
+        (host, port), (m_host, m_port) = parse_hostport(self.listen), parse_hostport(self.metrics_listen)
+        if port == m_port and (host == m_host or {host, m_host} & {"0.0.0.0", "::"}):
+            raise ValueError(f"metrics_listen {self.metrics_listen} is the gRPC listen address {self.listen}; "
+                             "give metrics a port of their own")
         return self
 
     def resolved_timing(self) -> tm.Timing:

@@ -279,6 +279,8 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:
         """Serve until told to stop (a signal or `dpeer leave`); returns exit code 0."""
+        if self.config.metrics_listen:  # first: a busy metrics port must not leave a started gRPC server behind
+            self.metrics.serve(self.config.metrics_listen)
         self.server = await serve(self.config.listen, self.service, self.security)
         log.info("listening on %s (advertised %s), security %s", self.config.listen, self.addr,
                  self.security.mode.value)
@@ -287,8 +289,6 @@ class Daemon:
         if warning is not None:
             log.warning("%s", warning)
         self.metrics.insecure.set(1 if self.config.security.insecure else 0)
-        if self.config.metrics_listen:
-            self.metrics.serve(self.config.metrics_listen)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -73,6 +74,28 @@ class Metrics:
             self.job.labels(node=self._node, state=name).set(1 if name == state else 0)
 
     def serve(self, listen: str) -> None:
-        """Serve /metrics on HOST:PORT from a background thread."""
+        """Serve /metrics on HOST:PORT from a background thread; OSError in one sentence when it cannot bind."""
         host, port = listen.rsplit(":", 1)
-        start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
+        try:
+            start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
+        except OSError as exc:
+            raise OSError(_cannot_serve(listen, exc)) from None
+
+
+def check_listen(listen: str) -> None:
+    """OSError in one sentence unless HOST:PORT can be bound for /metrics now, bound as the HTTP
+    server binds (SO_REUSEADDR): `dpeer start` checks it before it makes the data dir or the store."""
+    host, port = listen.rsplit(":", 1)
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM,
+                                                       flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(sockaddr)
+    except OSError as exc:
+        raise OSError(_cannot_serve(listen, exc)) from None
+
+
+def _cannot_serve(listen: str, exc: OSError) -> str:
+    return (f"cannot serve metrics on {listen} (metrics_listen): {exc.strerror or exc}; free that port or "
+            "choose another for --metrics-listen")

@@ -23,7 +23,7 @@ from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node import Node
 from dpeer.transport.client import Channels, NodeClient
 from dpeer.proto.v1 import dpeer_pb2 as pb
-from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE, EntryKind
 from dpeer.statemachine.errors import Compacted
 from dpeer.statemachine.state import JobState
 from dpeer.statemachine.meta import valid_uid
@@ -36,7 +36,6 @@ COMMAND_TIMEOUT = 10.0
 # A command forwarded to a leader that is gone (or not yet known) is tried again this often,
 # re-reading who leads, until COMMAND_TIMEOUT: a leader change costs a retry, not an error.
 FORWARD_RETRY = 0.1
-MAX_KEY, MAX_VALUE = 256, 64 * 1024
 MAX_STEP = 1 << 62
 
 
@@ -255,7 +254,7 @@ class Service:
     async def kv_put(self, request: pb.KvPutRequest) -> pb.KvPutReply:
         """Commit key=value; the reply comes once the entry is applied here (on the leader)."""
         if not request.key or len(request.key) > MAX_KEY or len(request.value) > MAX_VALUE:
-            raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} bytes")
+            raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} characters")
 
         async def here() -> pb.KvPutReply:
             entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
@@ -309,7 +308,13 @@ class Service:
             raise BadRequest("the job action must be 'retry'")
 
         async def here() -> pb.JobControlReply:
-            job = self.node.store.state.job
+            state = self.node.store.state
+            job = state.job
+            if (job.state is JobState.RUNNING and self._status().get("job") is None
+                    and not any(m.store_port for m in state.members.values())):
+                # this leader runs no job, and no member's record carries the store port a job's worker binds
+                return pb.JobControlReply(accepted=False, reason="there is no job to retry: no member of this "
+                                          "cluster runs a job's worker (nodes run one with --job)")
             if job.state is not JobState.FAILED:
                 return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
             entry, result = await self.node.propose(EntryKind.JOB, {"state": JobState.RUNNING.value}, COMMAND_TIMEOUT)

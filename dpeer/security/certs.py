@@ -21,6 +21,7 @@ from ipaddress import ip_address
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -176,3 +177,22 @@ def identity_of(pem: bytes) -> Principal:
     except x509.ExtensionNotFound:
         return principal_from_uris([])
     return principal_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def check_pair(cert_pem: bytes, key_pem: bytes) -> None:
+    """CertError unless key_pem is an unencrypted PEM private key whose public key is cert_pem's:
+    a key copied from another certificate otherwise fails only at the first TLS handshake, where
+    gRPC reports it as an address it cannot listen on or a node it cannot reach."""
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise CertError(f"the certificate is not a PEM certificate: {exc}") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        raise CertError("the key is encrypted; dpeer needs it unencrypted (0600 protects it)") from None
+    except (ValueError, UnsupportedAlgorithm) as exc:
+        raise CertError(f"the key is not a PEM private key: {exc}") from None
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+        raise CertError("the key does not belong to the certificate (their public keys differ)")

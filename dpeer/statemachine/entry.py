@@ -38,6 +38,9 @@ class EntryKind(enum.StrEnum):
     JOB = "job"
 
 
+MAX_KEY, MAX_VALUE = 256, 64 * 1024
+"""A kv key's most characters and a value's: the service refuses longer, the CLI before it dials."""
+
 _KINDS: dict[str, EntryKind] = {k.value: k for k in EntryKind}
 JOB_STATES: tuple[str, ...] = ("running", "failed")
 

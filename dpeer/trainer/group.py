@@ -125,8 +125,10 @@ def bind_store_socket(host: str, port: int) -> socket.socket:
     try:
         return _listen_socket(host, port)
     except OSError as exc:
+        advice = ("free it, set another store_port in the config, or leave store_port unset so the worker takes "
+                  "any free port" if port else "the advertised host must be an address of this machine")
         raise OSError(f"cannot bind the rendezvous store's port {host}:{port} ({exc.strerror or exc}); "
-                      "free it or set store_port in the config (0 picks a free port)") from None
+                      f"{advice}") from None
 
 
 class GroupManager:

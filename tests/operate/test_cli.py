@@ -54,7 +54,22 @@ BAD_USAGE = [
     ["config", "check"],
     ["log", "--addr", "127.0.0.1:7101", "--from", "0"],
     ["log", "--addr", "127.0.0.1:7101", "--from", "9", "--to", "3"],
+    ["status", "--addr", "127.0.0.1:7101", "--timeout", "-5"],
+    ["kv", "get", "k", "--addr", "127.0.0.1:7101", "--timeout", "nan"],
 ]
+
+TOO_LONG = {  # refused before the node is dialled (no node listens on 7101: dialling would exit 3)
+    "KEY must be 1 to 256 characters, not 257": ["kv", "put", "k" * 257, "v"],
+    "VALUE must be at most 65536 characters, not 65537": ["kv", "put", "k", "v" * 65537],
+    "KEY must be 1 to 256 characters, not 0": ["kv", "get", ""],
+    "--prefix must be at most 256 characters": ["kv", "list", "--prefix", "p" * 257],
+}
+
+
+def test_a_kv_key_or_value_too_long_is_bad_usage_naming_the_limit() -> None:
+    results = cli_many([[*c, "--addr", "127.0.0.1:7101"] for c in TOO_LONG.values()])
+    for expected, result in zip(TOO_LONG, results):
+        assert result.returncode == 2 and expected in one_sentence(result.stderr), (result.returncode, result.stderr)
 
 
 def test_bad_flags_exit_2_with_one_sentence(tmp_path: Path) -> None:

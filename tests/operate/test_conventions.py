@@ -51,7 +51,7 @@ def test_a_token_cluster_driven_through_environment_variables_with_json_everywhe
     assert deleted.returncode == 0 and json.loads(deleted.stdout)["found"] is True, deleted.stderr
     assert again.returncode == 1 and again.stdout == "" and "not set" in one_sentence(again.stderr)
     assert gone.returncode == 1 and "not set" in one_sentence(gone.stderr)
-    assert retry.returncode == 1 and "not failed" in one_sentence(retry.stderr)
+    assert retry.returncode == 1 and "there is no job to retry" in one_sentence(retry.stderr)
     assert all(json.loads(line)["index"] in (1, 2) for line in log.stdout.splitlines()), log.stderr
     assert json.loads(cli("kv", "list", "--json", env=env).stdout) == {"owner": "ann"}
     left = cli("leave", "--json", env=env)
@@ -106,6 +106,12 @@ CHECK_REFUSALS = {
     "contradicting_timing": ("timing:\n  raft:\n    heartbeat_interval: 2\n",
                              "heartbeat_interval must be positive and below election_timeout_min"),
     "unknown_timing_key": ("timing:\n  raft:\n    heartbeat: 2\n", "config key timing.raft.heartbeat"),
+    "seed_past_64_bits": ("training:\n  seed: 1.0e+26\n",
+                          "config key training.seed: Input should be less than or equal to 9223372036854775807"),
+    "too_many_exact_micro_batches": ("training:\n  global_batch: 131072\n  micro_batch: 1\n",
+                                     "exact sums at most 65536 micro-batches per step"),
+    "metrics_on_the_grpc_port": ("listen: 127.0.0.1:7100\nmetrics_listen: 0.0.0.0:7100\n",
+                                 "is the gRPC listen address 127.0.0.1:7100; give metrics a port of their own"),
 }
 
 
@@ -140,6 +146,23 @@ def test_a_port_in_use_exits_4_which_the_unit_restarts_on_and_bad_config_exits_2
     assert bad.returncode == 2 and "DPEER_MAX_VOTERS" in one_sentence(bad.stderr)
     unit = (ROOT / "scripts" / "dpeer.service").read_text()
     assert "RestartPreventExitStatus=2\n" in unit and "Restart=on-failure" in unit
+
+
+def test_a_busy_metrics_port_exits_4_in_one_sentence_before_the_data_dir_is_made(tmp_path: Path) -> None:
+    """Outside tester's finding: it printed a traceback with "[Errno 98]" after founding a cluster in the data dir."""
+    port = free_port_block(1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        busy = f"127.0.0.1:{taken.getsockname()[1]}"
+        results = cli_many([["start", "--node-id", "n1", "--listen", f"127.0.0.1:{port}", "--data-dir",
+                             str(tmp_path / "d"), "--metrics-listen", busy],
+                            ["start", "--node-id", "n1", "--listen", f"127.0.0.1:{port}", "--data-dir",
+                             str(tmp_path / "d"), "--metrics-listen", f"127.0.0.1:{port}"]])
+    (in_use, same), line = results, one_sentence(results[0].stderr)
+    assert in_use.returncode == 4 and f"cannot serve metrics on {busy}" in line, (in_use.returncode, in_use.stderr)
+    assert same.returncode == 2 and "give metrics a port of their own" in one_sentence(same.stderr), same.stderr
+    assert not (tmp_path / "d").exists(), "the check comes before the data dir and its store"
 
 
 def test_a_dead_box_is_removed_for_good_through_any_live_node(daemons) -> None:

@@ -8,6 +8,8 @@ import os
 import pty
 import re
 import select
+import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -16,6 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from dpeer.launch.cluster import LocalCluster, free_port_block
+from tests.operate.conftest import cli_many, one_sentence
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")
@@ -105,7 +110,76 @@ def test_the_live_screen_on_a_terminal_shows_a_row_per_node_and_the_events(tmp_p
     assert "the job finished at step 400" in last
 
 
-def test_demo_refuses_absurd_sizes() -> None:
-    result = subprocess.run([sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "0"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "--nodes" in result.stderr
+def test_demo_refuses_flags_that_could_never_run_before_starting_anything(tmp_path: Path) -> None:
+    """--steps 0 is not the default 20000; a --base-port whose last node would listen past 65535
+    and a --dir that is a file are one sentence each, exit 2, with no daemon started."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    cases = {"--nodes": ["--nodes", "0"], "--steps": ["--steps", "0"], "65533": ["--nodes", "2", "--base-port", "65534"],
+             "is a file": ["--dir", str(a_file)]}
+    results = cli_many([["demo", *flags, *([] if "--dir" in flags else ["--dir", str(tmp_path / "d")])]
+                        for flags in cases.values()])
+    for expected, result in zip(cases, results):
+        assert result.returncode == 2, (result.args, result.returncode, result.stderr)
+        assert expected in one_sentence(result.stderr), (result.args, result.stderr)
+        assert result.stdout == "", result.stdout
+    assert not (tmp_path / "d").exists(), "a refused demo must not start a cluster"
+
+
+def test_demo_ends_with_the_daemons_error_when_one_cannot_start(tmp_path: Path) -> None:
+    """Outside tester's finding: with n2's port taken the demo trained on n1 alone and then redrew
+    "step 20/20 0.0 steps/s" for ever. It must end (exit 1), show n2's error from its log and stop n1."""
+    base = free_port_block(4)
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", base + 2))  # n2's gRPC port (nodes are 2 ports apart)
+    squatter.listen()
+    try:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "dpeer.cli.main", "demo", "--nodes", "2", "--steps", "20",
+             "--base-port", str(base), "--dir", str(tmp_path / "demo")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(), stdin=subprocess.DEVNULL)
+        try:
+            stdout, stderr = demo.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            demo.send_signal(signal.SIGTERM)  # the demo stops its daemons on SIGTERM (not on SIGKILL)
+            stdout, _ = demo.communicate(timeout=60)
+            raise AssertionError(f"dpeer demo did not end in 180 s although n2 never started; its last lines: "
+                                 f"{stdout[-600:]}") from None
+    finally:
+        squatter.close()
+    assert demo.returncode == 1, (demo.returncode, stdout[-1500:], stderr)
+    assert "n2's daemon exited while starting (exit code 4)" in stderr, stderr
+    assert f"cannot listen on 127.0.0.1:{base + 2}" in stderr, "the tail of n2's log shows its error"
+    assert "pick another --base-port" in stderr.strip().splitlines()[-1]
+    with socket.socket() as probe:  # n1 was stopped: nothing listens on its port (SO_REUSEADDR: TIME_WAIT is fine)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("127.0.0.1", base))
+
+
+def test_only_a_daemon_the_chaos_schedule_did_not_kill_ends_the_demo(tmp_path: Path) -> None:
+    """A node the schedule killed and has not restarted yet is expected down; any other daemon
+    that ended (at start, or after answering, or after its restart) ends the run with its log."""
+    import time as clock
+
+    from rich.console import Console
+
+    from dpeer.cli.demo import Demo, DaemonExited
+
+    cluster = LocalCluster(tmp_path, 2, base_port=free_port_block(2))
+    for node in cluster.nodes:
+        node.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+        node.proc.wait(timeout=60)
+    cluster.nodes[1].log_path.write_text("dpeer: cannot listen on 127.0.0.1:1: the address is in use\n")
+    demo = Demo(cluster, 20, None, Console())
+    now = clock.monotonic()
+    demo.log.killed(now, "n1", 0)
+    with pytest.raises(DaemonExited) as exited:
+        demo._check_exits()
+    assert exited.value.node.node_id == "n2" and "while starting (exit code 3)" in str(exited.value)
+    assert "cannot listen" in exited.value.log_tail
+    demo.log.killed(now, "n2", 0)
+    demo._check_exits()  # both down by the schedule's hand: nothing to report
+    demo.log.restarted(now, "n1")  # n1 restarted and ended again: reported, as one that had answered
+    demo._answered.add("n1")
+    with pytest.raises(DaemonExited, match="n1's daemon exited while the demo ran"):
+        demo._check_exits()

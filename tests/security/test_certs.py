@@ -64,3 +64,15 @@ def test_a_certificate_without_a_dpeer_identity_names_no_role(tmp_path: Path) ->
     d = tmp_path / "pki"
     certs.create_ca(d)
     assert certs.identity_of((d / "ca.pem").read_bytes()).role is CallerRole.UNKNOWN
+
+
+def test_check_pair_accepts_a_certificate_with_its_own_key_only(tmp_path: Path) -> None:
+    certs.create_ca(tmp_path)
+    n1, n2 = (certs.create_node(tmp_path, tmp_path, n, []) for n in ("n1", "n2"))
+    certs.check_pair(n1.cert.read_bytes(), n1.key.read_bytes())
+    with pytest.raises(certs.CertError, match="does not belong to the certificate"):
+        certs.check_pair(n1.cert.read_bytes(), n2.key.read_bytes())
+    with pytest.raises(certs.CertError, match="not a PEM private key"):
+        certs.check_pair(n1.cert.read_bytes(), n1.cert.read_bytes())
+    with pytest.raises(certs.CertError, match="not a PEM certificate"):
+        certs.check_pair(n1.key.read_bytes(), n1.key.read_bytes())

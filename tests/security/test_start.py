@@ -73,3 +73,28 @@ def test_insecure_starts_on_any_address_and_warns_every_start(tmp_path: Path) ->
                 if line.startswith("{") and "INSECURE" in line]
     assert len(warnings) == 2 and all(w["level"] == "warning" for w in warnings), warnings
     assert "on 0.0.0.0" in warnings[0]["msg"] and "anyone who reaches this port" in warnings[0]["msg"]
+
+
+def test_a_key_that_does_not_match_its_certificate_is_named_before_anything_is_made(tmp_path: Path, pki: Pki) -> None:
+    """Outside tester's finding: n2's key next to n1's certificate (a copy-paste slip) read "cannot
+    listen on HOST:PORT: the address is in use", after the store was created. Now the node says the
+    key does not go with the certificate (exit 2) and its data dir stays untouched; a client with
+    the same slip is told so (exit 2), not that the node is unreachable (exit 3)."""
+    cert, _ = pki.files("node-n1")
+    _, other_key = pki.files("node-n2")
+    config = tmp_path / "n1.yaml"
+    config.write_text(yaml.safe_dump({"security": {"tls_ca": str(pki.ca), "tls_cert": str(cert),
+                                                   "tls_key": str(other_key), "cluster_token_file": str(pki.token)}}))
+    alice_cert, _ = pki.files("operator-alice")
+    port = free_port_block(1)
+    node, client = (cli("start", "--node-id", "n1", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"),
+                        "--config", str(config)),
+                    cli("status", "--addr", f"127.0.0.1:{port}", "--tls-ca", str(pki.ca), "--tls-cert", str(alice_cert),
+                        "--tls-key", str(other_key), "--token-file", str(pki.token)))
+    line = one_sentence(node.stderr)
+    assert node.returncode == 2, (node.returncode, node.stderr)
+    assert f"security.tls_key {other_key} does not go with security.tls_cert {cert}" in line, line
+    assert "public keys differ" in line and "in use" not in line
+    assert not (tmp_path / "d").exists(), "a refused start must not create its data dir"
+    line = one_sentence(client.stderr)
+    assert client.returncode == 2 and f"--tls-key {other_key} does not go with --tls-cert {alice_cert}" in line, line

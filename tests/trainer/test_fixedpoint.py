@@ -146,3 +146,14 @@ def test_finish_turns_negative_zero_into_positive_zero() -> None:
     acc = torch.tensor([[-0.0, 0.0, -3.0]], dtype=torch.float64)
     out = fx.finish(acc, torch.tensor([BITS]), BITS, 1)
     assert [str(v) for v in out[0].tolist()] == ["0.0", "0.0", "-3.0"]
+
+
+def test_config_check_bounds_micro_batches_as_exact_sums_do() -> None:
+    """The config (which loads no torch) refuses what fraction_bits would refuse at build."""
+    from dpeer.daemon.config import EXACT_MAX_MICRO_BATCHES, TrainingConfig
+
+    assert EXACT_MAX_MICRO_BATCHES == fx.MAX_MICRO_BATCHES
+    TrainingConfig(global_batch=EXACT_MAX_MICRO_BATCHES, micro_batch=1)
+    with pytest.raises(ValueError, match="at most 65536 micro-batches"):
+        TrainingConfig(global_batch=2 * EXACT_MAX_MICRO_BATCHES, micro_batch=1)
+    TrainingConfig(global_batch=2 * EXACT_MAX_MICRO_BATCHES, micro_batch=1, reduction="fast")

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from dpeer.trainer.group import GroupError, GroupManager, Superseded
+from dpeer.trainer.group import GroupError, GroupManager, Superseded, bind_store_socket
 from dpeer.trainer.viewsource import View
 
 
@@ -82,3 +82,18 @@ def test_a_newer_view_ends_the_wait_for_a_store_that_never_listens() -> None:
 def test_a_store_that_never_listens_is_a_group_error_at_the_deadline() -> None:
     with pytest.raises(GroupError, match="does not accept connections yet"):
         GroupManager("b")._client_store("127.0.0.1", free_port(), time.monotonic() + 0.1, lambda: False)
+
+
+def test_a_busy_store_port_advises_what_the_config_accepts() -> None:
+    """store_port must be 1-65535 in the config (unset: any free port); the advice once said "0 picks a free port"."""
+    from dpeer.daemon.config import NodeConfig
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as busy:
+            bind_store_socket("127.0.0.1", port)
+    assert f"127.0.0.1:{port}" in str(busy.value) and "leave store_port unset" in str(busy.value)
+    assert "0 picks" not in str(busy.value)
+    assert NodeConfig().store_port is None and NodeConfig().store_bind[1] == 0  # unset: any free port
