@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wait_status
 from tests.security.conftest import Pki
 
-STEPS = 150
+STEPS = 600  # enough that n2 and n3 join before n1, which trains alone at first, finishes (a loaded box)
 
 
 def listening(pid: int) -> set[tuple[str, int]]:
@@ -45,7 +45,7 @@ def listening(pid: int) -> set[tuple[str, int]]:
 
 
 def test_a_three_node_mtls_cluster_trains_and_refuses_non_operators(daemons, pki: Pki) -> None:
-    training = {"training": {"steps": STEPS, "checkpoint_every": 50}}
+    training = {"training": {"steps": STEPS, "checkpoint_every": 200}}
     hosts = {"n1": "127.0.0.1", "n2": "127.0.0.2", "n3": "127.0.0.3"}
     nodes = []
     for node_id, host in hosts.items():
