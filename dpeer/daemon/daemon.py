@@ -11,12 +11,12 @@ import asyncio
 import logging
 import signal
 import sys
-import time
 from typing import Any, Awaitable, Callable
 
 from dpeer.transport import codec
 
 from dpeer import errors
+from dpeer.clock import REAL, Clock
 
 from dpeer.security import exposure
 
@@ -34,11 +34,11 @@ from dpeer.daemon.resyncer import Resyncer
 from dpeer.daemon.service import Service
 from dpeer.daemon.status import document, identity
 from dpeer.daemon.storage_adapter import StoreStorage
-from dpeer.daemon.supervisor import WorkerSupervisor
+from dpeer.daemon.supervisor import Worker, WorkerSupervisor
 from dpeer.daemon.worker_health import missed_view
 from dpeer.daemon.worker_wake import WorkerWake
-from dpeer.transport.client import Channels, NodeClient, PeerSender
-from dpeer.transport.faults import FaultHook
+from dpeer.transport.api import PeerClient, Transport, TransportFactory
+from dpeer.transport.grpc_transport import GrpcTransport
 from dpeer.transport.options import Security
 from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
@@ -60,23 +60,24 @@ class Daemon:
     """Everything one `dpeer start` runs; built by run_daemon."""
 
     def __init__(
-        self, config: NodeConfig, store: Store, security: Security, worker: WorkerSupervisor | None = None,
+        self, config: NodeConfig, store: Store, security: Security, worker: Worker | None = None, *,
+        transport: TransportFactory | None = None, clock: Clock = REAL, seed: int | None = None,
     ) -> None:
+        """transport: builds the network seam given where refusals go (default gRPC; the chaos
+        entry and the simulation pass their own); clock: what every loop here reads."""
         assert config.node_id is not None
-        self.config, self.store, self.security = config, store, security
+        self.config, self.store, self.security, self.clock = config, store, security, clock
         self.node_id = config.node_id
         self.addr = config.advertise_addr
-        self.channels = Channels(security)
-        # faults: the test-only fault injection hook (transport/faults.py); inert without <data_dir>/faults.json
         self.metrics = Metrics(self.node_id)
-        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0, on_rtt=self.metrics.rtt.observe,
-                                 faults=FaultHook.for_data_dir(config.data_dir))
+        make = transport or (lambda refused: GrpcTransport(security, refused, on_rtt=self.metrics.rtt.observe))
+        self.transport = make(self._refused)
         if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
             bootstrap(StoreStorage(store), [self.node_id], uids={self.node_id: store.uid})
             log.info("founded a new cluster (store identity %s)", store.uid)
-        self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
-                         max_voters=config.max_voters)
-        self.resyncer = Resyncer(self.node, self.channels)
+        self.node = Node(self.node_id, self.addr, store, self.transport.send, preset=config.preset,
+                         max_voters=config.max_voters, clock=clock, seed=seed)
+        self.resyncer = Resyncer(self.node, self.transport)
         self.worker = worker
         if worker is not None:
             worker.on_failure = self._group_failed
@@ -94,10 +95,10 @@ class Daemon:
         self.node.busy_checks.append(
             lambda: (self.worker is not None and self._wake is None) or not self.joined or self.leaving)
         self.node.apply_listeners.append(self._on_apply)
-        self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
+        self.service = Service(self.node, self.transport, self.status, self._leave_done, self.leader.group_failed,
                                self.leader.checkpoint_reported, config.data_dir / "checkpoints")
         self.notifier = Notifier()
-        self.started = time.monotonic()
+        self.started = clock.now()
         self.joined = False
         self._last_metrics = self._last_introduce = self._next_join = 0.0
         self._join_task: asyncio.Task | None = None
@@ -113,6 +114,7 @@ class Daemon:
         self._report_task: asyncio.Task | None = None
         self._fetch_task: asyncio.Task | None = None
         self._next_fetch = 0.0
+        self.server: Any = None  # the gRPC server while run() serves
 
     def _refused(self, addr: str) -> None:
         self.node.refused(addr)
@@ -196,7 +198,7 @@ class Daemon:
         assert self.worker is not None
         log.info("the job finished at step %d while this box was away: fetching that state from %s",
                  step, ", ".join(n for n, _ in sources) or "nobody (no other holder)")
-        source = await fetch_final(step, digest, sources, self.config.data_dir / "checkpoints", self.channels)
+        source = await fetch_final(step, digest, sources, self.config.data_dir / "checkpoints", self.transport)
         if source is not None:
             self.worker.restart(self.node.clock(), f"load the final state of step {step} fetched from {source}")
 
@@ -220,14 +222,14 @@ class Daemon:
                 self.node_id, held.step, held.digest, held.final))
             self._report_task = asyncio.get_running_loop().create_task(report)
 
-    async def _tell_leader(self, what: str, call: Callable[[NodeClient], Awaitable[object]]) -> None:
-        """Make one call to the current leader over the shared channels; a failure is logged only
+    async def _tell_leader(self, what: str, call: Callable[[PeerClient], Awaitable[object]]) -> None:
+        """Make one call to the current leader over the transport; a failure is logged only
         (the callers retry on their own schedule)."""
         leader = self.node.addrs.get(self.node.leader_id or "")
         if leader is None:
             return
         try:
-            await call(NodeClient(leader, channels=self.channels, timeout=5.0))
+            await call(self.transport.client(leader, timeout=5.0))
         except errors.PeerError as exc:
             log.info("could not report %s to the leader: %s", what, exc)
 
@@ -241,7 +243,7 @@ class Daemon:
             "job": self.job_status(),
             "worker": self.worker.status() if self.worker is not None else None,
             "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
-            "uptime_s": round(time.monotonic() - self.started, 3),
+            "uptime_s": round(self.clock.now() - self.started, 3),
             "joined": self.joined,
             "security": self.security_status(),
         }
@@ -249,7 +251,7 @@ class Daemon:
 
     def security_status(self) -> dict[str, Any]:
         """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure, refusals so far."""
-        server = getattr(self, "server", None)
+        server = self.server
         return {"mode": self.security.mode.value, "insecure": self.config.security.insecure,
                 "refused": sum(server.refusals.values()) if server is not None else 0}
 
@@ -263,7 +265,7 @@ class Daemon:
             return {"state": "failed", "error": job.error, "node": job.node, "step": job.step}
         if job.state is JobState.FINISHED:
             return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
-        formed = (view is not None and self.node_id in view.members and self.worker.proc is not None
+        formed = (view is not None and self.node_id in view.members and self.worker.running
                   and self.worker.given_generation == view.generation)
         return {"state": "training" if formed else "waiting", "error": None}
 
@@ -283,16 +285,21 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        self.node.chores.append(self._chores)
-        if self.worker is not None:
+        if isinstance(self.worker, WorkerSupervisor):
             self._watch_worker(loop, self.worker)
-        if self.config.join:
-            self.node.join_seeds(self.config.join)
         try:
-            await self.node.run()
+            await self.run_node()
         finally:
             await self._shutdown()
         return 0
+
+    async def run_node(self) -> None:
+        """The node's part of run(), without a server or signals (what the simulation runs):
+        the chores, the join through the seeds, the driver's loop until stop()."""
+        self.node.chores.append(self._chores)
+        if self.config.join:
+            self.node.join_seeds(self.config.join)
+        await self.node.run()
 
     def _watch_worker(self, loop: asyncio.AbstractEventLoop, worker: WorkerSupervisor) -> None:
         """Run the chores at once when the worker rings its doorbell or exits."""
@@ -361,7 +368,8 @@ class Daemon:
         m.commit_index.set(store.commit_index)
         m.last_applied.set(store.last_applied)
         m.invalid.set(self.node.invalid_messages)
-        m.count_refusals(self.server.refusals)
+        if self.server is not None:
+            m.count_refusals(self.server.refusals)
         m.epoch.set(self.node.raft.epoch)
         m.strangers.set(len(self.node.raft.strangers()))
         m.forced.inc(self.node.forced - self._forced_counted)
@@ -414,8 +422,8 @@ class Daemon:
         members = [m.addr for n, m in self.store.state.members.items() if n != self.node_id and m.status == "active"]
         for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
             try:
-                async with NodeClient(addr, self.security, timeout=5.0) as client:
-                    reply = await client.join(self.node_id, self.addr, self._store_port(), ready, self.store.uid)
+                reply = await self.transport.client(addr, timeout=5.0).join(
+                    self.node_id, self.addr, self._store_port(), ready, self.store.uid)
             except errors.PeerError as exc:
                 log.info("membership update through %s failed: %s", addr, exc)
                 continue
@@ -441,11 +449,15 @@ class Daemon:
     async def _leave_done(self) -> None:
         """member_left is committed: gossip it briefly, then stop."""
         self._send_leave_gossip()
-        asyncio.get_running_loop().call_later(0.3, self.node.stop)
+        asyncio.get_running_loop().create_task(self._stop_after(0.3))
+
+    async def _stop_after(self, seconds: float) -> None:
+        await self.clock.sleep(seconds)
+        self.node.stop()
 
     def _send_leave_gossip(self) -> None:
         for addr, msg in self.node.swim.leave(self.node.clock()):
-            self.sender.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
+            self.transport.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
 
     async def _shutdown(self) -> None:
         if self._wake is not None:
@@ -454,24 +466,27 @@ class Daemon:
             self.worker.stop()
         for task in self._tasks + [t for t in (self._join_task, self._report_task, self._fetch_task) if t is not None]:
             task.cancel()
-        await self.server.stop(grace=0.5)
-        await self.sender.close()
-        await self.channels.close()
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
+        await self.transport.close()
         self.store.close()
         log.info("stopped; store closed")
 
 
-def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None) -> int:
+def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None,
+               wrap: Callable[[Transport], Transport] | None = None) -> int:
     """Open the store and run the daemon in the foreground, with the worker the CLI started
-    before loading the daemon (so `import torch` overlaps our start-up); returns the exit code."""
+    before loading the daemon (so `import torch` overlaps our start-up); returns the exit code.
+    wrap: a wrapper around the gRPC transport (the chaos entry's faults; `dpeer start` has none)."""
     try:
-        return _run_daemon(config, worker)
+        return _run_daemon(config, worker, wrap)
     finally:
         if worker is not None:
             worker.stop()
 
 
-def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
+def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
+                wrap: Callable[[Transport], Transport] | None) -> int:
     assert config.node_id is not None
     logs.setup(lambda: {"node": config.node_id})
     try:
@@ -489,7 +504,8 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
     except StoreError as exc:
         print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
         return 1
-    daemon = Daemon(config, store, security, worker)
+    transport = None if wrap is None else (lambda refused: wrap(GrpcTransport(security, refused)))
+    daemon = Daemon(config, store, security, worker, transport=transport)
 
     def context() -> dict[str, Any]:
         try:

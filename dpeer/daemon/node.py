@@ -13,10 +13,10 @@ import logging
 import math
 import os
 import random
-import time
 from dataclasses import replace
 from typing import Any, Callable
 
+from dpeer.clock import REAL, Clock
 from dpeer.transport import codec
 from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused
 from dpeer.consensus.ready import ProposeResult
@@ -70,14 +70,15 @@ class Node:
 
     def __init__(
         self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
-        max_voters: int = 5, clock: Callable[[], float] = time.monotonic, seed: int | None = None,
-        snapshot_every: int = 10_000, snapshot_keep: int = 1_000, wall: Callable[[], float] = time.time,
+        max_voters: int = 5, clock: Clock = REAL, seed: int | None = None,
+        snapshot_every: int = 10_000, snapshot_keep: int = 1_000,
     ) -> None:
-        self.id, self.addr, self.store, self.clock, self.wall = node_id, addr, store, clock, wall
+        self.id, self.addr, self.store = node_id, addr, store
+        self.clock, self.wall = clock.now, clock.wall
         self.storage = StoreStorage(store)
         self._send = sender
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
-        now = clock()
+        now = clock.now()
         self.raft_config = replace(RAFT_PRESETS[preset], max_voters=max_voters)
         self.raft = RaftNode(node_id, self.storage, self.raft_config, rng, now)
         known = [MemberRecord(n, m.addr, MemberState.ALIVE, 0) for n, m in store.state.members.items()
