@@ -92,8 +92,9 @@ class Daemon:
         # chores stay frequent while this node is not yet an active member, and while a worker
         # runs without a doorbell (its reports are then only found by polling)
         self._wake: WorkerWake | None = None
+        self.rings = False  # the worker rings a doorbell on each report (ring(), worker_exited()): no polling
         self.node.busy_checks.append(
-            lambda: (self.worker is not None and self._wake is None) or not self.joined or self.leaving)
+            lambda: (self.worker is not None and not self.rings) or not self.joined or self.leaving)
         self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.transport, self.status, self._leave_done, self.leader.group_failed,
                                self.leader.checkpoint_reported, config.data_dir / "checkpoints")
@@ -303,14 +304,19 @@ class Daemon:
 
     def _watch_worker(self, loop: asyncio.AbstractEventLoop, worker: WorkerSupervisor) -> None:
         """Run the chores at once when the worker rings its doorbell or exits."""
-        self._wake = WorkerWake.start(loop, str(worker.dir), self.node.chores_now, self._worker_exited)
+        self._wake = WorkerWake.start(loop, str(worker.dir), self.ring, self.worker_exited)
+        self.rings = self._wake is not None
         if self._wake is None:
             return
         worker.on_spawn = self._wake.watch_exit
         if worker.proc is not None:
             self._wake.watch_exit(worker.proc.pid)
 
-    def _worker_exited(self) -> None:
+    def ring(self) -> None:
+        """The worker rang: run the chores at once (a report to act on)."""
+        self.node.chores_now()
+
+    def worker_exited(self) -> None:
         """Notice the exit now, and keep the chores frequent so the restart comes on time."""
         self.node.chores_now()
         self.node.poke()
