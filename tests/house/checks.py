@@ -154,6 +154,10 @@ class Checker:
         if floor is not None and (op.value is None or op.value < floor):
             raise Violation(f"stale read of {op.key}: {op.value} after {floor} was acknowledged or read")
 
+    def leader_known(self) -> bool:
+        """Whether some box of this cluster knows a leader now."""
+        return any(self.house.boxes[n].daemon.node.leader_id is not None for n in self.members())
+
     def final(self) -> None:
         """After the faults healed and the cluster settled: acknowledged writes, a leader, training."""
         self.check()
