@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dpeer.chaos.faults import FaultHook
 from dpeer.daemon import config as cfg
-from dpeer.daemon.daemon import run_daemon
+from dpeer.daemon.run import run_daemon
 from dpeer.daemon.supervisor import WorkerSupervisor
 from dpeer.transport.api import Transport
 from dpeer.transport.faulty import FaultyTransport

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from typing import Any, Awaitable, Callable
 
 from dpeer.transport import codec
@@ -20,7 +19,6 @@ from dpeer.clock import REAL, Clock
 
 from dpeer.security import exposure
 
-from dpeer.daemon import logs
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.final_state import fetch_final, holds
@@ -43,7 +41,6 @@ from dpeer.transport.options import Security
 from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
 from dpeer.statemachine.state import JobState
 from dpeer.statemachine.store import Store
 
@@ -481,48 +478,7 @@ class Daemon:
 
 def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None,
                wrap: Callable[[Transport], Transport] | None = None) -> int:
-    """Open the store and run the daemon in the foreground, with the worker the CLI started
-    before loading the daemon (so `import torch` overlaps our start-up); returns the exit code.
-    wrap: a wrapper around the gRPC transport (the chaos entry's faults; `dpeer start` has none)."""
-    try:
-        return _run_daemon(config, worker, wrap)
-    finally:
-        if worker is not None:
-            worker.stop()
+    """`dpeer start` in the foreground; see dpeer.daemon.run.run_daemon (kept here for the CLI)."""
+    from dpeer.daemon.run import run_daemon as run
 
-
-def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
-                wrap: Callable[[Transport], Transport] | None) -> int:
-    assert config.node_id is not None
-    logs.setup(lambda: {"node": config.node_id})
-    try:
-        security = Security.from_files(config.security.tls_cert, config.security.tls_key,
-                                       config.security.tls_ca, config.security.cluster_token_file)
-    except (OSError, ValueError) as exc:
-        print(f"dpeer: cannot load the security files: {exc}", file=sys.stderr)
-        return 2
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        store = Store.open(config.data_dir / "store", node_id=config.node_id)
-    except (StoreFormatError, NodeIdMismatch) as exc:
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return 2
-    except StoreError as exc:
-        print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
-        return 1
-    transport = None if wrap is None else (lambda refused: wrap(GrpcTransport(security, refused)))
-    daemon = Daemon(config, store, security, worker, transport=transport)
-
-    def context() -> dict[str, Any]:
-        try:
-            view = store.state.view
-            return {"node": config.node_id, "term": store.current_term, "generation": view.generation if view else 0}
-        except StoreError:
-            return {"node": config.node_id}
-
-    logs.setup(context)
-    try:
-        return asyncio.run(daemon.run())
-    except OSError as exc:
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return 2
+    return run(config, worker, wrap)
