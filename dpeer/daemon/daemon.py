@@ -23,7 +23,7 @@ from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.final_state import fetch_final, holds
 from dpeer.daemon.config import NodeConfig
-from dpeer.consensus import bootstrap
+from dpeer.consensus import Role, bootstrap
 from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.metrics import Metrics
 from dpeer.daemon.node import Node
@@ -144,7 +144,7 @@ class Daemon:
         log.info("worker reports a %s failure (generation %d, step %d): %s", report.phase.value, generation,
                  report.step, report.error)
         self.metrics.failures.inc()
-        if self.node.role == "leader":
+        if self.node.role is Role.LEADER:
             self.leader.group_failed(generation, report)
             return
         self._tasks = [t for t in self._tasks if not t.done()]
@@ -213,7 +213,7 @@ class Daemon:
             return
         self._reports_left -= 1
         self._next_report = now + CHECKPOINT_REPORT_EVERY
-        if self.node.role == "leader":
+        if self.node.role is Role.LEADER:
             self.leader.checkpoint_reported(self.node_id, held)
         elif self._report_task is None or self._report_task.done():
             report = self._tell_leader(f"the checkpoint of step {held.step}", lambda c: c.report_checkpoint(
@@ -367,7 +367,7 @@ class Daemon:
             counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
         m.set_members(counts)
         m.term.set(store.current_term)
-        m.is_leader.set(1 if self.node.role == "leader" else 0)
+        m.is_leader.set(1 if self.node.role is Role.LEADER else 0)
         m.commit_index.set(store.commit_index)
         m.last_applied.set(store.last_applied)
         m.invalid.set(self.node.invalid_messages)
@@ -409,7 +409,7 @@ class Daemon:
     def _sync_membership(self, now: float) -> None:
         """While our committed member record (address, store port, readiness) is out of date and
         we do not lead, ask the leader or the seeds to update it (a join is the first such update)."""
-        if self.node.role == "leader" or self.leaving or now < self._next_join:
+        if self.node.role is Role.LEADER or self.leaving or now < self._next_join:
             return
         if self._join_task is not None and not self._join_task.done():
             return

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from dpeer.clock import REAL, Clock
 from dpeer.transport import codec
-from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused
+from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused, Role
 from dpeer.consensus.ready import ProposeResult
 from dpeer.consensus.config import PRESETS as RAFT_PRESETS
 from dpeer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
@@ -89,7 +89,8 @@ class Node:
         self.since: dict[str, tuple[str, float]] = {}
         self.probes = ProbeTimes()
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
-        self.role, self.leader_id = "follower", None
+        self.role: Role = Role.FOLLOWER
+        self.leader_id: str | None = None
         self.apply_listeners: list[ApplyListener] = []
         self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
         self.chores: list[Callable[[float], None]] = []
@@ -223,7 +224,7 @@ class Node:
 
     def _chore_period(self, now: float) -> float:
         if now < self._busy_until or any(check() for check in self.busy_checks):
-            return LEADER_CHORES if self.role == "leader" else FOLLOWER_CHORES
+            return LEADER_CHORES if self.role is Role.LEADER else FOLLOWER_CHORES
         return IDLE_CHORES
 
     def step_timers(self) -> None:
@@ -280,12 +281,13 @@ class Node:
         self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
         self._wake_if_sooner()
 
-    def _on_soft(self, leader: str | None, role: str) -> None:
+    def _on_soft(self, leader: str | None, name: str) -> None:
+        role = Role(name)
         if (leader, role) != (self.leader_id, self.role):
-            log.info("role %s, leader %s", role, leader)
+            log.info("role %s, leader %s", role.value, leader)
             self.leader_id, self.role = leader, role
             self.poke()
-        if role != "leader":
+        if role is not Role.LEADER:
             for fut in list(self._reads.values()):
                 if not fut.done():
                     fut.set_exception(Unavailable("leadership changed during the read; try again"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from dpeer.consensus import Role
 from dpeer.statemachine.entry import EntryKind
 
 from tests.house.cluster import House
@@ -85,7 +86,7 @@ class Checker:
             if box.daemon is None or self.outsider(nid):
                 continue
             node = box.daemon.node
-            if node.role == "leader":
+            if node.role is Role.LEADER:
                 key = (node.raft.epoch, node.store.current_term)
                 other = self.leaders.setdefault(key, nid)
                 if other != nid:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from dpeer import errors
+from dpeer.consensus import Role
 from dpeer.sim.network import LinkPolicy
 
 from tests.house.cluster import House
@@ -14,7 +15,7 @@ from tests.house.cluster import House
 
 def leader_of(house: House) -> str | None:
     """The box that leads now, if any."""
-    return next((n for n in house.up() if house.boxes[n].daemon.node.role == "leader"
+    return next((n for n in house.up() if house.boxes[n].daemon.node.role is Role.LEADER
                  and n not in house.strangers), None)
 
 
