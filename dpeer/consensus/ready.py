@@ -10,7 +10,7 @@ Persisting before sending is what makes a vote or an acknowledgement a promise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Protocol, Union
 
 from dpeer.consensus.storage import Snapshot
 from dpeer.statemachine.entry import Entry
@@ -62,6 +62,52 @@ class Ready:
     committed_entries: tuple[Entry, ...]
     messages: tuple[Outgoing, ...]
     read_states: tuple[ReadState, ...]
+
+
+class ReadyNode(Protocol):
+    """The side of RaftNode a Ready driver uses."""
+
+    def has_ready(self) -> bool:
+        """Whether a Ready is pending."""
+
+    def ready(self) -> Ready:
+        """The pending Ready."""
+
+    def advance(self, rd: Ready) -> None:
+        """The Ready was handled."""
+
+
+class ReadyHandler(Protocol):
+    """The caller's I/O for one Ready, called by drive() in the contract's order."""
+
+    def persist(self, rd: Ready) -> None:
+        """Hard state, snapshot, entries and commit index, durable before anything else."""
+
+    def apply(self, entries: tuple[Entry, ...]) -> None:
+        """Apply the newly committed entries, in order."""
+
+    def send(self, messages: tuple[Outgoing, ...]) -> None:
+        """Release the messages (only now: they promise what was persisted)."""
+
+    def observe(self, rd: Ready) -> None:
+        """Read states, the soft state, whatever else the caller shows or waits on."""
+
+
+def drive(node: ReadyNode, handler: ReadyHandler) -> int:
+    """Handle every pending Ready in the documented order (persist, apply, send, then advance);
+    the one driver the daemon's node and the simulations share. Returns how many it handled."""
+    count = 0
+    while node.has_ready():
+        rd = node.ready()
+        handler.persist(rd)
+        if rd.committed_entries:
+            handler.apply(rd.committed_entries)
+        if rd.messages:
+            handler.send(rd.messages)
+        handler.observe(rd)
+        node.advance(rd)
+        count += 1
+    return count
 
 
 @dataclass(frozen=True)

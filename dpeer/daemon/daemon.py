@@ -108,6 +108,7 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._held: Held | None = None
         self._next_missed_report = 0.0
+        self._failed: tuple[int, FailureReport] | None = None  # the worker's last group failure
         self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
         self._fetch_task: asyncio.Task | None = None
@@ -144,6 +145,12 @@ class Daemon:
         log.info("worker reports a %s failure (generation %d, step %d): %s", report.phase.value, generation,
                  report.step, report.error)
         self.metrics.failures.inc()
+        if report.phase is not FailurePhase.BUILD:
+            self._failed = (generation, report)
+        self._send_failure(generation, report)
+
+    def _send_failure(self, generation: int, report: FailureReport) -> None:
+        """Tell the leader (directly when it is us) that a group or a build failed."""
         if self.node.role is Role.LEADER:
             self.leader.group_failed(generation, report)
             return
@@ -157,7 +164,9 @@ class Daemon:
     def _report_missed_view(self, now: float) -> None:
         """While our worker waits on a committed view it was never handed, report that group failed
         (again each second: the report is lost while no leader is known), so a new generation
-        re-forms it; after a full power loss or a lone box's worker crash nothing else would."""
+        re-forms it; after a full power loss or a lone box's worker crash nothing else would. Also
+        repeat the worker's own report of the current generation's failure until a newer view
+        comes: one report sent while no leader was known left the group waiting for good."""
         assert self.worker is not None
         view = self.store.state.view
         if view is None or now < self._next_missed_report:
@@ -168,6 +177,11 @@ class Daemon:
             self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
             self._group_failed(view.generation, FailureReport(self.node_id, FailurePhase.GROUP, 0, verdict.reason,
                                                               view.generation))
+        elif self._failed is not None and self._failed[0] == view.generation and self.worker.running:
+            # the worker's group failed and it waits for the next view: the report is lost while no
+            # leader is known (or on the way to one that died), so say it again until a view comes
+            self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
+            self._send_failure(*self._failed)
 
     def _checkpoint_written(self, held: Held) -> None:
         """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""

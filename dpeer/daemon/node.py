@@ -19,7 +19,7 @@ from typing import Any, Callable
 from dpeer.clock import REAL, Clock
 from dpeer.transport import codec
 from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused, Role
-from dpeer.consensus.ready import ProposeResult
+from dpeer.consensus.ready import Outgoing, ProposeResult, Ready, drive
 from dpeer.consensus.config import PRESETS as RAFT_PRESETS
 from dpeer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
 from dpeer.errors import BadRequest, Unavailable
@@ -249,33 +249,10 @@ class Node:
 
     # -- Raft Ready -------------------------------------------------------------------------
     def drain(self) -> None:
-        """Persist, send, then apply every pending Ready.
-
-        Hard state, new entries and the commit index go to disk in one synced transaction; the
-        messages (votes, acknowledgements) leave only after that, and applying committed entries
-        comes after sending, so a follower's acknowledgement never waits on its own apply.
-        """
-        while self.raft.has_ready():
-            rd = self.raft.ready()
-            if rd.snapshot is not None:
-                self.storage.install_snapshot(rd.snapshot)
-                log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
-            hs = rd.hard_state
-            if hs is not None or rd.entries:
-                term, vote = (hs.term, hs.voted_for) if hs else (self.store.current_term, self.store.voted_for)
-                self.store.save(term, vote, rd.entries, hs.commit if hs else self.store.commit_index)
-                self.entries_written += len(rd.entries)
-            for dst, uid, msg in rd.messages:
-                self._send_raft(dst, uid, msg)
-            if rd.committed_entries:
-                self._applied(self.store.apply_to(rd.committed_entries[-1].index))
-            for rs in rd.read_states:
-                fut = self._reads.pop(rs.request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(rs.index)
-            if rd.soft_state is not None:
-                self._on_soft(rd.soft_state.leader, rd.soft_state.role)
-            self.raft.advance(rd)
+        """Handle every pending Ready in the documented order (consensus.ready.drive): persist,
+        apply, send. Hard state, new entries and the commit index go to disk in one synced
+        transaction; the messages (votes, acknowledgements) leave only after that."""
+        drive(self.raft, _NodeReady(self))
         if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
             log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
         self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
@@ -442,6 +419,40 @@ class Node:
             log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
         if self.raft.has_ready():
             self.drain()
+
+
+class _NodeReady:
+    """consensus.ready.ReadyHandler of a Node: its store, its apply listeners, its network."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def persist(self, rd: Ready) -> None:
+        node, store = self.node, self.node.store
+        if rd.snapshot is not None:
+            node.storage.install_snapshot(rd.snapshot)
+            log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
+        hs = rd.hard_state
+        if hs is not None or rd.entries:
+            term, vote = (hs.term, hs.voted_for) if hs else (store.current_term, store.voted_for)
+            store.save(term, vote, rd.entries, hs.commit if hs else store.commit_index)
+            node.entries_written += len(rd.entries)
+
+    def apply(self, entries: tuple[Entry, ...]) -> None:
+        self.node._applied(self.node.store.apply_to(entries[-1].index))
+
+    def send(self, messages: tuple[Outgoing, ...]) -> None:
+        for dst, uid, msg in messages:
+            self.node._send_raft(dst, uid, msg)
+
+    def observe(self, rd: Ready) -> None:
+        node = self.node
+        for rs in rd.read_states:
+            fut = node._reads.pop(rs.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+        if rd.soft_state is not None:
+            node._on_soft(rd.soft_state.leader, rd.soft_state.role)
 
 
 def _resolve(waiter: asyncio.Future) -> None:

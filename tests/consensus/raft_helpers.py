@@ -6,6 +6,7 @@ import random
 from typing import Any, Callable
 
 from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, bootstrap
+from dpeer.consensus.ready import drive
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -63,24 +64,8 @@ class Net:
         self.now += dt
 
     def flush(self, nid: str) -> None:
-        """Persist, apply and queue the messages of every Ready of node nid."""
-        node, st = self.nodes[nid], self.storages[nid]
-        while node.has_ready():
-            rd = node.ready()
-            hs = rd.hard_state
-            if hs is not None:
-                st.set_hard_state(hs.term, hs.voted_for)
-            if rd.snapshot is not None:
-                st.install_snapshot(rd.snapshot)
-            st.append(rd.entries)
-            if hs is not None:
-                st.set_commit(hs.commit)
-            for e in rd.committed_entries:
-                st.apply_to(e.index)
-                self.applied[nid].append(e)
-            self.readies[nid].append(rd)
-            self.queue.extend((node.identity, dst, uid, m) for dst, uid, m in rd.messages)
-            node.advance(rd)
+        """Persist, apply and queue the messages of every Ready of node nid (consensus.ready.drive)."""
+        drive(self.nodes[nid], _Flush(self, nid))
 
     def deliver(self, limit: int = 10_000) -> int:
         """Deliver queued messages (and what they cause) until quiet; returns how many."""
@@ -164,3 +149,32 @@ class Net:
     def sent(self, nid: str, kind: type) -> list[tuple[str, Any]]:
         """Every (dst, msg) of type kind that nid has emitted so far."""
         return [(d, m) for rd in self.readies[nid] for d, _, m in rd.messages if isinstance(m, kind)]
+
+
+class _Flush:
+    """The Net's ReadyHandler for one node: its MemoryStorage, its applied list, the queue."""
+
+    def __init__(self, net: Net, nid: str) -> None:
+        self.net, self.nid, self.st = net, nid, net.storages[nid]
+
+    def persist(self, rd: Ready) -> None:
+        hs = rd.hard_state
+        if hs is not None:
+            self.st.set_hard_state(hs.term, hs.voted_for)
+        if rd.snapshot is not None:
+            self.st.install_snapshot(rd.snapshot)
+        self.st.append(rd.entries)
+        if hs is not None:
+            self.st.set_commit(hs.commit)
+
+    def apply(self, entries: tuple) -> None:
+        for e in entries:
+            self.st.apply_to(e.index)
+            self.net.applied[self.nid].append(e)
+
+    def send(self, messages: tuple) -> None:
+        me = self.net.nodes[self.nid].identity
+        self.net.queue.extend((me, dst, uid, m) for dst, uid, m in messages)
+
+    def observe(self, rd: Ready) -> None:
+        self.net.readies[self.nid].append(rd)

@@ -47,7 +47,8 @@ class Checker:
     committed: dict[int, tuple[int, str, str]] = field(default_factory=dict)
     seen_to: dict[str, tuple[int, int]] = field(default_factory=dict)  # box -> (life, index checked)
     leaders: dict[tuple[int, int], str] = field(default_factory=dict)
-    views: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    views: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the views the state machine took
+    view_gen: int = 0
     leaderless: dict[str, float] = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
     checks: int = 0
@@ -108,13 +109,17 @@ class Checker:
         if hi >= lo:
             for e in store.entries(lo, hi + 1):
                 mine = (e.term, e.kind.value, json.dumps(e.payload, sort_keys=True, default=str))
+                new = e.index not in self.committed
                 first = self.committed.setdefault(e.index, mine)
                 if first != mine:
                     raise Violation(f"{nid} committed {mine} at index {e.index}, another box {first}")
-                if e.kind is EntryKind.VIEW:
+                if new and e.kind is EntryKind.VIEW:
+                    # indices are first seen in order; the state machine takes only generation + 1
                     gen, members = e.payload["generation"], tuple(e.payload["members"])
-                    if self.views.setdefault(gen, members) != members:
-                        raise Violation(f"two views of generation {gen}: {self.views[gen]} and {members}")
+                    if gen == self.view_gen + 1:
+                        self.view_gen = gen
+                        if self.views.setdefault(gen, members) != members:
+                            raise Violation(f"two views of generation {gen}: {self.views[gen]} and {members}")
         self.seen_to[nid] = (box.lives, max(upto, hi))
 
     def _handed(self, final: bool = False) -> None:
