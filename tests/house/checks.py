@@ -4,8 +4,9 @@ Safety, at every check: one leader per (epoch, term); every two boxes agree on e
 index; one member set per view generation; a worker is handed only committed views; no two
 groups step in one tick; a box that has known no leader past its fence time does not train;
 reads are linearizable (per key, one writer at a time: a read returns a value whose write began
-before the read ended, no older than the newest write acknowledged before the read began, and
-no older than a read that ended before it began); no handler or task raised. At the end, after
+before the read ended, and, when that write was acknowledged, no older than the newest write
+acknowledged before the read began or a read that ended before it began; a write without an
+answer may take effect late); no handler or task raised. At the end, after
 the faults healed: acknowledged writes are in the committed state, a leader is known, and the
 newest view's group trains.
 """
@@ -157,7 +158,10 @@ class Checker:
         floor = max([o.value for o in writes if o.ok and o.end is not None and o.end < op.start] +
                     [o.value for o in self.ops if o.kind == "get" and o.ok and o.key == op.key
                      and o.end is not None and o.end < op.start and o.value is not None], default=None)
-        if floor is not None and (op.value is None or op.value < floor):
+        # a write whose caller got no answer (a timeout, a lost reply, a retried forward) may take
+        # effect at any time after it began, so returning its value is never stale by itself
+        acked = {o.value for o in writes if o.ok}
+        if floor is not None and (op.value is None or (op.value < floor and op.value in acked)):
             raise Violation(f"stale read of {op.key}: {op.value} after {floor} was acknowledged or read")
 
     def leader_known(self) -> bool:
