@@ -1,8 +1,8 @@
 """The clock the daemon reads: real (the OS's), or virtual (the simulation's event loop).
 
-The node driver, the daemon's loops, the supervisor's timing and the worker channel read time
-only through a Clock, so a whole cluster can run in one process on a clock the simulation moves
-(dpeer/sim/loop.py, docs/architecture.md).
+The node driver and the daemon's loops read time only through a Clock (the supervisor gets its
+`now` from the daemon's chores), so a whole cluster can run in one process on a clock the
+simulation moves: tests/house/loop.py jumps its event loop's time to the next timer.
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ class Result:
     faults: list[str] = field(default_factory=list)
     virtual_s: float = 0.0
     wall_s: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds of this process: the cost of a seed on a free core
     checks: int = 0
     steps: int = 0
     commits: int = 0
@@ -67,13 +68,14 @@ def run(seed: int, seconds: float = 4.0, size: int = 3, settle: float = SETTLE_S
     root = Path(tempfile.mkdtemp(prefix=f"house-{seed}-", dir=TMP))
     house = House(loop, seed, root, size=size, unready=unready)
     result = Result(seed, None)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         loop.run_until_complete(_play(house, result, seconds, settle, scenario))
     finally:
         loop.run_until_complete(house.close())
         loop.close()
     result.wall_s = time.perf_counter() - started
+    result.cpu_s = time.process_time() - cpu
     result.virtual_s = loop.time()
     result.steps = house.training.steps
     return result
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for seed in range(args.seed, args.seed + args.count):
         r = run(seed, args.seconds, args.size)
-        print(f"seed {seed}: {'VIOLATION ' + r.violation if r.violation else 'clean'} ({r.wall_s:.2f}s wall, "
+        print(f"seed {seed}: {'VIOLATION ' + r.violation if r.violation else 'clean'} ({r.wall_s:.2f}s wall, {r.cpu_s:.2f}s CPU, "
               f"{r.virtual_s:.1f}s virtual, {r.checks} checks, {r.commits} committed, {r.steps} steps)")
         if args.verbose or r.violation:
             print("\n".join("  " + f for f in r.faults))

@@ -19,7 +19,7 @@ SECONDS, SIZE = 4.0, 3
 def _one(seed: int) -> tuple[int, str | None, list[str], float]:
     quiet_logs()
     r = run(seed, SECONDS, SIZE)
-    return r.seed, r.violation, r.faults, r.wall_s
+    return r.seed, r.violation, r.faults, r.cpu_s
 
 
 def _seeds() -> int:
@@ -35,7 +35,9 @@ def test_every_seed_keeps_the_invariants() -> None:
         results = pool.map(_one, range(1, count + 1), chunksize=8)
     wall = time.perf_counter() - started
     bad = [r for r in results if r[1] is not None]
-    print(f"\n{count} whole-cluster seeds in {wall:.0f}s on {procs} processes ({count / wall:.1f} seeds/s)")
+    cpu = sum(r[3] for r in results)
+    print(f"\n{count} whole-cluster seeds in {wall:.0f}s on {procs} processes ({count / wall:.1f} seeds/s); "
+          f"{cpu / count:.3f} CPU-s per seed ({count / cpu:.1f} seeds/s per free core)")
     assert not bad, "\n".join(
         f"seed {seed}: {why}\n  replay: {Result(seed, why).replay(SECONDS, SIZE)}\n  " + "\n  ".join(faults)
         for seed, why, faults, _ in bad[:5])
