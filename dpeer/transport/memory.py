@@ -92,7 +92,7 @@ class MemoryNetwork:
             self.dropped += 1
             return
         link = (src.addr, addr)
-        at = max(loop.time() + delay, self._last_arrival.get(link, 0.0))
+        at = max(loop.time() + delay, self._last_arrival.get(link, 0.0) + 1e-9)  # timers of one time are unordered
         self._last_arrival[link] = at
         loop.call_at(at, self._arrive, host, addr, envelope)
 
