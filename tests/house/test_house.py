@@ -10,6 +10,8 @@ import multiprocessing
 import os
 import time
 
+import pytest
+
 from tests.house.cluster import quiet_logs
 from tests.house.sim import Result, run
 
@@ -34,6 +36,7 @@ def _seeds() -> int:
     return int(os.environ.get("DPEER_HOUSE_SEEDS", "1000"))
 
 
+@pytest.mark.timeout(0 if os.environ.get("DPEER_SLOW") == "1" else 1800)
 def test_every_seed_keeps_the_invariants() -> None:
     count, started = _seeds(), time.perf_counter()
     procs = max(1, min(os.cpu_count() or 1, 8))
