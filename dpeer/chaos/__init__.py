@@ -13,8 +13,9 @@ fault come from the seed; which nodes are eligible depends on the run):
   loss       the node drops 10-30 % of its outgoing protocol messages for 5-10 s
   slow       the node holds each outgoing protocol message 50-200 ms for 5-10 s
 
-partition, loss and slow go through the test-only transport hook (dpeer/transport/faults.py,
-<data_dir>/faults.json). They act on the daemons' control plane (gossip and Raft messages), not
+partition, loss and slow go through the chaos daemons' transport wrapper (the cluster runs
+`python -m dpeer.chaos.daemon`, dpeer/chaos/daemon.py; faults in <data_dir>/faults.json, read by
+dpeer/chaos/faults.py; `dpeer start` has no fault hook). They act on the daemons' control plane (gossip and Raft messages), not
 on the workers' Gloo collectives: a partitioned node's worker keeps stepping with the majority
 until its daemon has known no leader for `fence_after` (3 x the election timeout max, about 2 s on
 the lan preset) and stops it; the majority then re-forms without it, and the node heals and is

@@ -23,7 +23,7 @@ from dpeer.chaos.schedule import Fault, schedule
 from dpeer.chaos.track import track
 from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.transport.client import Channels
-from dpeer.transport.faults import write_faults
+from dpeer.chaos.faults import write_faults
 from dpeer.transport.options import Security
 
 BACK_TIMEOUT = 120.0
@@ -42,7 +42,7 @@ class Run:
                                     "micro_batch": opts.micro_batch, "lr": opts.lr, "reduction": opts.reduction,
                                     "checkpoint_every": 0, "seed": TRAINING_SEED}}
         self.cluster = LocalCluster(self.root / "cluster", opts.nodes, job="demo", base_port=opts.base_port,
-                                    config=self.config)
+                                    config=self.config, entry=("dpeer.chaos.daemon",))
         self.plans = schedule(opts.seed, opts.kinds, opts.fault_every)
         self.kv_rng = random.Random(opts.seed * 7919 + 1)
         self.t0 = time.monotonic()

@@ -2,9 +2,9 @@
 
 Ready contract: first persist, each step durable before the next: set_hard_state(term,
 voted_for); install_snapshot(snapshot); append(entries); set_commit(hard_state.commit). Then
-send `messages` and apply `committed_entries` in order, in either order (the daemon sends
-first, so an acknowledgement never waits on its own apply); then RaftNode.advance(ready). Do
-not step, tick or propose between ready() and advance().
+apply `committed_entries` in order, then send `messages`; then RaftNode.advance(ready).
+drive() below does exactly that, for the daemon's node and the simulations alike. Do not step,
+tick or propose between ready() and advance().
 Persisting before sending is what makes a vote or an acknowledgement a promise.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple, Protocol, Union
 
 from dpeer.consensus.storage import Snapshot, Storage
 from dpeer.statemachine.entry import Entry
@@ -73,6 +73,52 @@ class Ready:
     committed_entries: tuple[Entry, ...]
     messages: tuple[Outgoing, ...]
     read_states: tuple[ReadState, ...]
+
+
+class ReadyNode(Protocol):
+    """The side of RaftNode a Ready driver uses."""
+
+    def has_ready(self) -> bool:
+        """Whether a Ready is pending."""
+
+    def ready(self) -> Ready:
+        """The pending Ready."""
+
+    def advance(self, rd: Ready) -> None:
+        """The Ready was handled."""
+
+
+class ReadyHandler(Protocol):
+    """The caller's I/O for one Ready, called by drive() in the contract's order."""
+
+    def persist(self, rd: Ready) -> None:
+        """Hard state, snapshot, entries and commit index, durable before anything else."""
+
+    def apply(self, entries: tuple[Entry, ...]) -> None:
+        """Apply the newly committed entries, in order."""
+
+    def send(self, messages: tuple[Outgoing, ...]) -> None:
+        """Release the messages (only now: they promise what was persisted)."""
+
+    def observe(self, rd: Ready) -> None:
+        """Read states, the soft state, whatever else the caller shows or waits on."""
+
+
+def drive(node: ReadyNode, handler: ReadyHandler) -> int:
+    """Handle every pending Ready in the documented order (persist, apply, send, then advance);
+    the one driver the daemon's node and the simulations share. Returns how many it handled."""
+    count = 0
+    while node.has_ready():
+        rd = node.ready()
+        handler.persist(rd)
+        if rd.committed_entries:
+            handler.apply(rd.committed_entries)
+        if rd.messages:
+            handler.send(rd.messages)
+        handler.observe(rd)
+        node.advance(rd)
+        count += 1
+    return count
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
 from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.messages import InvalidMessage, Message, Peer
-from dpeer.consensus.ready import Ready, persist
+from dpeer.consensus.ready import Outgoing, Ready, drive, persist
 from dpeer.consensus.storage import MemoryStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 
@@ -79,23 +79,32 @@ class RaftActor:
 
     # -- Ready loop -------------------------------------------------------------------------
     def drain(self) -> Outbox:
-        """Handle every pending Ready: persist, apply, then release the messages."""
-        out: Outbox = []
-        while self.node.has_ready():
-            rd = self.node.ready()
-            self._persist(rd)
-            for entry in rd.committed_entries:
-                self.storage.apply_to(entry.index)
-                self._apply(entry)
-            self._maybe_compact()
-            if self.observer is not None:
-                self.observer.on_ready(self.id, self.node, rd)
-            me = self.node.identity
-            out.extend((dst, Stamped(me, uid, msg)) for dst, uid, msg in rd.messages)
-            self.node.advance(rd)
+        """Handle every pending Ready (consensus.ready.drive): persist, apply, then release the
+        messages into the outbox returned."""
+        self._out: Outbox = []
+        drive(self.node, self)
+        out, self._out = self._out, []
         return out
 
-    def _persist(self, rd: Ready) -> None:
+    def apply(self, entries: tuple[Entry, ...]) -> None:
+        """ReadyHandler: apply committed entries to the modelled state, then compact."""
+        for entry in entries:
+            self.storage.apply_to(entry.index)
+            self._apply(entry)
+        self._maybe_compact()
+
+    def send(self, messages: tuple[Outgoing, ...]) -> None:
+        """ReadyHandler: stamp and queue the messages."""
+        me = self.node.identity
+        self._out.extend((dst, Stamped(me, uid, msg)) for dst, uid, msg in messages)
+
+    def observe(self, rd: Ready) -> None:
+        """ReadyHandler: tell the observer (the safety checks)."""
+        if self.observer is not None:
+            self.observer.on_ready(self.id, self.node, rd)
+
+    def persist(self, rd: Ready) -> None:
+        """ReadyHandler: hard state, snapshot, entries, commit index (consensus.ready.persist)."""
         persist(self.storage, rd)
         if rd.snapshot is not None:
             self.state = _decode_state(rd.snapshot.data)

@@ -10,22 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
-import time
 from typing import Any, Awaitable, Callable
 
 from dpeer.transport import codec
 
 from dpeer import errors
+from dpeer.clock import REAL, Clock
 
 from dpeer.security import exposure
 
-from dpeer.daemon import logs
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.final_state import fetch_final, holds
 from dpeer.daemon.config import NodeConfig
-from dpeer.consensus import bootstrap
+from dpeer.consensus import Role, bootstrap
 from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.metrics import Metrics
 from dpeer.daemon.node import Node
@@ -34,21 +32,19 @@ from dpeer.daemon.resyncer import Resyncer
 from dpeer.daemon.service import Service
 from dpeer.daemon.status import document, identity
 from dpeer.daemon.storage_adapter import StoreStorage
-from dpeer.daemon.supervisor import WorkerSupervisor
+from dpeer.daemon.supervisor import Worker, WorkerSupervisor
 from dpeer.daemon.worker_health import missed_view
 from dpeer.daemon.worker_wake import WorkerWake
-from dpeer.transport.client import Channels, NodeClient, PeerSender
-from dpeer.transport.faults import FaultHook
+from dpeer.transport.api import PeerClient, Transport, TransportFactory
+from dpeer.transport.grpc_transport import GrpcTransport
 from dpeer.transport.options import Security
 from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
 from dpeer.statemachine.state import JobState
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.daemon")
-STORE_DIR = "store"  # the LMDB store's directory inside the data dir
 JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
@@ -61,23 +57,24 @@ class Daemon:
     """Everything one `dpeer start` runs; built by run_daemon."""
 
     def __init__(
-        self, config: NodeConfig, store: Store, security: Security, worker: WorkerSupervisor | None = None,
+        self, config: NodeConfig, store: Store, security: Security, worker: Worker | None = None, *,
+        transport: TransportFactory | None = None, clock: Clock = REAL, seed: int | None = None,
     ) -> None:
+        """transport: builds the network seam given where refusals go (default gRPC; the chaos
+        entry and the simulation pass their own); clock: what every loop here reads."""
         assert config.node_id is not None
-        self.config, self.store, self.security = config, store, security
+        self.config, self.store, self.security, self.clock = config, store, security, clock
         self.node_id = config.node_id
         self.addr = config.advertise_addr
-        self.channels = Channels(security)
-        # faults: the test-only fault injection hook (transport/faults.py); inert without <data_dir>/faults.json
         self.metrics = Metrics(self.node_id)
-        self.sender = PeerSender(self.channels, on_refused=self._refused, timeout=1.0, on_rtt=self.metrics.rtt.observe,
-                                 faults=FaultHook.for_data_dir(config.data_dir))
+        make = transport or (lambda refused: GrpcTransport(security, refused, on_rtt=self.metrics.rtt.observe))
+        self.transport = make(self._refused)
         if store.last_index == 0 and store.snapshot_index == 0 and not config.join:
             bootstrap(StoreStorage(store), [self.node_id], uids={self.node_id: store.uid})
             log.info("founded a new cluster (store identity %s)", store.uid)
-        self.node = Node(self.node_id, self.addr, store, self.sender.send, preset=config.preset,
-                         max_voters=config.max_voters, timing=config.resolved_timing())
-        self.resyncer = Resyncer(self.node, self.channels)
+        self.node = Node(self.node_id, self.addr, store, self.transport.send, preset=config.preset,
+                         max_voters=config.max_voters, timing=config.resolved_timing(), clock=clock, seed=seed)
+        self.resyncer = Resyncer(self.node, self.transport)
         self.worker = worker
         if worker is not None:
             worker.on_failure = self._group_failed
@@ -92,13 +89,14 @@ class Daemon:
         # chores stay frequent while this node is not yet an active member, and while a worker
         # runs without a doorbell (its reports are then only found by polling)
         self._wake: WorkerWake | None = None
+        self.rings = False  # the worker rings a doorbell on each report (ring(), worker_exited()): no polling
         self.node.busy_checks.append(
-            lambda: (self.worker is not None and self._wake is None) or not self.joined or self.leaving)
+            lambda: (self.worker is not None and not self.rings) or not self.joined or self.leaving)
         self.node.apply_listeners.append(self._on_apply)
-        self.service = Service(self.node, self.channels, self.status, self._leave_done, self.leader.group_failed,
+        self.service = Service(self.node, self.transport, self.status, self._leave_done, self.leader.group_failed,
                                self.leader.checkpoint_reported, config.data_dir / "checkpoints")
         self.notifier = Notifier()
-        self.started = time.monotonic()
+        self.started = clock.now()
         self.joined = False
         self._last_metrics = self._last_introduce = self._next_join = 0.0
         self._join_task: asyncio.Task | None = None
@@ -110,10 +108,12 @@ class Daemon:
         self._tasks: list[asyncio.Task] = []
         self._held: Held | None = None
         self._next_missed_report = 0.0
+        self._failed: tuple[int, FailureReport] | None = None  # the worker's last group failure
         self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
         self._fetch_task: asyncio.Task | None = None
         self._next_fetch = 0.0
+        self.server: Any = None  # the gRPC server while run() serves
 
     def _refused(self, addr: str) -> None:
         self.node.refused(addr)
@@ -150,7 +150,13 @@ class Daemon:
             log.info("worker reports a group failure (generation %d, step %d): %s", generation, report.step,
                      report.error)
         self.metrics.failures.inc()
-        if self.node.role == "leader":
+        if report.phase is not FailurePhase.BUILD:
+            self._failed = (generation, report)
+        self._send_failure(generation, report)
+
+    def _send_failure(self, generation: int, report: FailureReport) -> None:
+        """Tell the leader (directly when it is us) that a group or a build failed."""
+        if self.node.role is Role.LEADER:
             self.leader.group_failed(generation, report)
             return
         self._tasks = [t for t in self._tasks if not t.done()]
@@ -163,7 +169,9 @@ class Daemon:
     def _report_missed_view(self, now: float) -> None:
         """While our worker waits on a committed view it was never handed, report that group failed
         (again each second: the report is lost while no leader is known), so a new generation
-        re-forms it; after a full power loss or a lone box's worker crash nothing else would."""
+        re-forms it; after a full power loss or a lone box's worker crash nothing else would. Also
+        repeat the worker's own report of the current generation's failure until a newer view
+        comes: one report sent while no leader was known left the group waiting for good."""
         assert self.worker is not None
         view = self.store.state.view
         if view is None or now < self._next_missed_report:
@@ -174,6 +182,11 @@ class Daemon:
             self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
             self._group_failed(view.generation, FailureReport(self.node_id, FailurePhase.GROUP, 0, verdict.reason,
                                                               view.generation))
+        elif self._failed is not None and self._failed[0] == view.generation and self.worker.running:
+            # the worker's group failed and it waits for the next view: the report is lost while no
+            # leader is known (or on the way to one that died), so say it again until a view comes
+            self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
+            self._send_failure(*self._failed)
 
     def _checkpoint_written(self, held: Held) -> None:
         """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""
@@ -202,7 +215,7 @@ class Daemon:
         assert self.worker is not None
         log.info("the job finished at step %d while this box was away: fetching that state from %s",
                  step, ", ".join(n for n, _ in sources) or "nobody (no other holder)")
-        source = await fetch_final(step, digest, sources, self.config.data_dir / "checkpoints", self.channels)
+        source = await fetch_final(step, digest, sources, self.config.data_dir / "checkpoints", self.transport)
         if source is not None:
             self.worker.restart(self.node.clock(), f"load the final state of step {step} fetched from {source}")
 
@@ -219,21 +232,21 @@ class Daemon:
             return
         self._reports_left -= 1
         self._next_report = now + CHECKPOINT_REPORT_EVERY
-        if self.node.role == "leader":
+        if self.node.role is Role.LEADER:
             self.leader.checkpoint_reported(self.node_id, held)
         elif self._report_task is None or self._report_task.done():
             report = self._tell_leader(f"the checkpoint of step {held.step}", lambda c: c.report_checkpoint(
                 self.node_id, held.step, held.digest, held.final))
             self._report_task = asyncio.get_running_loop().create_task(report)
 
-    async def _tell_leader(self, what: str, call: Callable[[NodeClient], Awaitable[object]]) -> None:
-        """Make one call to the current leader over the shared channels; a failure is logged only
+    async def _tell_leader(self, what: str, call: Callable[[PeerClient], Awaitable[object]]) -> None:
+        """Make one call to the current leader over the transport; a failure is logged only
         (the callers retry on their own schedule)."""
         leader = self.node.addrs.get(self.node.leader_id or "")
         if leader is None:
             return
         try:
-            await call(NodeClient(leader, channels=self.channels, timeout=5.0))
+            await call(self.transport.client(leader, timeout=5.0))
         except errors.PeerError as exc:
             log.info("could not report %s to the leader: %s", what, exc)
 
@@ -247,7 +260,7 @@ class Daemon:
             "job": self.job_status(),
             "worker": self.worker.status() if self.worker is not None else None,
             "resync": {"fetched_entries": self.resyncer.fetched_entries, "fetches": self.resyncer.fetches[-10:]},
-            "uptime_s": round(time.monotonic() - self.started, 3),
+            "uptime_s": round(self.clock.now() - self.started, 3),
             "joined": self.joined,
             "security": self.security_status(),
         }
@@ -255,7 +268,7 @@ class Daemon:
 
     def security_status(self) -> dict[str, Any]:
         """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure, refusals so far."""
-        server = getattr(self, "server", None)
+        server = self.server
         return {"mode": self.security.mode.value, "insecure": self.config.security.insecure,
                 "refused": sum(server.refusals.values()) if server is not None else 0}
 
@@ -269,12 +282,12 @@ class Daemon:
             return {"state": "failed", "error": job.error, "node": job.node, "step": job.step}
         if job.state is JobState.FINISHED:
             return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
-        formed = (view is not None and self.node_id in view.members and self.worker.proc is not None
+        formed = (view is not None and self.node_id in view.members and self.worker.running
                   and self.worker.given_generation == view.generation)
         last = self.worker.last_failure
         return {"state": "training" if formed else "waiting", "error": None,
                 "last_failure": last.as_status() if last is not None else None,
-                "kept_out": self.leader.kept_out() if self.node.role == "leader" else None}
+                "kept_out": self.leader.kept_out() if self.node.role is Role.LEADER else None}
 
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -292,27 +305,37 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        self.node.chores.append(self._chores)
-        if self.worker is not None:
+        if isinstance(self.worker, WorkerSupervisor):
             self._watch_worker(loop, self.worker)
-        if self.config.join:
-            self.node.join_seeds(self.config.join)
         try:
-            await self.node.run()
+            await self.run_node()
         finally:
             await self._shutdown()
         return 0
 
+    async def run_node(self) -> None:
+        """The node's part of run(), without a server or signals (what the simulation runs):
+        the chores, the join through the seeds, the driver's loop until stop()."""
+        self.node.chores.append(self._chores)
+        if self.config.join:
+            self.node.join_seeds(self.config.join)
+        await self.node.run()
+
     def _watch_worker(self, loop: asyncio.AbstractEventLoop, worker: WorkerSupervisor) -> None:
         """Run the chores at once when the worker rings its doorbell or exits."""
-        self._wake = WorkerWake.start(loop, str(worker.dir), self.node.chores_now, self._worker_exited)
+        self._wake = WorkerWake.start(loop, str(worker.dir), self.ring, self.worker_exited)
+        self.rings = self._wake is not None
         if self._wake is None:
             return
         worker.on_spawn = self._wake.watch_exit
         if worker.proc is not None:
             self._wake.watch_exit(worker.proc.pid)
 
-    def _worker_exited(self) -> None:
+    def ring(self) -> None:
+        """The worker rang: run the chores at once (a report to act on)."""
+        self.node.chores_now()
+
+    def worker_exited(self) -> None:
         """Notice the exit now, and keep the chores frequent so the restart comes on time."""
         self.node.chores_now()
         self.node.poke()
@@ -366,11 +389,12 @@ class Daemon:
             counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
         m.set_members(counts)
         m.term.set(store.current_term)
-        m.is_leader.set(1 if self.node.role == "leader" else 0)
+        m.is_leader.set(1 if self.node.role is Role.LEADER else 0)
         m.commit_index.set(store.commit_index)
         m.last_applied.set(store.last_applied)
         m.invalid.set(self.node.invalid_messages)
-        m.count_refusals(self.server.refusals)
+        if self.server is not None:
+            m.count_refusals(self.server.refusals)
         m.epoch.set(self.node.raft.epoch)
         m.strangers.set(len(self.node.raft.strangers()))
         m.forced.inc(self.node.forced - self._forced_counted)
@@ -407,7 +431,7 @@ class Daemon:
     def _sync_membership(self, now: float) -> None:
         """While our committed member record (address, store port, readiness) is out of date and
         we do not lead, ask the leader or the seeds to update it (a join is the first such update)."""
-        if self.node.role == "leader" or self.leaving or now < self._next_join:
+        if self.node.role is Role.LEADER or self.leaving or now < self._next_join:
             return
         if self._join_task is not None and not self._join_task.done():
             return
@@ -423,8 +447,8 @@ class Daemon:
         members = [m.addr for n, m in self.store.state.members.items() if n != self.node_id and m.status == "active"]
         for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
             try:
-                async with NodeClient(addr, self.security, timeout=5.0) as client:
-                    reply = await client.join(self.node_id, self.addr, self._store_port(), ready, self.store.uid)
+                reply = await self.transport.client(addr, timeout=5.0).join(
+                    self.node_id, self.addr, self._store_port(), ready, self.store.uid)
             except errors.PeerError as exc:
                 log.info("membership update through %s failed: %s", addr, exc)
                 continue
@@ -450,11 +474,15 @@ class Daemon:
     async def _leave_done(self) -> None:
         """member_left is committed: gossip it briefly, then stop."""
         self._send_leave_gossip()
-        asyncio.get_running_loop().call_later(0.3, self.node.stop)
+        asyncio.get_running_loop().create_task(self._stop_after(0.3))
+
+    async def _stop_after(self, seconds: float) -> None:
+        await self.clock.sleep(seconds)
+        self.node.stop()
 
     def _send_leave_gossip(self) -> None:
         for addr, msg in self.node.swim.leave(self.node.clock()):
-            self.sender.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
+            self.transport.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
 
     async def _shutdown(self) -> None:
         if self._wake is not None:
@@ -463,73 +491,16 @@ class Daemon:
             self.worker.stop()
         for task in self._tasks + [t for t in (self._join_task, self._report_task, self._fetch_task) if t is not None]:
             task.cancel()
-        await self.server.stop(grace=0.5)
-        await self.sender.close()
-        await self.channels.close()
+        if self.server is not None:
+            await self.server.stop(grace=0.5)
+        await self.transport.close()
         self.store.close()
         log.info("stopped; store closed")
 
 
-def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None) -> int:
-    """Open the store and run the daemon in the foreground, with the worker the CLI started
-    before loading the daemon (so `import torch` overlaps our start-up); returns the exit code."""
-    try:
-        return _run_daemon(config, worker)
-    finally:
-        if worker is not None:
-            worker.stop()
+def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None,
+               wrap: Callable[[Transport], Transport] | None = None) -> int:
+    """`dpeer start` in the foreground; see dpeer.daemon.run.run_daemon (kept here for the CLI)."""
+    from dpeer.daemon.run import run_daemon as run
 
-
-def founding_refusal(config: NodeConfig, store: Store) -> str | None:
-    """Why this start must not found a new cluster, or None. A store found corrupt (moved aside at
-    this start or an earlier one) belonged to a cluster: founding again beside it, as an empty
-    store without --join would, splits that cluster in two."""
-    if store.last_index or store.snapshot_index or config.join:
-        return None
-    asides = sorted(config.data_dir.glob(f"{STORE_DIR}.corrupt-*"))
-    if not asides:
-        return None
-    return (f"this node's store was found corrupt and moved aside to {asides[-1]}; it belonged to a cluster, "
-            "so founding a new one here would split it. Start with --join HOST:PORT of a live member to rejoin "
-            f"(it resyncs from its peers), or move {config.data_dir / (STORE_DIR + '.corrupt-*')} elsewhere "
-            "to found a new cluster on purpose")
-
-
-def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None) -> int:
-    assert config.node_id is not None
-    logs.setup(lambda: {"node": config.node_id})
-    try:
-        security = Security.from_files(config.security.tls_cert, config.security.tls_key,
-                                       config.security.tls_ca, config.security.cluster_token_file)
-    except (OSError, ValueError) as exc:
-        print(f"dpeer: cannot load the security files: {exc}", file=sys.stderr)
-        return 2
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        store = Store.open(config.data_dir / STORE_DIR, node_id=config.node_id)
-    except (StoreFormatError, NodeIdMismatch) as exc:
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return 2
-    except StoreError as exc:
-        print(f"dpeer: cannot open the store in {config.data_dir}: {exc}", file=sys.stderr)
-        return 1
-    refusal = founding_refusal(config, store)
-    if refusal is not None:
-        print(f"dpeer: {refusal}", file=sys.stderr)
-        store.close()
-        return 2
-    daemon = Daemon(config, store, security, worker)
-
-    def context() -> dict[str, Any]:
-        try:
-            view = store.state.view
-            return {"node": config.node_id, "term": store.current_term, "generation": view.generation if view else 0}
-        except StoreError:
-            return {"node": config.node_id}
-
-    logs.setup(context)
-    try:
-        return asyncio.run(daemon.run())
-    except OSError as exc:  # a port in use, an unwritable file: the config is fine, so exit 4 and let the unit restart
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return 4
+    return run(config, worker, wrap)

@@ -16,7 +16,7 @@ from dpeer.channel.checkpoint_files import (
     StateError, checkpoint_path, read_checkpoint, read_state_header, unwrap_checkpoint, write_checkpoint,
 )
 from dpeer.errors import PeerError
-from dpeer.transport.client import Channels, NodeClient
+from dpeer.transport.api import PeerClient, Transport
 
 log = logging.getLogger("dpeer.final_state")
 FETCH_TIMEOUT = 300.0
@@ -35,13 +35,13 @@ def _params_digest(data: bytes) -> str:
 
 
 async def fetch_final(
-    step: int, digest: str, sources: list[tuple[str, str]], ckpt_dir: Path, channels: Channels,
+    step: int, digest: str, sources: list[tuple[str, str]], ckpt_dir: Path, transport: Transport,
 ) -> str | None:
     """Fetch the checkpoint of `step` from the first of `sources` ((node id, addr)) that serves a
     file holding `digest`; returns the node it came from, or None when none did (each failure logged)."""
     for node_id, addr in sources:
         try:
-            data = unwrap_checkpoint(await _download(NodeClient(addr, channels=channels, timeout=FETCH_TIMEOUT), step),
+            data = unwrap_checkpoint(await _download(transport.client(addr, timeout=FETCH_TIMEOUT), step),
                                      f"{node_id}'s checkpoint of step {step}")
             got = _params_digest(data)
         except (PeerError, StateError) as exc:
@@ -57,7 +57,7 @@ async def fetch_final(
     return None
 
 
-async def _download(client: NodeClient, step: int) -> bytes:
+async def _download(client: PeerClient, step: int) -> bytes:
     parts: list[bytes] = []
     received = 0
     async for chunk in client.fetch_checkpoint(step):

@@ -14,6 +14,7 @@ import logging
 import secrets
 from typing import Callable
 
+from dpeer.consensus import Role
 from dpeer.daemon.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.errors import PeerError
 from dpeer.daemon.failures import (
@@ -74,7 +75,7 @@ class LeaderChores:
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
-        if self.node.role != "leader":
+        if self.node.role is not Role.LEADER:
             self._wanted = None
             return
         if self._task is not None and not self._task.done():

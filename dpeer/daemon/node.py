@@ -13,13 +13,13 @@ import logging
 import math
 import os
 import random
-import time
 from dataclasses import replace
 from typing import Any, Callable
 
+from dpeer.clock import REAL, Clock
 from dpeer.transport import codec
-from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused
-from dpeer.consensus.ready import ProposeResult
+from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused, Role
+from dpeer.consensus.ready import Outgoing, ProposeResult, Ready, drive
 from dpeer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
 from dpeer.errors import BadRequest, Unavailable
 from dpeer.membership import (
@@ -69,15 +69,15 @@ class Node:
 
     def __init__(
         self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
-        max_voters: int = 5, clock: Callable[[], float] = time.monotonic, seed: int | None = None,
-        timing: Timing | None = None,
-        snapshot_every: int = 10_000, snapshot_keep: int = 1_000, wall: Callable[[], float] = time.time,
+        max_voters: int = 5, clock: Clock = REAL, seed: int | None = None, timing: Timing | None = None,
+        snapshot_every: int = 10_000, snapshot_keep: int = 1_000,
     ) -> None:
-        self.id, self.addr, self.store, self.clock, self.wall = node_id, addr, store, clock, wall
+        self.id, self.addr, self.store = node_id, addr, store
+        self.clock, self.wall = clock.now, clock.wall
         self.storage = StoreStorage(store)
         self._send = sender
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
-        now = clock()
+        now = clock.now()
         timing = timing or resolve(preset, {}, max_voters)  # the config's timing overrides, else the preset's
         self.raft_config = replace(timing.raft, max_voters=max_voters)
         self.raft = RaftNode(node_id, self.storage, self.raft_config, rng, now)
@@ -89,7 +89,8 @@ class Node:
         self.since: dict[str, tuple[str, float]] = {}
         self.probes = ProbeTimes()
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
-        self.role, self.leader_id = "follower", None
+        self.role: Role = Role.FOLLOWER
+        self.leader_id: str | None = None
         self.apply_listeners: list[ApplyListener] = []
         self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
         self.chores: list[Callable[[float], None]] = []
@@ -223,7 +224,7 @@ class Node:
 
     def _chore_period(self, now: float) -> float:
         if now < self._busy_until or any(check() for check in self.busy_checks):
-            return LEADER_CHORES if self.role == "leader" else FOLLOWER_CHORES
+            return LEADER_CHORES if self.role is Role.LEADER else FOLLOWER_CHORES
         return IDLE_CHORES
 
     def step_timers(self) -> None:
@@ -248,44 +249,22 @@ class Node:
 
     # -- Raft Ready -------------------------------------------------------------------------
     def drain(self) -> None:
-        """Persist, send, then apply every pending Ready.
-
-        Hard state, new entries and the commit index go to disk in one synced transaction; the
-        messages (votes, acknowledgements) leave only after that, and applying committed entries
-        comes after sending, so a follower's acknowledgement never waits on its own apply.
-        """
-        while self.raft.has_ready():
-            rd = self.raft.ready()
-            if rd.snapshot is not None:
-                self.storage.install_snapshot(rd.snapshot)
-                log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
-            hs = rd.hard_state
-            if hs is not None or rd.entries:
-                term, vote = (hs.term, hs.voted_for) if hs else (self.store.current_term, self.store.voted_for)
-                self.store.save(term, vote, rd.entries, hs.commit if hs else self.store.commit_index)
-                self.entries_written += len(rd.entries)
-            for dst, uid, msg in rd.messages:
-                self._send_raft(dst, uid, msg)
-            if rd.committed_entries:
-                self._applied(self.store.apply_to(rd.committed_entries[-1].index))
-            for rs in rd.read_states:
-                fut = self._reads.pop(rs.request_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_result(rs.index)
-            if rd.soft_state is not None:
-                self._on_soft(rd.soft_state.leader, rd.soft_state.role)
-            self.raft.advance(rd)
+        """Handle every pending Ready in the documented order (consensus.ready.drive): persist,
+        apply, send. Hard state, new entries and the commit index go to disk in one synced
+        transaction; the messages (votes, acknowledgements) leave only after that."""
+        drive(self.raft, _NodeReady(self))
         if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
             log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
         self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
         self._wake_if_sooner()
 
-    def _on_soft(self, leader: str | None, role: str) -> None:
+    def _on_soft(self, leader: str | None, name: str) -> None:
+        role = Role(name)
         if (leader, role) != (self.leader_id, self.role):
-            log.info("role %s, leader %s", role, leader)
+            log.info("role %s, leader %s", role.value, leader)
             self.leader_id, self.role = leader, role
             self.poke()
-        if role != "leader":
+        if role is not Role.LEADER:
             for fut in list(self._reads.values()):
                 if not fut.done():
                     fut.set_exception(Unavailable("leadership changed during the read; try again"))
@@ -440,6 +419,40 @@ class Node:
             log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
         if self.raft.has_ready():
             self.drain()
+
+
+class _NodeReady:
+    """consensus.ready.ReadyHandler of a Node: its store, its apply listeners, its network."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def persist(self, rd: Ready) -> None:
+        node, store = self.node, self.node.store
+        if rd.snapshot is not None:
+            node.storage.install_snapshot(rd.snapshot)
+            log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
+        hs = rd.hard_state
+        if hs is not None or rd.entries:
+            term, vote = (hs.term, hs.voted_for) if hs else (store.current_term, store.voted_for)
+            store.save(term, vote, rd.entries, hs.commit if hs else store.commit_index)
+            node.entries_written += len(rd.entries)
+
+    def apply(self, entries: tuple[Entry, ...]) -> None:
+        self.node._applied(self.node.store.apply_to(entries[-1].index))
+
+    def send(self, messages: tuple[Outgoing, ...]) -> None:
+        for dst, uid, msg in messages:
+            self.node._send_raft(dst, uid, msg)
+
+    def observe(self, rd: Ready) -> None:
+        node = self.node
+        for rs in rd.read_states:
+            fut = node._reads.pop(rs.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+        if rd.soft_state is not None:
+            node._on_soft(rd.soft_state.leader, rd.soft_state.role)
 
 
 def _resolve(waiter: asyncio.Future) -> None:

@@ -17,7 +17,7 @@ from dpeer.errors import BadRequest, Behind, PeerError
 from dpeer.membership import HeartbeatObserved
 from dpeer.daemon.node import Node
 from dpeer.daemon.resync import FetchEntries, Nothing, ResyncPlan, ResyncTracker
-from dpeer.transport.client import Channels, NodeClient
+from dpeer.transport.api import Transport
 
 log = logging.getLogger("dpeer.resync")
 
@@ -25,9 +25,9 @@ log = logging.getLogger("dpeer.resync")
 class Resyncer:
     """Listens to heartbeats, runs at most one fetch at a time, counts what it fetched."""
 
-    def __init__(self, node: Node, channels: Channels, min_gap: int = 16) -> None:
+    def __init__(self, node: Node, transport: Transport, min_gap: int = 16) -> None:
         self.node = node
-        self.channels = channels
+        self.transport = transport
         self.min_gap = min_gap
         self.tracker = ResyncTracker()
         self.fetched_entries = 0
@@ -65,7 +65,7 @@ class Resyncer:
         addr = self.node.addrs.get(plan.peer)
         if addr is None:
             return
-        client = NodeClient(addr, channels=self.channels)
+        client = self.transport.client(addr)
         got = 0
         async for chunk in client.fetch_entries(plan.from_index, plan.to_index, self.node.id):
             entries = [codec.entry_in(e) for e in chunk.entries]

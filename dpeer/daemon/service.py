@@ -17,11 +17,11 @@ from dpeer.security import auth
 from dpeer.transport import codec
 from dpeer.channel.checkpoint_files import checkpoint_path
 from dpeer.daemon.checkpoints import Held, valid_digest
-from dpeer.consensus import Refused
+from dpeer.consensus import Refused, Role
 from dpeer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
 from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node import Node
-from dpeer.transport.client import Channels, NodeClient
+from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE, EntryKind
 from dpeer.statemachine.errors import Compacted
@@ -48,12 +48,12 @@ class Service:
     """Implements transport.server.PeerHandler over a Node."""
 
     def __init__(
-        self, node: Node, channels: Channels, status: Callable[[], dict[str, Any]],
+        self, node: Node, transport: Transport, status: Callable[[], dict[str, Any]],
         on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, FailureReport], None],
         on_checkpoint: Callable[[str, Held], int], checkpoint_dir: Path,
     ) -> None:
         self.node = node
-        self.channels = channels
+        self.transport = transport
         self._status = status
         self._on_leave = on_leave
         self.on_group_failed = on_group_failed
@@ -93,19 +93,18 @@ class Service:
             lo = batch[-1].index + 1
 
     # -- commands through the leader -------------------------------------------------------
-    def _leader_client(self) -> NodeClient:
+    def _leader_client(self) -> PeerClient:
         leader = self.node.leader_id
         addr = self.node.addrs.get(leader) if leader else None
         if addr is None or leader == self.node.id:
             raise Unavailable("no leader is known right now (election under way or no quorum); try again")
         # the caller this node authenticated travels along: the leader judges the command as theirs
-        return NodeClient(addr, channels=self.channels, timeout=COMMAND_TIMEOUT,
-                          on_behalf_of=auth.vouch(auth.CALLER.get()))
+        return self.transport.client(addr, timeout=COMMAND_TIMEOUT, on_behalf_of=auth.vouch(auth.CALLER.get()))
 
     def _leading(self) -> bool:
-        return self.node.role == "leader"
+        return self.node.role is Role.LEADER
 
-    async def _via_leader(self, here: Callable[[], Awaitable[T]], there: Callable[[NodeClient], Awaitable[T]]) -> T:
+    async def _via_leader(self, here: Callable[[], Awaitable[T]], there: Callable[[PeerClient], Awaitable[T]]) -> T:
         """Run a command here when this node leads, else on the leader. While no leader is known,
         or the one known is unreachable (it just left or died), try again until COMMAND_TIMEOUT."""
         deadline = self.node.clock() + COMMAND_TIMEOUT

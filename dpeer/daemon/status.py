@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpeer.consensus import Role
 from dpeer.daemon.node import Node
 from dpeer.daemon.quorum import explain_no_leader
 
@@ -47,7 +48,7 @@ def identity(node: Node) -> dict[str, Any]:
     voters of older epochs this node refused."""
     raft, conf = node.raft, node.raft.membership
     no_leader = None
-    if node.leader_id is None and node.role != "leader":
+    if node.leader_id is None and node.role is not Role.LEADER:
         why = explain_no_leader(node.id, raft.uid, conf, raft.seen_uids, node.alive_voters(), raft.newest_epoch,
                                 node.addr)
         no_leader = {"since_s": round(raft.leaderless_for(node.clock()), 3), "reason": why.reason,
@@ -66,7 +67,7 @@ def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
     store, state = node.store, node.store.state
     doc: dict[str, Any] = {
         "node_id": node.id, "addr": node.addr, "term": store.current_term, "leader": node.leader_id,
-        "role": node.role, "commit_index": store.commit_index, "last_applied": store.last_applied,
+        "role": node.role.value, "commit_index": store.commit_index, "last_applied": store.last_applied,
         "first_index": store.first_index, "snapshot_index": store.snapshot_index,
         "members": members(node), "group": group(node), "train": None,
         "voters": list(state.voters), "learners": list(state.learners),

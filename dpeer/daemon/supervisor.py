@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
@@ -43,6 +43,57 @@ class TrainStatus:
     samples: int
     loss: float | None  # None when the step was loaded, not trained, by this worker
     params_digest: str
+
+
+class Worker(Protocol):
+    """What the daemon drives of its worker: WorkerSupervisor (a real process) or the
+    simulation's modelled worker (tests/house/worker.py)."""
+
+    ready: bool
+    done: bool
+    fenced: bool
+    halted: str
+    store_port: int
+    given_generation: int
+    train: TrainStatus | None
+    latest_step: int
+    reforms: int
+    on_failure: Callable[[int, FailureReport], None]
+    on_checkpoint: Callable[[Held], None] | None
+
+    @property
+    def running(self) -> bool:
+        """True while a worker process (or model) runs."""
+
+    def status(self) -> dict[str, Any]:
+        """The status document's `worker`."""
+
+    def take_recoveries(self) -> list[float]:
+        """Recovery times since the last call."""
+
+    def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
+        """Hand a committed view to the worker."""
+
+    def publish_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Record the newest committed checkpoint for the worker."""
+
+    def poll(self, now: float) -> None:
+        """Read its reports; restart it when it died."""
+
+    def fence(self, fenced: bool, why: str, now: float) -> None:
+        """Stop (or let start again) training while no quorum is reachable."""
+
+    def halt(self, why: str) -> None:
+        """The job was committed as failed."""
+
+    def resume(self, now: float) -> None:
+        """The job runs again."""
+
+    def restart(self, now: float, why: str) -> None:
+        """Replace the worker now."""
+
+    def stop(self) -> None:
+        """Stop the worker (daemon shutdown)."""
 
 
 class WorkerSupervisor:
@@ -95,6 +146,11 @@ class WorkerSupervisor:
                 "fenced": self.fenced, "last_formed": self.last_formed,
                 "spare_pid": self.spare.proc.pid if self.spare is not None and self.spare.proc is not None else None,
                 "spare_takeovers": self.spare_takeovers, "heal": self.heal}
+
+    @property
+    def running(self) -> bool:
+        """True while a worker process runs (or is being watched)."""
+        return self.proc is not None
 
     def take_recoveries(self) -> list[float]:
         """Seconds from each reported group failure to the next committed step, since the last call."""

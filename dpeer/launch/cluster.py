@@ -71,8 +71,12 @@ class LocalCluster:
     def __init__(
         self, root: Path, size: int, *, job: str | None = None, base_port: int | None = None,
         config: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+        entry: tuple[str, ...] = ("dpeer.cli.main", "start"),
     ) -> None:
+        """entry: the module (and subcommand) each daemon runs, `python -m ENTRY --node-id ...`;
+        the chaos tool runs its own (dpeer.chaos.daemon, which installs its faults)."""
         self.root = root
+        self.entry = entry
         self.job = job
         self.config = config or {}
         self.env = env or {}
@@ -100,7 +104,7 @@ class LocalCluster:
         if node.running:
             raise RuntimeError(f"{node.node_id} is already running")
         peers = join if join is not None else [n.addr for n in self.nodes if n is not node]
-        cmd = [sys.executable, "-m", "dpeer.cli.main", "start", "--node-id", node.node_id,
+        cmd = [sys.executable, "-m", *self.entry, "--node-id", node.node_id,
                "--listen", node.addr, "--data-dir", str(node.data_dir)]
         if peers:
             cmd += ["--join", ",".join(peers)]

@@ -11,7 +11,6 @@ from typing import Any, AsyncIterator, Callable
 import grpc
 
 from dpeer import errors
-from dpeer.transport.faults import FaultHook
 from dpeer.transport.options import (
     MAX_BATCH_MESSAGES,
     Security,
@@ -123,11 +122,9 @@ class PeerSender:
 
     def __init__(
         self, channels: Channels, on_refused: Callable[[str], None], timeout: float = 1.0,
-        max_in_flight: int = 64, faults: FaultHook | None = None,
-        on_rtt: Callable[[float], None] | None = None,
+        max_in_flight: int = 64, on_rtt: Callable[[float], None] | None = None,
     ) -> None:
         self._channels = channels
-        self._faults = faults  # test-only fault injection (transport/faults.py); None in production
         self._on_refused = on_refused
         self._on_rtt = on_rtt
         self._timeout = timeout
@@ -144,15 +141,6 @@ class PeerSender:
         if not addr or ":" not in addr or self._closed:
             self.dropped += 1
             return
-        delay = self._faults.verdict(addr) if self._faults is not None else 0.0
-        if delay is None:
-            self.dropped += 1
-        elif delay:
-            asyncio.get_running_loop().call_later(delay, self._enqueue, addr, envelope)
-        else:
-            self._enqueue(addr, envelope)
-
-    def _enqueue(self, addr: str, envelope: pb.Envelope) -> None:
         link = self._links.get(addr)
         if link is None:
             link = self._links[addr] = _Link(addr)

@@ -1,5 +1,5 @@
-"""The test-only fault injection hook (dpeer/transport/faults.py): inert without its file,
-re-read when the file changes, and consulted by PeerSender.send."""
+"""The chaos tool's fault policy (dpeer/chaos/faults.py): inert without its file, re-read when
+the file changes, and applied by the FaultyTransport wrapper that only the chaos daemon installs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import os
 import random
 from pathlib import Path
 
-from dpeer.transport.client import Channels, PeerSender
-from dpeer.transport.faults import FaultHook, Faults, write_faults
-from dpeer.transport.options import Security
+from dpeer.chaos.faults import FaultHook, Faults, write_faults
+from dpeer.transport.faulty import FaultyTransport
 from dpeer.proto.v1 import dpeer_pb2 as pb
 
 
@@ -55,15 +54,52 @@ def test_a_bad_file_keeps_the_previous_faults(tmp_path: Path) -> None:
     assert Faults.parse({}) == Faults()
 
 
-def test_peer_sender_drops_what_the_hook_drops(tmp_path: Path) -> None:
-    write_faults(tmp_path, drop=["127.0.0.1:1"])
+class Recording:
+    """An inner transport that records what reaches it, and when."""
 
-    async def go() -> int:
-        sender = PeerSender(Channels(Security()), on_refused=lambda a: None, faults=FaultHook.for_data_dir(tmp_path))
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, float]] = []
+        self.closed = False
+
+    def send(self, addr: str, envelope: pb.Envelope) -> None:
+        self.sent.append((addr, asyncio.get_running_loop().time()))
+
+    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: str | None = None) -> str:
+        return f"client of {addr}"
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_the_wrapper_drops_and_holds_what_the_hook_says(tmp_path: Path) -> None:
+    write_faults(tmp_path, drop=["127.0.0.1:1"], delay=0.05)
+
+    async def go() -> tuple[FaultyTransport, Recording, float]:
+        inner = Recording()
+        faulty = FaultyTransport(inner, FaultHook.for_data_dir(tmp_path).verdict)
+        start = asyncio.get_running_loop().time()
         for _ in range(5):
-            sender.send("127.0.0.1:1", pb.Envelope())
-        dropped = sender.dropped
-        await sender.close()
-        return dropped
+            faulty.send("127.0.0.1:1", pb.Envelope())
+        faulty.send("127.0.0.1:2", pb.Envelope())
+        assert inner.sent == []  # held, not yet sent
+        await asyncio.sleep(0.2)
+        assert faulty.client("127.0.0.1:2") == "client of 127.0.0.1:2"
+        await faulty.close()
+        return faulty, inner, start
 
-    assert asyncio.run(go()) == 5
+    faulty, inner, start = asyncio.run(go())
+    assert (faulty.dropped, faulty.delayed) == (5, 1)
+    assert [a for a, _ in inner.sent] == ["127.0.0.1:2"] and inner.sent[0][1] - start >= 0.05
+    assert inner.closed
+
+
+def test_dpeer_start_has_no_fault_hook() -> None:
+    import inspect
+
+    from dpeer.transport.client import PeerSender
+
+    assert "faults" not in inspect.signature(PeerSender).parameters
+    from dpeer.daemon import daemon
+
+    source = inspect.getsource(daemon)
+    assert "FaultHook" not in source and "faults.json" not in source

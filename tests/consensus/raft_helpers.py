@@ -6,7 +6,7 @@ import random
 from typing import Any, Callable
 
 from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, Role, bootstrap
-from dpeer.consensus.ready import persist
+from dpeer.consensus.ready import drive, persist
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -64,17 +64,8 @@ class RaftNet:
         self.now += dt
 
     def flush(self, nid: str) -> None:
-        """Persist, apply and queue the messages of every Ready of node nid."""
-        node, st = self.nodes[nid], self.storages[nid]
-        while node.has_ready():
-            rd = node.ready()
-            persist(st, rd)
-            for e in rd.committed_entries:
-                st.apply_to(e.index)
-                self.applied[nid].append(e)
-            self.readies[nid].append(rd)
-            self.queue.extend((node.identity, dst, uid, m) for dst, uid, m in rd.messages)
-            node.advance(rd)
+        """Persist, apply and queue the messages of every Ready of node nid (consensus.ready.drive)."""
+        drive(self.nodes[nid], _Flush(self, nid))
 
     def deliver(self, limit: int = 10_000) -> int:
         """Deliver queued messages (and what they cause) until quiet; returns how many."""
@@ -158,3 +149,25 @@ class RaftNet:
     def sent(self, nid: str, kind: type) -> list[tuple[str, Any]]:
         """Every (dst, msg) of type kind that nid has emitted so far."""
         return [(d, m) for rd in self.readies[nid] for d, _, m in rd.messages if isinstance(m, kind)]
+
+
+class _Flush:
+    """The RaftNet's ReadyHandler for one node: its MemoryStorage, its applied list, the queue."""
+
+    def __init__(self, net: RaftNet, nid: str) -> None:
+        self.net, self.nid, self.st = net, nid, net.storages[nid]
+
+    def persist(self, rd: Ready) -> None:
+        persist(self.st, rd)
+
+    def apply(self, entries: tuple) -> None:
+        for e in entries:
+            self.st.apply_to(e.index)
+            self.net.applied[self.nid].append(e)
+
+    def send(self, messages: tuple) -> None:
+        me = self.net.nodes[self.nid].identity
+        self.net.queue.extend((me, dst, uid, m) for dst, uid, m in messages)
+
+    def observe(self, rd: Ready) -> None:
+        self.net.readies[self.nid].append(rd)

@@ -15,7 +15,7 @@ from tests.operate.conftest import WAIT, cli, formed, status_of, wait_until
 def test_a_founder_whose_store_is_corrupt_refuses_to_found_again_and_rejoins_with_join(daemons) -> None:
     n1 = daemons.start("n1")
     n2 = daemons.start("n2", join=[n1.addr])
-    n3 = daemons.start("n3", join=[n1.addr])
+    daemons.start("n3", join=[n1.addr])
     formed(n1.addr, {"n1", "n2", "n3"})
     put = cli("kv", "put", "canary", "yes", "--addr", n2.addr)
     assert put.returncode == 0, put.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import MappingProxyType, SimpleNamespace
 
+from dpeer.consensus import Role
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.timing import LEADER_PRESETS
@@ -29,7 +30,7 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
                "b": Member("10.0.0.2:7100", "active", 2, 7201, True, uids["b"])}
     state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
                          view=CommittedView(4, ("a", "b"), "10.0.0.1:7101"), uids=MappingProxyType(uids), epoch=1)
-    node = FakeNode(id="a", addr="10.0.0.1:7100", role="leader", store=SimpleNamespace(state=state, uid=uids["a"]),
+    node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
     return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False), node
 

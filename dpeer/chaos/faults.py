@@ -1,9 +1,10 @@
-"""Fault injection for chaos tests: a TEST-ONLY hook in the peer transport, inert in production.
+"""The chaos tool's fault policy for real daemons: ``<data_dir>/faults.json``, read when it changes.
 
-The daemon builds one ``FaultHook`` for ``<data_dir>/faults.json`` and hands it to its
-``PeerSender``. While that file does not exist (the normal case) every message goes out
-untouched; the only cost is one ``stat`` per ``RECHECK`` seconds. The chaos tool
-(``dpeer chaos``, dpeer/chaos/) writes the file to cut, thin or slow a node's traffic:
+Only the chaos daemon entry (``python -m dpeer.chaos.daemon``, dpeer/chaos/daemon.py) reads it:
+it wraps the daemon's transport in a FaultyTransport (dpeer/transport/faulty.py) whose verdict is
+``FaultHook.verdict``; ``dpeer start`` has no fault hook. While the file does not exist every
+message goes out untouched; the only cost is one ``stat`` per ``RECHECK`` seconds. The chaos run
+(dpeer/chaos/run.py) writes the file to cut, thin or slow a node's traffic:
 
     {"drop": ["127.0.0.1:7103"],   # peer addresses whose outgoing messages are dropped (partition)
      "loss": 0.2,                  # probability of dropping any other outgoing message (packet loss)
@@ -14,7 +15,7 @@ mtime (or inode or size) changes, so writing it atomically (temp file + rename) 
 within ``RECHECK`` seconds. A file that does not parse is ignored (logged once) and the previous
 faults stay in force.
 
-Scope: only ``PeerSender.send`` consults the hook, i.e. the one-way ``Deliver`` messages of the
+Scope: only the transport's ``send`` consults the hook, i.e. the one-way ``Deliver`` messages of the
 control plane (SWIM gossip, Raft). A partition is made symmetric by writing the file on both
 sides. Request/response calls (join, kv forwarding, group-failed reports, resync fetches) and the
 workers' Gloo traffic are NOT cut: a partitioned node keeps its workers' collectives with the
@@ -28,8 +29,10 @@ import json
 import logging
 import os
 import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger("dpeer.faults")
 RECHECK = 0.1
@@ -69,11 +72,10 @@ class Faults:
 class FaultHook:
     """Reads ``path`` when it changes and decides the fate of each outgoing message."""
 
-    def __init__(self, path: Path, clock: object = None, rng: random.Random | None = None) -> None:
-        import time
-
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
         self.path = Path(path)
-        self._clock = clock or time.monotonic
+        self._clock = clock
         self._rng = rng or random.Random()
         self._sig: tuple[int, int, int] | None = None
         self._next_check = 0.0

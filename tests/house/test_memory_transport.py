@@ -1,0 +1,115 @@
+"""The in-memory transport (dpeer/transport/memory.py): link order, one-way cuts, refusals,
+pauses, and errors crossing a call as they cross gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from dpeer import errors
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.sim.network import LinkPolicy, SimNetwork
+from dpeer.transport.memory import MemoryClient, MemoryNetwork
+
+from tests.house.loop import VirtualLoop
+
+
+class Handler:
+    """Records envelopes; answers status, or raises what it is told to."""
+
+    def __init__(self) -> None:
+        self.got: list[str] = []
+        self.raise_: Exception | None = None
+
+    async def deliver(self, envelope: pb.Envelope) -> None:
+        self.got.append(envelope.from_id)
+
+    async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
+        if self.raise_ is not None:
+            raise self.raise_
+        return pb.StatusReply(json="{}")
+
+
+def world() -> tuple[VirtualLoop, MemoryNetwork, dict[str, Handler]]:
+    loop = VirtualLoop()
+    net = MemoryNetwork(SimNetwork(random.Random(1), LinkPolicy(delay_min=0.001, delay_max=0.05)))
+    handlers = {n: Handler() for n in ("a", "b")}
+    for n, h in handlers.items():
+        net.attach(f"{n}:1", n, h)
+    return loop, net, handlers
+
+
+def test_envelopes_keep_link_order_and_a_one_way_cut_cuts_one_way() -> None:
+    loop, net, h = world()
+    refused: list[str] = []
+
+    async def go() -> None:
+        a = net.transport("a", "a:1")(refused.append)
+        b = net.transport("b", "b:1")(refused.append)
+        for i in range(20):
+            a.send("b:1", pb.Envelope(from_id=f"a{i}"))
+        await asyncio.sleep(1.0)
+        net.links.block("b", "a")
+        b.send("a:1", pb.Envelope(from_id="cut"))
+        a.send("b:1", pb.Envelope(from_id="open"))
+        await asyncio.sleep(1.0)
+        net.detach("b:1")
+        a.send("b:1", pb.Envelope(from_id="late"))
+        await asyncio.sleep(1.0)
+
+    loop.run_until_complete(go())
+    assert h["b"].got == [f"a{i}" for i in range(20)] + ["open"]  # in order, though delays vary
+    assert h["a"].got == []  # b -> a is cut, a -> b is not
+    assert refused == ["b:1"]
+
+
+def test_a_paused_host_gets_what_arrived_when_it_resumes() -> None:
+    loop, net, h = world()
+
+    async def go() -> None:
+        a = net.transport("a", "a:1")(lambda addr: None)
+        net.pause("b:1")
+        a.send("b:1", pb.Envelope(from_id="x"))
+        await asyncio.sleep(1.0)
+        assert h["b"].got == []
+        net.resume("b:1")
+        await asyncio.sleep(0.01)
+
+    loop.run_until_complete(go())
+    assert h["b"].got == ["x"]
+
+
+@pytest.mark.parametrize("raised, expected", [
+    (errors.BadRequest("no"), errors.BadRequest), (errors.Unavailable("no leader"), errors.Unreachable),
+    (errors.Unreachable("x"), errors.PeerError), (ValueError("bug"), errors.PeerError),
+])
+def test_errors_cross_a_call_as_through_grpc(raised: Exception, expected: type) -> None:
+    loop, net, h = world()
+    h["b"].raise_ = raised
+
+    async def go() -> None:
+        with pytest.raises(expected) as info:
+            await MemoryClient(net, "a", "b:1").status()
+        assert type(info.value) is expected
+
+    loop.run_until_complete(go())
+    assert (net.crashes != []) == isinstance(raised, ValueError)
+
+
+def test_a_cut_request_times_out_and_a_detached_host_refuses() -> None:
+    loop, net, _ = world()
+
+    async def go() -> None:
+        net.links.block("a", "b")
+        start = loop.time()
+        with pytest.raises(errors.Unreachable, match="in time"):
+            await MemoryClient(net, "a", "b:1", timeout=2.0).status()
+        assert loop.time() - start == pytest.approx(2.0)
+        net.detach("b:1")
+        with pytest.raises(errors.Unreachable) as info:
+            await MemoryClient(net, "a", "b:1").status()
+        assert info.value.refused
+
+    loop.run_until_complete(go())

@@ -1,0 +1,101 @@
+"""Bugs this project fixed, planted back by monkeypatching (never in dpeer/): the whole-cluster
+simulation must report each, and the same schedule without the plant must be clean."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+
+from dpeer.consensus import force as force_mod
+from dpeer.consensus import follower as follower_mod
+from dpeer.consensus.follower import FollowerSide
+from dpeer.daemon import daemon as daemon_mod
+from dpeer.daemon import resyncer as resyncer_mod
+from dpeer.daemon.worker_health import Health
+from dpeer.statemachine import store as store_mod
+
+from tests.house import scenarios
+from tests.house.cluster import quiet_logs
+from tests.house.sim import run
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    quiet_logs()
+
+
+def plant_no_missed_view(mp: pytest.MonkeyPatch) -> None:
+    """Before the missed-view loop: a worker handed no view after its box restarted just waits."""
+    mp.setattr(daemon_mod, "missed_view", lambda *a: Health(False, "planted: never missed"))
+
+
+def plant_no_fence(mp: pytest.MonkeyPatch) -> None:
+    """Before the fence: a box that knows no leader lets its worker train on."""
+    mp.setattr(daemon_mod.Daemon, "_fence", lambda self, now: None)
+
+
+def plant_no_store_identity(mp: pytest.MonkeyPatch) -> None:
+    """Before store identities: a box on a new disk is indistinguishable from its old self."""
+    uids: dict[str, str] = {}
+    opening: list[str] = []
+    real_open = store_mod.Store.open.__func__
+
+    def open_(cls: Any, path: Any, *, node_id: str | None = None, **kw: Any) -> Any:
+        opening.append(node_id or "")
+        try:
+            return real_open(cls, path, node_id=node_id, **kw)
+        finally:
+            opening.pop()
+
+    class OldUid:
+        @staticmethod
+        def token_hex(n: int) -> str:
+            return uids.setdefault(opening[-1], secrets.token_hex(n)) if opening else secrets.token_hex(n)
+
+    mp.setattr(store_mod.Store, "open", classmethod(open_))
+    mp.setattr(store_mod, "secrets", OldUid)
+
+
+def plant_unguarded_force(mp: pytest.MonkeyPatch) -> None:
+    """Before the force guard: force proceeds wherever an operator runs it."""
+    mp.setattr(force_mod, "force_refusal", lambda *a, **k: "")
+
+
+def plant_trust_strangers(mp: pytest.MonkeyPatch) -> None:
+    """Before identity checks on resync: committed entries are taken from any peer ahead of us."""
+    mp.setattr(FollowerSide, "_untrusted_source", lambda self, batch, sender, term: "")
+    mp.setattr(follower_mod, "check_committed_batch", lambda batch, commit_index, lo: "")
+
+    def on_heartbeat(self: Any, seen: Any) -> None:
+        local = self.node.local_version
+        if seen.hb.commit_index >= local.last_applied + self.min_gap:
+            self._start(self.tracker.observe(local, seen.hb, None, True))
+
+    mp.setattr(resyncer_mod.Resyncer, "on_heartbeat", on_heartbeat)
+
+
+CASES = {
+    "missed view": (plant_no_missed_view, scenarios.power_loss, {}, "training does not resume"),
+    "minority fencing": (plant_no_fence, scenarios.minority_holds_the_group,
+                         {"size": 5, "unready": frozenset({"n3", "n4", "n5"})}, "a minority keeps training"),
+    "wiped voter under its old id": (plant_no_store_identity, scenarios.amnesia, {}, "committed"),
+    "force on a healthy follower": (plant_unguarded_force, scenarios.force_on_a_healthy_follower, {}, "committed"),
+    "committed entries from a stranger": (plant_trust_strangers, scenarios.stranger, {}, "committed"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_schedule_is_clean_without_the_bug(case: str) -> None:
+    _, scenario, kw, _ = CASES[case]
+    result = run(1, seconds=10.0, scenario=scenario, **kw)
+    assert result.violation is None, result.violation
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_simulation_finds_the_planted_bug(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    plant, scenario, kw, expected = CASES[case]
+    plant(monkeypatch)
+    result = run(1, seconds=10.0, scenario=scenario, **kw)
+    assert result.violation is not None and expected in result.violation, result.violation
