@@ -56,6 +56,7 @@ class Worker(Protocol):
     store_port: int
     given_generation: int
     train: TrainStatus | None
+    last_failure: LastFailure | None
     latest_step: int
     reforms: int
     on_failure: Callable[[int, FailureReport], None]

@@ -182,6 +182,21 @@ class Checker:
         """Whether some box of this cluster knows a leader now."""
         return any(self.house.boxes[n].daemon.node.leader_id is not None for n in self.members())
 
+    def missing_write(self) -> str | None:
+        """An acknowledged write the most advanced box's applied state lacks, or None."""
+        h = self.house
+        up = self.members()
+        if not up:
+            return None
+        best = max(up, key=lambda n: h.boxes[n].daemon.store.last_applied)
+        kv = h.boxes[best].daemon.store.state.kv
+        for op in self.ops:
+            if op.kind == "put" and op.ok:
+                have = kv.get(op.key)
+                if have is None or int(have) < op.value:
+                    return f"acknowledged write {op.key}={op.value} is missing ({best} holds {have})"
+        return None
+
     def final(self) -> None:
         """After the faults healed and the cluster settled: acknowledged writes, a leader, training."""
         self.check()
@@ -191,13 +206,9 @@ class Checker:
         leaders = [n for n in up if h.boxes[n].daemon.node.leader_id is not None]
         if not leaders:
             raise Violation("no box knows a leader after the faults healed")
-        best = max(up, key=lambda n: h.boxes[n].daemon.store.commit_index)
-        kv = h.boxes[best].daemon.store.state.kv
-        for op in self.ops:
-            if op.kind == "put" and op.ok:
-                have = kv.get(op.key)
-                if have is None or int(have) < op.value:
-                    raise Violation(f"acknowledged write {op.key}={op.value} is missing ({best} holds {have})")
+        missing = self.missing_write()
+        if missing:
+            raise Violation(missing)
 
 
 def trains(house: House, checker: Checker, since: float) -> str:

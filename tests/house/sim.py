@@ -99,12 +99,14 @@ async def _play(house: House, result: Result, seconds: float, settle: float,
         await _checked(house, checker, seconds, ops)
         ops.stop = True
         await _heal_all(house)
-        # settle until the cluster converged (a leader known, the newest group stepping), at most
+        # settle until the cluster converged (a leader known, the newest group stepping, every
+        # acknowledged write applied on the most advanced box), at most
         # `settle` seconds: most seeds converge in a second or two, a few wait out an idle timeout
         healed, why = house.loop.time(), "not checked"
         while why and house.loop.time() - healed < settle:
             await _checked(house, checker, SETTLE_POLL, ops)
             why = trains(house, checker, house.loop.time() - SETTLE_POLL) if checker.leader_known() else "no leader"
+            why = why or checker.missing_write()  # a write may still be on its way to the most advanced box
         checker.final()
         if why:
             raise Violation(f"training does not resume after the faults healed: {why}")
