@@ -64,6 +64,11 @@ _LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
 ApplyListener = Callable[[Entry, ApplyResult], None]
 
 
+# asyncio runs a timer due within its clock resolution at once, without its clock moving; a
+# deadline a hair away (a float's rounding) would then wake the loop for ever at the same time
+TIMER_FLOOR = 1e-6
+
+
 class Node:
     """The cores of one node wired to its store and network; see the module docstring."""
 
@@ -188,7 +193,8 @@ class Node:
     def _arm(self, due: float, now: float) -> None:
         """Set the sleeping loop's alarm for `due` (at most a second away)."""
         self._sleep_until = due
-        self._timer = asyncio.get_running_loop().call_later(min(due - now, 1.0), _resolve, self._waiter)
+        delay = min(max(due - now, TIMER_FLOOR), 1.0)
+        self._timer = asyncio.get_running_loop().call_later(delay, _resolve, self._waiter)
 
     def _due(self) -> float:
         swim_due = self.swim.next_tick()

@@ -71,7 +71,7 @@ def plant_trust_strangers(mp: pytest.MonkeyPatch) -> None:
     def on_heartbeat(self: Any, seen: Any) -> None:
         local = self.node.local_version
         if seen.hb.commit_index >= local.last_applied + self.min_gap:
-            self._start(self.tracker.observe(local, seen.hb, None, True))
+            self._start(self.tracker.observe(local, seen.hb, True))
 
     mp.setattr(resyncer_mod.Resyncer, "on_heartbeat", on_heartbeat)
 
