@@ -18,10 +18,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from dpeer.trainer import state as st
 from dpeer.trainer.group import GroupError, GroupManager
 from dpeer.trainer.heal import HealError, heal
 from dpeer.trainer.viewsource import View
+from tests.trainer.test_heal_transfer import State  # the trainer's state as the heal takes it
 
 TIMEOUT = 6.0
 
@@ -56,25 +56,6 @@ def stranger(port: int) -> dict:
     return {"formed": True, "error": ""}
 
 
-class Healed:
-    """The model and optimizer as the heal sees them (dpeer.trainer.heal.Healable)."""
-
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-        self.model, self.opt, self.step = model, opt, step
-
-    def parts(self) -> st.StateParts:
-        return st.capture_parts(self.model, self.opt, step=self.step)
-
-    def targets(self, header: dict) -> list[torch.Tensor]:
-        return st.receive_targets(header, self.model, self.opt)
-
-    def load(self, parts: st.StateParts) -> None:
-        self.step = st.restore_parts(parts, self.model, self.opt)[0]
-
-    def digest(self) -> str:
-        return st.params_digest(self.model)
-
-
 def healing(node: str, port: int, key: str) -> dict:
     """Heal b from a under `key` (each party may be given another): did b take a's state?"""
     gm = GroupManager(node, backend="gloo", init_timeout=TIMEOUT)
@@ -84,7 +65,7 @@ def healing(node: str, port: int, key: str) -> dict:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = 5 if node == "a" else 0
     try:
-        result = heal(m.rank, m.world, step, Healed(model, opt, step), key=key.encode())
+        result = heal(m.rank, m.world, step, State(model, opt, step), key=key.encode())
     except (HealError, RuntimeError) as exc:  # the donor's sends fail once the receiver refused and left
         return {"formed": True, "error": str(exc).splitlines()[0]}
     finally:
