@@ -274,14 +274,19 @@ class Daemon:
 
     def job_status(self) -> dict[str, Any] | None:
         """The status's `job`: waiting, training, failed (with the reason) or finished (with the
-        final step and digest); None when this node runs no job."""
+        final step and digest, once this box's worker has written the final model; until then
+        waiting, with what it waits for); None when this node runs no job."""
         if self.worker is None:
             return None
         job, view = self.store.state.job, self.store.state.view
         if job.state is JobState.FAILED:
             return {"state": "failed", "error": job.error, "node": job.node, "step": job.step}
-        if job.state is JobState.FINISHED:
+        if job.state is JobState.FINISHED and self.worker.done:
             return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
+        if job.state is JobState.FINISHED:
+            return {"state": "waiting", "error": None, "step": job.step, "digest": job.digest,
+                    "finishing": f"the job finished at step {job.step}; this box's worker has not yet written "
+                                 "the final model (it ends its last step, or loads the final state from a holder)"}
         formed = (view is not None and self.node_id in view.members and self.worker.running
                   and self.worker.given_generation == view.generation)
         last = self.worker.last_failure

