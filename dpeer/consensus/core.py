@@ -225,9 +225,27 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             return Refused(str(exc))
         if op is ChangeOp.PROMOTE and self.tracker.progress[node].match < self.log.committed:
             return Refused(f"learner {node!r} has not caught up with the commit index yet")
+        if op is ChangeOp.REMOVE and (refusal := self.removal_refusal(node)) is not None:
+            return refusal
         entry = self._leader_append(EntryKind.CONFIG_CHANGE, new.to_payload())
         self._pending_conf_index = entry.index
         return Proposed(entry.index, entry.term)
+
+    def removal_refusal(self, node: str) -> Refused | None:
+        """On the leader: refuse removing a voter when the voters that remain hold no live quorum
+        (etcd's strict reconfiguration check): with another voter down or replaced, the removal
+        would commit and leave a configuration that can never commit again."""
+        remaining = [v for v in self.membership.voters if v != node]
+        if node not in self.membership.voters or not remaining:
+            return None
+        # two of the slowest beats a live voter answers (idle beats are the slowest)
+        since = self._now - 2 * max(self.cfg.election_timeout_max, self.cfg.idle_heartbeat_interval)
+        live = self.tracker.live(remaining, self.id, since)
+        if len(live) > len(remaining) // 2:
+            return None
+        silent = sorted(set(remaining) - set(live))
+        return Refused(f"removing voter {node!r} would leave voters {sorted(remaining)}, of which {silent} have not "
+                       f"answered for {self._now - since:.1f}s: no live quorum; bring them back or replace them first")
 
     def read_index(self) -> ReadResult:
         """Start a linearizable read: a ReadState(request_id, index) follows once a quorum
@@ -423,7 +441,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         self.tracker.progress = {}
         self.tracker.reset(self.membership, self.log.last_index())
         for pr in self.tracker.progress.values():
-            pr.recent_active = True
+            pr.recent_active = True  # a check-quorum window of grace; heard_at waits for a real answer
         if self.id in self.tracker.progress:
             self.tracker.progress[self.id].maybe_update(self.log.stable_index())
         self._heartbeat_due = self._now + self.cfg.heartbeat_interval

@@ -31,7 +31,13 @@ class Progress:
     pending_snapshot: int = 0
     snapshot_sent_at: float = 0.0
     recent_active: bool = False
+    heard_at: float = float("-inf")  # when the follower last answered (or the leadership began)
     read_ack: int = 0
+
+    def heard(self, now: float) -> None:
+        """The follower answered at `now`: it counts as active for check-quorum and live for
+        the strict reconfiguration check."""
+        self.recent_active, self.heard_at = True, now
 
     def maybe_update(self, index: int) -> bool:
         """The follower matches up to index; True when match moved forward."""
@@ -106,6 +112,10 @@ class Tracker:
         active = sum(1 for n in self.membership.voters
                      if n == self_id or self.progress[n].recent_active)
         return active >= self.membership.quorum
+
+    def live(self, voters: list[str], self_id: str, since: float) -> list[str]:
+        """The voters (of `voters`, self included) heard from at `since` or later."""
+        return [n for n in voters if n == self_id or (n in self.progress and self.progress[n].heard_at >= since)]
 
     def read_confirmed(self, self_id: str, request_id: int) -> bool:
         """Has a quorum of voters acknowledged a heartbeat carrying request_id or later?"""

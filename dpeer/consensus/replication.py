@@ -177,7 +177,7 @@ class LeaderSide(RaftHost):
         pr = self.tracker.progress.get(src)
         if pr is None:
             return
-        pr.recent_active = True
+        pr.heard(self._now)
         if not m.success:
             probe_prev = m.reject_hint
             if m.reject_term > 0:
@@ -210,7 +210,7 @@ class LeaderSide(RaftHost):
         pr = self.tracker.progress.get(src)
         if pr is None:
             return
-        pr.recent_active = True
+        pr.heard(self._now)
         pr.probe_sent = False
         pr.read_ack = max(pr.read_ack, m.read_seq)
         if pr.match < self.log.last_index():

@@ -303,6 +303,11 @@ class Node:
         result = self.raft.propose(kind, payload)
         return await self._wait_proposal(result, timeout)
 
+    def removal_refusal(self, node: str) -> str | None:
+        """Why removing voter `node` now would leave no live quorum (None: it would not)."""
+        refused = self.raft.removal_refusal(node)
+        return refused.reason if refused is not None else None
+
     async def change_membership(self, op: str, node: str, uid: str, timeout: float) -> tuple[Entry, ApplyResult]:
         """Propose one single-server configuration change (uid: the store uid of a node being
         added) and wait until it is applied."""

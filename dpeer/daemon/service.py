@@ -155,10 +155,20 @@ class Service:
 
     async def _commit_leave(self, node_id: str) -> None:
         """On the leader: commit member_left for node_id unless it is no longer active, then its
-        removal from the configuration."""
+        removal from the configuration; neither while that removal would leave no live quorum."""
+        await self._until_removable(node_id)
         if getattr(self.node.store.state.members.get(node_id), "status", None) == "active":
             await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": node_id}, COMMAND_TIMEOUT)
         await self._remove_from_configuration(node_id)
+
+    async def _until_removable(self, node_id: str) -> None:
+        """Wait (a leader just elected has not heard every voter yet) until removing node_id
+        leaves a live quorum; Unavailable with the reason once COMMAND_TIMEOUT has passed."""
+        deadline = self.node.clock() + COMMAND_TIMEOUT
+        while (why := self.node.removal_refusal(node_id)) is not None:
+            if self.node.clock() + FORWARD_RETRY >= deadline:
+                raise Unavailable(f"{node_id} cannot leave now: {why}")
+            await asyncio.sleep(FORWARD_RETRY)
 
     async def _remove_from_configuration(self, node_id: str) -> None:
         """A leaving node leaves the voters (or learners) before its daemon exits, so the voters

@@ -60,6 +60,23 @@ def test_removing_a_voter_shrinks_the_quorum_and_a_removed_leader_steps_down() -
     assert net.leaders() == ["b"]  # a is no voter any more: it never campaigns
 
 
+def test_removing_a_voter_is_refused_when_the_voters_left_hold_no_live_quorum() -> None:
+    """Voters a, b, c with c silent: removing b would leave {a, c}, which can never commit while
+    c stays away (seed 623 of the house: a leave while another voter was wiped). The removal is
+    refused with the silent voters named; removing the silent c itself goes through."""
+    net = RaftNet(["a", "b", "c"])
+    net.elect("a")
+    net.isolate("c")
+    net.run(5.0, ["a", "b"])
+    a = net.nodes["a"]
+    assert a.role is Role.LEADER
+    refused = a.change_membership("remove", "b")
+    assert isinstance(refused, Refused) and "no live quorum" in refused.reason and "['c']" in refused.reason
+    assert isinstance(a.change_membership("remove", "c"), Proposed)
+    net.heartbeat("a")
+    assert conf(net.nodes["b"]) == ({"a", "b"}, set())
+
+
 def test_read_index_confirms_leadership_with_a_heartbeat_round() -> None:
     net = RaftNet(["a", "b", "c"])
     net.elect("a")

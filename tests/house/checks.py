@@ -183,18 +183,44 @@ class Checker:
         return any(self.house.boxes[n].daemon.node.leader_id is not None for n in self.members())
 
     def missing_write(self) -> str | None:
-        """An acknowledged write the most advanced box's applied state lacks, or None."""
+        """What breaks the acknowledged writes, or None: one absent from the committed log, one
+        committed before a write that was acknowledged before it began, or the most advanced
+        box's applied value of a key other than the last committed write of it. A write whose
+        caller got no answer may commit at any time after it began, even after a later
+        acknowledged one (seed 162: k2=8 timed out, then committed after k2=9)."""
         h = self.house
         up = self.members()
         if not up:
             return None
         best = max(up, key=lambda n: h.boxes[n].daemon.store.last_applied)
-        kv = h.boxes[best].daemon.store.state.kv
-        for op in self.ops:
-            if op.kind == "put" and op.ok:
-                have = kv.get(op.key)
-                if have is None or int(have) < op.value:
-                    return f"acknowledged write {op.key}={op.value} is missing ({best} holds {have})"
+        store = h.boxes[best].daemon.store
+        where: dict[tuple[str, int], list[int]] = {}
+        last: dict[str, tuple[int, int]] = {}
+        for index in sorted(self.committed):
+            term, kind, payload = self.committed[index]
+            if kind == EntryKind.KV_PUT.value:
+                put = json.loads(payload)
+                where.setdefault((put["key"], int(put["value"])), []).append(index)
+                if index <= store.last_applied:
+                    last[put["key"]] = (index, int(put["value"]))
+            elif kind == EntryKind.KV_DELETE.value and index <= store.last_applied:
+                last[json.loads(payload)["key"]] = (index, None)
+        acked = [o for o in self.ops if o.kind == "put" and o.ok]
+        for op in acked:
+            at = where.get((op.key, op.value))
+            if not at:
+                return f"acknowledged write {op.key}={op.value} is missing from the committed log"
+            if min(at) > store.last_applied:
+                return f"{best} has not yet applied acknowledged write {op.key}={op.value} (index {min(at)})"
+            later = [a for a in acked if a.key == op.key and a.end is not None and a.end < op.start
+                     and max(where.get((a.key, a.value), [0])) > min(at)]
+            if later:
+                return (f"acknowledged write {op.key}={op.value} (index {min(at)}) was overwritten by "
+                        f"{later[0].value}, acknowledged before it began")
+        for key, (index, value) in last.items():
+            have = store.state.kv.get(key)
+            if (None if have is None else int(have)) != value:
+                return f"{best} applied {key}={have}, the last committed write of it is {value} (index {index})"
         return None
 
     def final(self) -> None:

@@ -55,7 +55,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self) -> None:
         super().__init__(_Selector(self))
         self._now = 0.0
-        self.tasks_of: dict[str, set[asyncio.Task]] = {}
+        self.tasks_of: dict[str, dict[asyncio.Task, None]] = {}  # a dict, not a set: a crash cancels in creation order
         self.errors: list[str] = []
         self.set_task_factory(self._factory)
         self.set_exception_handler(self._on_error)
@@ -71,9 +71,9 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         task = asyncio.Task(coro, loop=loop, context=context)
         host = context.get(HOST) if context is not None else HOST.get()
         if host is not None:
-            tasks = self.tasks_of.setdefault(host, set())
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            tasks = self.tasks_of.setdefault(host, {})
+            tasks[task] = None
+            task.add_done_callback(lambda t: tasks.pop(t, None))
         return task
 
     def _on_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -91,7 +91,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
     async def cancel_host(self, host: str) -> None:
         """Cancel every task of host and wait until they have ended."""
-        tasks = [t for t in self.tasks_of.pop(host, set()) if not t.done()]
+        tasks = [t for t in self.tasks_of.pop(host, {}) if not t.done()]
         for task in tasks:
             task.cancel()
         if tasks:
