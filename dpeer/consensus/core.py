@@ -236,8 +236,8 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         (etcd's strict reconfiguration check): with another voter down or replaced, the removal
         would commit and leave a configuration that can never commit again."""
         remaining = [v for v in self.membership.voters if v != node]
-        if node not in self.membership.voters or not remaining:
-            return None
+        if self.role is not Role.LEADER or node not in self.membership.voters or not remaining:
+            return None  # not the leader: the proposal that follows says so; no voter left: nothing to judge
         # two of the slowest beats a live voter answers (idle beats are the slowest)
         since = self._now - 2 * max(self.cfg.election_timeout_max, self.cfg.idle_heartbeat_interval)
         live = self.tracker.live(remaining, self.id, since)

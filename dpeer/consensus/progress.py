@@ -31,7 +31,7 @@ class Progress:
     pending_snapshot: int = 0
     snapshot_sent_at: float = 0.0
     recent_active: bool = False
-    heard_at: float = float("-inf")  # when the follower last answered (or the leadership began)
+    heard_at: float = float("-inf")  # when the follower last answered this leader
     read_ack: int = 0
 
     def heard(self, now: float) -> None:

@@ -197,7 +197,7 @@ class Checker:
         where: dict[tuple[str, int], list[int]] = {}
         last: dict[str, tuple[int, int]] = {}
         for index in sorted(self.committed):
-            term, kind, payload = self.committed[index]
+            _, kind, payload = self.committed[index]
             if kind == EntryKind.KV_PUT.value:
                 put = json.loads(payload)
                 where.setdefault((put["key"], int(put["value"])), []).append(index)
