@@ -207,7 +207,11 @@ def run_dpeer(side: DpeerSide, trials: int, window: float, log: Callable[[str], 
 def audit_ledgers(side: DpeerSide) -> dict:
     """Audit every ledger: no committed step lost, each micro-batch trained once by the group that
     committed it (as its ranks recorded), each sample once per epoch, replicas agree."""
-    ledgers = {n: read_records(str(side.node(n).data_dir / "worker" / "ledger.jsonl")) for n in side.nodes}
+    # The group trains on while this reads: first the steps every box has committed, then the
+    # records below them (a rank writes what it trained before the step commits anywhere), so no
+    # step in flight while the files were read looks half-recorded.
     upto = min(max((e["step"] for e in side.ledger(n)), default=-1) for n in side.nodes) + 1
+    ledgers = {n: [e for e in read_records(str(side.node(n).data_dir / "worker" / "ledger.jsonl")) if e["step"] < upto]
+               for n in side.nodes}
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], GLOBAL_BATCH, SEED)
     return {"steps_checked": upto, "problems": audit(ledgers, upto, sampler, MICRO_BATCH)}

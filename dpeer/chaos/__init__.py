@@ -19,7 +19,10 @@ dpeer/chaos/faults.py; `dpeer start` has no fault hook). They act on the daemons
 on the workers' Gloo collectives: a partitioned node's worker keeps stepping with the majority
 until its daemon has known no leader for `fence_after` (3 x the election timeout max, about 2 s on
 the lan preset) and stops it; the majority then re-forms without it, and the node heals and is
-re-admitted after the partition heals. At most (N-1)//2 nodes are disrupted (killed, stopped,
+re-admitted after the partition heals. With --netns (root only) every daemon runs in a network
+namespace of its own on a bridge (dpeer/chaos/netns.py) and a partition sets the node's link down:
+its Gloo collectives, rendezvous store and heal transfers are cut too, so the minority's worker
+stalls at once and is fenced; loss and slow still go through the transport wrapper. At most (N-1)//2 nodes are disrupted (killed, stopped,
 wiped, restarting or partitioned, or not yet back in a group) at any time, so a quorum always
 remains and training must keep going.
 

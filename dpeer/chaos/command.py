@@ -60,6 +60,7 @@ def _drive(run: Run) -> dict[str, list[str]]:
             if node.node_id in run.stopped:
                 run.cluster.kill(node, signal.SIGCONT)
         run.cluster.stop_all()
+        run.close()
     return checks
 
 

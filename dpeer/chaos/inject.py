@@ -81,12 +81,17 @@ async def _partition(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
     length = 3.0 + 5.0 * plan.length
     f.planned_s = round(length, 2)
     others = [x for x in run.cluster.nodes if x is not victim]
-    run.partitioned.setdefault(victim.node_id, set()).update(x.addr for x in others)
-    for x in others:
-        run.partitioned.setdefault(x.node_id, set()).add(victim.addr)
-    for x in run.cluster.nodes:
-        run.write_net(x)
-    f.detail = f"{victim.node_id} cut from {','.join(x.node_id for x in others)} for {length:.1f}s"
+    if run.netns is not None:  # a real cut: the link goes down, Gloo, the store and the heal with it
+        run.netns.cut(run.number(victim))
+        run.cut.add(victim.node_id)
+        f.detail = f"{victim.node_id}'s link down for {length:.1f}s"
+    else:
+        run.partitioned.setdefault(victim.node_id, set()).update(x.addr for x in others)
+        for x in others:
+            run.partitioned.setdefault(x.node_id, set()).add(victim.addr)
+        for x in run.cluster.nodes:
+            run.write_net(x)
+        f.detail = f"{victim.node_id} cut from {','.join(x.node_id for x in others)} for {length:.1f}s"
     run.later(length, lambda: _heal_partition(run, f, victim))
 
 
@@ -134,6 +139,9 @@ def _cont(run: Run, f: Fault, node: LocalNode) -> None:
 
 
 def _heal_partition(run: Run, f: Fault, node: LocalNode) -> None:
+    if node.node_id in run.cut:
+        run.netns.heal(run.number(node))
+        run.cut.discard(node.node_id)
     run.partitioned.pop(node.node_id, None)
     for x in run.cluster.nodes:
         if x is not node:

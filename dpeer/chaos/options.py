@@ -40,6 +40,7 @@ class ChaosOptions:
     reference_cache: Path | None = None
     max_recovery: float = 60.0
     keep_dirs: bool = True
+    netns: bool = False
 
 
 def validate(opts: ChaosOptions) -> None:
@@ -87,6 +88,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-reference", action="store_true", help="skip the fault-free reference comparison")
     p.add_argument("--reference-cache", type=Path, default=None,
                    help="reuse/keep the reference model here, keyed by the training config")
+    p.add_argument("--netns", action="store_true",
+                   help="each daemon in a network namespace of its own (needs root): a partition sets the "
+                        "node's link down, cutting Gloo, the store and the heal too, not just the daemons' messages")
 
 
 def options_from(args: argparse.Namespace) -> ChaosOptions:
@@ -98,4 +102,5 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         base_port=args.base_port, kv_every=args.kv_every, finish_timeout=args.finish_timeout,
         warmup_timeout=args.warmup_timeout, max_recovery=args.max_recovery,
         reference=not args.no_reference, reference_cache=args.reference_cache, reduction=args.reduction,
+        netns=args.netns,
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dpeer.chaos.inject import inject
 from dpeer.chaos.kv import kv_check, kv_writer
+from dpeer.chaos.netns import Net, why_not
 from dpeer.chaos.options import DISRUPTIVE, ChaosOptions
 from dpeer.chaos.sample import (
     done_of,
@@ -41,8 +42,12 @@ class Run:
         self.config = {"training": {"steps": opts.steps, "global_batch": opts.global_batch,
                                     "micro_batch": opts.micro_batch, "lr": opts.lr, "reduction": opts.reduction,
                                     "checkpoint_every": 0, "seed": TRAINING_SEED}}
+        self.netns = _namespaces(self.root, opts.nodes) if opts.netns else None
+        if self.netns is not None:  # off loopback on a bridge of the run's own: plain gRPC, said in the config
+            self.config["security"] = {"insecure": True}
+        placement = None if self.netns is None else (lambda i: (self.netns.addr_of(i), self.netns.prefix(i)))
         self.cluster = LocalCluster(self.root / "cluster", opts.nodes, job="demo", base_port=opts.base_port,
-                                    config=self.config, entry=("dpeer.chaos.daemon",))
+                                    config=self.config, entry=("dpeer.chaos.daemon",), placement=placement)
         self.plans = schedule(opts.seed, opts.kinds, opts.fault_every)
         self.kv_rng = random.Random(opts.seed * 7919 + 1)
         self.t0 = time.monotonic()
@@ -51,6 +56,7 @@ class Run:
         self.faults: list[Fault] = []
         self.stopped: set[str] = set()
         self.partitioned: dict[str, set[str]] = {}   # node -> addresses it drops
+        self.cut: set[str] = set()                   # --netns: nodes whose link is down
         self.net: dict[str, tuple[float, float]] = {}  # node -> (loss, delay)
         self.life: dict[str, int] = {n.node_id: 0 for n in self.cluster.nodes}
         self.asides: dict[str, list[Path]] = {n.node_id: [] for n in self.cluster.nodes}
@@ -76,8 +82,8 @@ class Run:
 
     # -- sampling --------------------------------------------------------------------------
     def reachable(self) -> list[LocalNode]:
-        """Nodes running and not stopped (SIGSTOP)."""
-        return [n for n in self.cluster.nodes if n.running and n.node_id not in self.stopped]
+        """Nodes running, not stopped (SIGSTOP) and not cut off (--netns)."""
+        return [n for n in self.cluster.nodes if n.running and n.node_id not in self.stopped | self.cut]
 
     async def sample(self) -> dict[str, dict | None]:
         """Fetch every reachable node's status, record the samples; node -> document (None: no answer)."""
@@ -105,6 +111,15 @@ class Run:
         """Write the node's transport fault file from the partitions and loss/delay in force."""
         loss, delay = self.net.get(node.node_id, (0.0, 0.0))
         write_faults(node.data_dir, sorted(self.partitioned.get(node.node_id, set())), loss, delay)
+
+    def number(self, node: LocalNode) -> int:
+        """The node's number in the cluster (1..N), its namespace's."""
+        return self.cluster.nodes.index(node) + 1
+
+    def close(self) -> None:
+        """Remove the namespaces and the bridge (--netns); the cluster is stopped first."""
+        if self.netns is not None:
+            self.netns.close()
 
     def disrupted(self) -> set[str]:
         """Nodes under a disruptive fault or not yet back in a group after one."""
@@ -200,3 +215,11 @@ class Run:
             self.say("training did not finish in time")
             return True
         return False
+
+
+def _namespaces(root: Path, size: int) -> Net:
+    """One network namespace per node on a bridge of the run's own; ValueError where none can be made."""
+    reason = why_not()
+    if reason:
+        raise ValueError(f"--netns: {reason}")
+    return Net(root, size)

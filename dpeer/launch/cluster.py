@@ -12,7 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dpeer import errors
 from dpeer.transport.client import NodeClient
@@ -53,11 +53,13 @@ class LocalNode:
     proc: subprocess.Popen | None = None
     starts: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    prefix: list[str] = field(default_factory=list)  # what runs the daemon elsewhere (a network namespace)
 
     @property
     def addr(self) -> str:
         """HOST:PORT of its gRPC server."""
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -72,9 +74,13 @@ class LocalCluster:
         self, root: Path, size: int, *, job: str | None = None, base_port: int | None = None,
         config: dict[str, Any] | None = None, env: dict[str, str] | None = None,
         entry: tuple[str, ...] = ("dpeer.cli.main", "start"),
+        placement: Callable[[int], tuple[str, list[str]]] | None = None,
     ) -> None:
         """entry: the module (and subcommand) each daemon runs, `python -m ENTRY --node-id ...`;
-        the chaos tool runs its own (dpeer.chaos.daemon, which installs its faults)."""
+        the chaos tool runs its own (dpeer.chaos.daemon, which installs its faults).
+        placement: node number (1..size) -> (host it listens on, command prefix that starts it
+        there); default every node on 127.0.0.1, started directly (`dpeer chaos --netns` puts
+        each in a network namespace of its own, dpeer/chaos/netns.py)."""
         self.root = root
         self.entry = entry
         self.job = job
@@ -84,6 +90,9 @@ class LocalCluster:
         self.nodes = [
             LocalNode(f"n{i + 1}", base + 2 * i, root / f"n{i + 1}", root / f"n{i + 1}.log") for i in range(size)
         ]
+        for i, node in enumerate(self.nodes, 1):
+            if placement is not None:
+                node.host, node.prefix = placement(i)
         root.mkdir(parents=True, exist_ok=True)
 
     def node(self, node_id: str) -> LocalNode:
@@ -104,7 +113,7 @@ class LocalCluster:
         if node.running:
             raise RuntimeError(f"{node.node_id} is already running")
         peers = join if join is not None else [n.addr for n in self.nodes if n is not node]
-        cmd = [sys.executable, "-m", *self.entry, "--node-id", node.node_id,
+        cmd = [*node.prefix, sys.executable, "-m", *self.entry, "--node-id", node.node_id,
                "--listen", node.addr, "--data-dir", str(node.data_dir)]
         if peers:
             cmd += ["--join", ",".join(peers)]

@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from dpeer import errors
+from dpeer.chaos import netns
 from dpeer.transport.client import NodeClient
 from dpeer.transport.options import Security
 from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler
-from tests.integration import netns
 
 BATCH, WAIT = 16, 120.0
 CONFIG = {"job": "demo", "training": {"steps": 100000, "global_batch": BATCH, "micro_batch": 8,

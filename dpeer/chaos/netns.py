@@ -1,10 +1,11 @@
-"""Boxes in network namespaces of the test's own, on one bridge, whose links the test cuts.
+"""Boxes in network namespaces of their own, on one bridge, whose links a chaos run or a test cuts.
 
 Each node gets a namespace with one veth interface on a private /24, its peer end plugged into a
 bridge in the root namespace (which holds .254, so the test reaches every node while its link is
 up). Cutting a node sets its veth's root end down: everything it sends or receives is cut, its
 daemon's gRPC, the rendezvous store, Gloo and the heal alike, unlike the transport's fault hook.
-Names carry the test process's pid, so parallel runs do not collide; close() removes everything.
+Names carry the creating process's pid, so parallel runs do not collide; close() removes everything.
+Needs root (``why_not`` says so); used by ``dpeer chaos --netns`` and tests/integration/test_netns_partition.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+SOURCE = Path(__file__).resolve().parents[2]  # the folder holding the dpeer package, for the children's path
 
 
 def _ip(*args: str) -> None:
@@ -70,6 +71,10 @@ class Net:
     def addr_of(self, i: int) -> str:
         return f"{self.subnet}.{i}"
 
+    def prefix(self, i: int) -> list[str]:
+        """The command prefix that runs a program inside node i's namespace."""
+        return ["ip", "netns", "exec", self.ns(i)]
+
     def cut(self, i: int) -> None:
         """Cut node i off the network (its link goes down)."""
         _ip("link", "set", self.veth(i), "down")
@@ -81,9 +86,9 @@ class Net:
     def run(self, i: int, args: list[str], log: Path) -> subprocess.Popen:
         """Start `python -m dpeer.cli.main ARGS` inside node i's namespace, in a session of its own."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
-        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)})
+        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(SOURCE)})
         with open(log, "ab") as out:
-            proc = subprocess.Popen(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.cli.main", *args],
+            proc = subprocess.Popen([*self.prefix(i), sys.executable, "-m", "dpeer.cli.main", *args],
                                     stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.procs[i] = proc
         return proc
@@ -91,8 +96,8 @@ class Net:
     def cli(self, i: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """A `dpeer` command run inside node i's namespace (it reaches node i while cut off)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
-        env["PYTHONPATH"] = str(REPO)
-        return subprocess.run(["ip", "netns", "exec", self.ns(i), sys.executable, "-m", "dpeer.cli.main", *args],
+        env["PYTHONPATH"] = str(SOURCE)
+        return subprocess.run([*self.prefix(i), sys.executable, "-m", "dpeer.cli.main", *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
 
     def close(self) -> None:
