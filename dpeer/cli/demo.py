@@ -27,6 +27,7 @@ from rich.live import Live
 
 from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.daemon.config import TrainingConfig
+from dpeer.daemon.job_status import JobStatus
 from dpeer.cli.parser import UsageError
 from dpeer.cli.demo_events import Docs, EventLog, newest_step, train_of
 from dpeer.cli.demo_screen import Frame, final_table, plain, render
@@ -69,10 +70,10 @@ def _outcome(docs: Docs) -> tuple[int, str] | None:
     if not docs or any(d is None for d in docs.values()):
         return None
     jobs = [d.get("job") or {} for d in docs.values() if d]
-    failed = next((j for j in jobs if j.get("state") == "failed"), None)
+    failed = next((j for j in jobs if j.get("state") == JobStatus.FAILED), None)
     if failed is not None:
         return 1, f"the job failed: {failed.get('error')}"
-    if not all(j.get("state") == "finished" for j in jobs):
+    if not all(j.get("state") == JobStatus.FINISHED for j in jobs):
         return None
     step, digest = jobs[0]["step"], jobs[0]["digest"]
     if not all(d and (d.get("worker") or {}).get("done") for d in docs.values()):
@@ -141,7 +142,7 @@ class Demo:
             if kill.restarted_at is None and now - kill.at >= self.chaos.down_for:
                 self.cluster.start(self.cluster.node(kill.node))
                 self.log.restarted(now, kill.node)
-        finished = any(((d or {}).get("job") or {}).get("state") == "finished" for d in self.docs.values())
+        finished = any(((d or {}).get("job") or {}).get("state") == JobStatus.FINISHED for d in self.docs.values())
         down = [n for n in self.cluster.nodes if not n.running]
         quorum_safe = len(down) < (len(self.cluster.nodes) - 1) // 2 + (len(self.cluster.nodes) == 2)
         if now >= self.chaos.next_at and quorum_safe and not finished:

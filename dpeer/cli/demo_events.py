@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from dpeer.daemon.job_status import JobStatus
+
 Docs = Mapping[str, "dict[str, Any] | None"]
 
 
@@ -122,8 +124,8 @@ class EventLog:
         for doc in docs.values():
             job = (doc or {}).get("job") or {}
             state = job.get("state", "")
-            if state in ("failed", "finished") and state != self._job:
+            if state in (JobStatus.FAILED, JobStatus.FINISHED) and state != self._job:
                 self._job = state
-                text = (f"the job failed: {job.get('error')}" if state == "failed" else
+                text = (f"the job failed: {job.get('error')}" if state == JobStatus.FAILED else
                         f"the job finished at step {job.get('step')} (digest {str(job.get('digest'))[:12]})")
                 self._say(now, text)

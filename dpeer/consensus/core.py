@@ -31,8 +31,8 @@ from dpeer.consensus.log import RaftLog
 from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
-    Heartbeat,
-    HeartbeatResponse,
+    RaftHeartbeat,
+    RaftHeartbeatResponse,
     Message,
     Peer,
     SnapshotRequest,
@@ -68,7 +68,7 @@ from dpeer.consensus.voting import (
 from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 
 log = logging.getLogger(__name__)
-_LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
+_LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
 
 
 class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
@@ -162,7 +162,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             self._rng.random()))
 
     def step(self, now: float, sender: Peer, msg: Message, to_uid: str) -> None:
-        """Handle one message from sender, meant for the store to_uid; raises InvalidMessage on
+        """Handle one message from sender, meant for the store to_uid; raises InvalidRaftMessage on
         absurd fields. A message meant for another store is dropped (a box back on a new disk
         never answers for the store it replaced), and so is an answer (a vote, an
         acknowledgement) from a node the configuration names with another uid, so it is never
@@ -341,7 +341,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             self._on_leader_message(src, msg)
         elif self.role is Role.LEADER and isinstance(msg, AppendResponse):
             self._on_append_response(src, msg)
-        elif self.role is Role.LEADER and isinstance(msg, HeartbeatResponse):
+        elif self.role is Role.LEADER and isinstance(msg, RaftHeartbeatResponse):
             self._on_heartbeat_response(src, msg)
 
     def _in_lease(self) -> bool:

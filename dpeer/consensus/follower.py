@@ -17,8 +17,8 @@ from dpeer.consensus.log import check_committed_batch
 from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
-    Heartbeat,
-    HeartbeatResponse,
+    RaftHeartbeat,
+    RaftHeartbeatResponse,
     Peer,
     SnapshotRequest,
 )
@@ -32,20 +32,20 @@ log = logging.getLogger("dpeer.consensus.core")
 class FollowerSide(RaftHost):
     """Follower-only behaviour of RaftNode."""
 
-    def _on_leader_message(self, src: str, m: AppendRequest | Heartbeat | SnapshotRequest) -> None:
+    def _on_leader_message(self, src: str, m: AppendRequest | RaftHeartbeat | SnapshotRequest) -> None:
         if self.role is Role.LEADER:
             return
         if self.role is not Role.FOLLOWER or self.leader != src:
             self._become_follower(self.term, src)
-        idle = isinstance(m, Heartbeat) and m.idle and self.cfg.idle_heartbeat_interval > 0
+        idle = isinstance(m, RaftHeartbeat) and m.idle and self.cfg.idle_heartbeat_interval > 0
         self._leader_contact = self._leader_seen_at = self._now
         self._lease = self.cfg.idle_election_timeout if idle else self.cfg.election_timeout_min
         self._reset_election_timer(idle)
         if isinstance(m, AppendRequest):
             self._on_append(m)
-        elif isinstance(m, Heartbeat):
+        elif isinstance(m, RaftHeartbeat):
             self.log.commit_to(m.commit)
-            self._reply(HeartbeatResponse(self.term, m.read_seq))
+            self._reply(RaftHeartbeatResponse(self.term, m.read_seq))
         else:
             self._on_snapshot(m)
 

@@ -14,8 +14,8 @@ import logging
 from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
-    Heartbeat,
-    HeartbeatResponse,
+    RaftHeartbeat,
+    RaftHeartbeatResponse,
     Message,
     Peer,
     SnapshotRequest,
@@ -26,8 +26,8 @@ from dpeer.consensus.host import RaftHost
 from dpeer.consensus.ready import Outgoing, Role
 
 log = logging.getLogger("dpeer.consensus.core")
-_LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
-_ANSWERS = (VoteResponse, AppendResponse, HeartbeatResponse)
+_LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
+_ANSWERS = (VoteResponse, AppendResponse, RaftHeartbeatResponse)
 
 
 class IdentitySide(RaftHost):

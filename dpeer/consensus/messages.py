@@ -2,7 +2,7 @@
 
 The sender's identity is not repeated in the messages: the transport knows (and authenticates)
 who sent a message and passes it to RaftNode.step as a `Peer` (node id, store uid, cluster
-epoch). validate() rejects absurd values before the core sees them; it raises InvalidMessage.
+epoch). validate() rejects absurd values before the core sees them; it raises InvalidRaftMessage.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ MAX_ID_LEN = 256
 _MAX_U64 = (1 << 63) - 1  # terms and indexes stay below 2**63 so term + 1 always fits in a u64
 
 
-class InvalidMessage(ValueError):
+class InvalidRaftMessage(ValueError):
     """A message field is out of range or inconsistent; drop the message."""
 
 
 def _u64(name: str, value: int) -> None:
     if type(value) is not int or not 0 <= value <= _MAX_U64:
-        raise InvalidMessage(f"{name} must be an int in 0..2**63-1, got {value!r}")
+        raise InvalidRaftMessage(f"{name} must be an int in 0..2**63-1, got {value!r}")
 
 
 def _node(name: str, value: str) -> None:
     if type(value) is not str or not 0 < len(value) <= MAX_ID_LEN:
-        raise InvalidMessage(f"{name} must be a node id of 1..{MAX_ID_LEN} chars, got {value!r}")
+        raise InvalidRaftMessage(f"{name} must be a node id of 1..{MAX_ID_LEN} chars, got {value!r}")
 
 
 def _position(index: int, term: int, msg_term: int) -> None:
@@ -37,7 +37,7 @@ def _position(index: int, term: int, msg_term: int) -> None:
     _u64("index", index)
     _u64("log term", term)
     if (index == 0) != (term == 0) or term > msg_term:
-        raise InvalidMessage(f"log position ({index}, {term}) is impossible in term {msg_term}")
+        raise InvalidRaftMessage(f"log position ({index}, {term}) is impossible in term {msg_term}")
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,10 @@ class Peer:
     epoch: int
 
     def validate(self) -> None:
-        """Raise InvalidMessage on an absurd identity."""
+        """Raise InvalidRaftMessage on an absurd identity."""
         _node("node_id", self.node_id)
         if not valid_uid(self.uid):
-            raise InvalidMessage(f"a store uid is 32 lowercase hex digits, got {self.uid!r}")
+            raise InvalidRaftMessage(f"a store uid is 32 lowercase hex digits, got {self.uid!r}")
         _u64("epoch", self.epoch)
 
 
@@ -68,12 +68,12 @@ class VoteRequest:
     pre_vote: bool
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields."""
+        """Raise InvalidRaftMessage on absurd fields."""
         _u64("term", self.term)
         _node("candidate", self.candidate)
         _position(self.last_index, self.last_term, self.term)
         if self.term == 0 or type(self.pre_vote) is not bool:
-            raise InvalidMessage("a vote request needs a term >= 1 and a bool pre_vote")
+            raise InvalidRaftMessage("a vote request needs a term >= 1 and a bool pre_vote")
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,12 @@ class VoteResponse:
     reason: str = ""
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields."""
+        """Raise InvalidRaftMessage on absurd fields."""
         _u64("term", self.term)
         if type(self.granted) is not bool or type(self.pre_vote) is not bool:
-            raise InvalidMessage("granted and pre_vote must be bools")
+            raise InvalidRaftMessage("granted and pre_vote must be bools")
         if type(self.reason) is not str or len(self.reason) > 200:
-            raise InvalidMessage("reason must be a short string")
+            raise InvalidRaftMessage("reason must be a short string")
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class AppendRequest:
     commit: int
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields (entries must be contiguous, terms ordered)."""
+        """Raise InvalidRaftMessage on absurd fields (entries must be contiguous, terms ordered)."""
         _u64("term", self.term)
         _node("leader", self.leader)
         _position(self.prev_index, self.prev_term, self.term)
@@ -114,7 +114,7 @@ class AppendRequest:
         index, term = self.prev_index, self.prev_term
         for e in self.entries:
             if e.index != index + 1 or not term <= e.term <= self.term:
-                raise InvalidMessage(f"entry ({e.index}, {e.term}) does not follow ({index}, {term})")
+                raise InvalidRaftMessage(f"entry ({e.index}, {e.term}) does not follow ({index}, {term})")
             index, term = e.index, e.term
 
 
@@ -131,17 +131,17 @@ class AppendResponse:
     reject_term: int = 0
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields."""
+        """Raise InvalidRaftMessage on absurd fields."""
         _u64("term", self.term)
         _u64("match_index", self.match_index)
         _u64("reject_hint", self.reject_hint)
         _u64("reject_term", self.reject_term)
         if type(self.success) is not bool or self.reject_term > self.term:
-            raise InvalidMessage("success must be a bool and reject_term <= term")
+            raise InvalidRaftMessage("success must be a bool and reject_term <= term")
 
 
 @dataclass(frozen=True)
-class Heartbeat:
+class RaftHeartbeat:
     """Leader liveness; commit is min(follower's match, leader commit); read_seq confirms reads;
     idle says the leader has nothing in flight and beats slowly (RaftConfig's idle settings)."""
 
@@ -152,24 +152,24 @@ class Heartbeat:
     idle: bool = False
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields."""
+        """Raise InvalidRaftMessage on absurd fields."""
         _u64("term", self.term)
         _node("leader", self.leader)
         _u64("commit", self.commit)
         _u64("read_seq", self.read_seq)
         if type(self.idle) is not bool:
-            raise InvalidMessage("idle must be a bool")
+            raise InvalidRaftMessage("idle must be a bool")
 
 
 @dataclass(frozen=True)
-class HeartbeatResponse:
+class RaftHeartbeatResponse:
     """A follower acknowledges a heartbeat, echoing its read_seq."""
 
     term: int
     read_seq: int
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields."""
+        """Raise InvalidRaftMessage on absurd fields."""
         _u64("term", self.term)
         _u64("read_seq", self.read_seq)
 
@@ -190,22 +190,22 @@ class SnapshotRequest:
     forced_at: float
 
     def validate(self) -> None:
-        """Raise InvalidMessage on absurd fields."""
+        """Raise InvalidRaftMessage on absurd fields."""
         _u64("term", self.term)
         _node("leader", self.leader)
         _position(self.index, self.term_of_index, self.term)
         if self.index == 0 or type(self.data) is not bytes or not self.voters:
-            raise InvalidMessage("a snapshot needs an index >= 1, bytes data and voters")
+            raise InvalidRaftMessage("a snapshot needs an index >= 1, bytes data and voters")
         for n in self.voters + self.learners:
             _node("member", n)
         if set(self.voters) & set(self.learners):
-            raise InvalidMessage("a node cannot be both voter and learner")
+            raise InvalidRaftMessage("a node cannot be both voter and learner")
         if {n for n, _ in self.uids} != set(self.voters) | set(self.learners) or len(self.uids) != len(
                 set(self.voters) | set(self.learners)) or not all(valid_uid(u) for _, u in self.uids):
-            raise InvalidMessage("a snapshot names every member once with its store uid")
+            raise InvalidRaftMessage("a snapshot names every member once with its store uid")
         _u64("epoch", self.epoch)
         if self.epoch == 0 or type(self.forced_at) is not float or not 0.0 <= self.forced_at < 1e12:
-            raise InvalidMessage("a snapshot needs an epoch >= 1 and a forced_at in unix seconds")
+            raise InvalidRaftMessage("a snapshot needs an epoch >= 1 and a forced_at in unix seconds")
 
     @property
     def membership(self) -> VotingConfig:
@@ -214,6 +214,6 @@ class SnapshotRequest:
 
 
 Message = Union[
-    VoteRequest, VoteResponse, AppendRequest, AppendResponse, Heartbeat, HeartbeatResponse,
+    VoteRequest, VoteResponse, AppendRequest, AppendResponse, RaftHeartbeat, RaftHeartbeatResponse,
     SnapshotRequest,
 ]

@@ -12,8 +12,8 @@ from typing import Any
 from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
-    Heartbeat,
-    HeartbeatResponse,
+    RaftHeartbeat,
+    RaftHeartbeatResponse,
     SnapshotRequest,
 )
 from dpeer.consensus.host import RaftHost
@@ -107,7 +107,7 @@ class LeaderSide(RaftHost):
         pr = self.tracker.progress.get(node) if self.role is Role.LEADER else None
         if pr is not None and node != self.id:
             commit = min(pr.match, self.log.committed)
-            self._send(node, Heartbeat(self.term, self.id, commit, self._read_seq, self._idle()))
+            self._send(node, RaftHeartbeat(self.term, self.id, commit, self._read_seq, self._idle()))
 
     def _retry_stale_snapshots(self, now: float) -> None:
         for pr in self.tracker.progress.values():
@@ -136,7 +136,7 @@ class LeaderSide(RaftHost):
         for peer, pr in sorted(self.tracker.progress.items()):
             if peer != self.id and (learners or peer in voters or (idle and pr.match < last)):
                 commit = min(pr.match, self.log.committed)
-                self._send(peer, Heartbeat(self.term, self.id, commit, self._read_seq, idle))
+                self._send(peer, RaftHeartbeat(self.term, self.id, commit, self._read_seq, idle))
 
     def _send_append(self, peer: str, allow_empty: bool = True) -> bool:
         """Send the next entries (or a snapshot) to peer; False when nothing was sent."""
@@ -206,7 +206,7 @@ class LeaderSide(RaftHost):
             # or a caught-up learner of an idle leader would wait for a slow beat to learn it.
             self._send_append(src)
 
-    def _on_heartbeat_response(self, src: str, m: HeartbeatResponse) -> None:
+    def _on_heartbeat_response(self, src: str, m: RaftHeartbeatResponse) -> None:
         pr = self.tracker.progress.get(src)
         if pr is None:
             return

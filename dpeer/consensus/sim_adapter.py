@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
 from dpeer.consensus.voting import VotingConfig
-from dpeer.consensus.messages import InvalidMessage, Message, Peer
+from dpeer.consensus.messages import InvalidRaftMessage, Message, Peer
 from dpeer.consensus.ready import Outgoing, Ready, drive, persist
 from dpeer.consensus.storage import MemoryStorage
 from dpeer.statemachine.entry import Entry, EntryKind
@@ -64,7 +64,7 @@ class RaftActor:
         """Step one message, then persist and return what the node sends."""
         try:
             self.node.step(now, msg.sender, msg.msg, msg.to_uid)
-        except InvalidMessage:
+        except InvalidRaftMessage:
             self.invalid += 1
         return self.drain()
 

@@ -8,6 +8,7 @@ serve, tell systemd READY=1 once this node is an active member, run until SIGTER
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import signal
 from typing import Any, Awaitable, Callable
@@ -22,6 +23,7 @@ from dpeer.security import exposure
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.final_state import fetch_final, holds
+from dpeer.daemon.job_status import FINISHING, JobStatus, status_of
 from dpeer.daemon.config import NodeConfig
 from dpeer.consensus import Role, bootstrap
 from dpeer.daemon.leader import LeaderChores
@@ -279,18 +281,16 @@ class Daemon:
         if self.worker is None:
             return None
         job, view = self.store.state.job, self.store.state.view
-        if job.state is JobState.FAILED:
-            return {"state": "failed", "error": job.error, "node": job.node, "step": job.step}
-        if job.state is JobState.FINISHED and self.worker.done:
-            return {"state": "finished", "error": None, "step": job.step, "digest": job.digest}
-        if job.state is JobState.FINISHED:
-            return {"state": "waiting", "error": None, "step": job.step, "digest": job.digest,
-                    "finishing": f"the job finished at step {job.step}; this box's worker has not yet written "
-                                 "the final model (it ends its last step, or loads the final state from a holder)"}
         formed = (view is not None and self.node_id in view.members and self.worker.running
                   and self.worker.given_generation == view.generation)
+        state = status_of(job.state, self.worker.done, formed)
+        if state is JobStatus.FAILED:
+            return {"state": state, "error": job.error, "node": job.node, "step": job.step}
+        if job.state is JobState.FINISHED:
+            doc = {"state": state, "error": None, "step": job.step, "digest": job.digest}
+            return doc if state is JobStatus.FINISHED else {**doc, "finishing": FINISHING.format(step=job.step)}
         last = self.worker.last_failure
-        return {"state": "training" if formed else "waiting", "error": None,
+        return {"state": state, "error": None,
                 "last_failure": last.as_status() if last is not None else None,
                 "kept_out": self.leader.kept_out() if self.node.role is Role.LEADER else None}
 
@@ -389,10 +389,7 @@ class Daemon:
 
     def _update_metrics(self) -> None:
         m, store = self.metrics, self.store
-        counts: dict[str, int] = {}
-        for rec in self.node.swim.members():
-            counts[rec.state.value] = counts.get(rec.state.value, 0) + 1
-        m.set_members(counts)
+        m.set_members(collections.Counter(rec.state for rec in self.node.swim.members()))
         m.term.set(store.current_term)
         m.is_leader.set(1 if self.node.role is Role.LEADER else 0)
         m.commit_index.set(store.commit_index)

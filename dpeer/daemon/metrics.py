@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-MEMBER_STATES = ("alive", "suspect", "dead", "left")
-JOB_STATES = ("waiting", "training", "failed", "finished")
+from dpeer.daemon.job_status import JobStatus
+from dpeer.membership import MemberState
 
 
 class Metrics:
@@ -63,15 +64,15 @@ class Metrics:
                 self.refused.labels(node=self._node, method=method, reason=key[1]).inc(delta)
                 self._refused_counted[key] = total
 
-    def set_members(self, counts: dict[str, int]) -> None:
+    def set_members(self, counts: Mapping[MemberState, int]) -> None:
         """Members by gossip state; states absent from counts read 0."""
-        for state in MEMBER_STATES:
-            self.members.labels(node=self._node, state=state).set(counts.get(state, 0))
+        for state in MemberState:
+            self.members.labels(node=self._node, state=state.value).set(counts.get(state, 0))
 
-    def set_job(self, state: str | None) -> None:
+    def set_job(self, state: JobStatus | None) -> None:
         """The job's state (status `job.state`): 1 for it, 0 for the others; all 0 without a job."""
-        for name in JOB_STATES:
-            self.job.labels(node=self._node, state=name).set(1 if name == state else 0)
+        for name in JobStatus:
+            self.job.labels(node=self._node, state=name.value).set(1 if name == state else 0)
 
     def serve(self, listen: str) -> None:
         """Serve /metrics on HOST:PORT from a background thread; OSError in one sentence when it cannot bind."""

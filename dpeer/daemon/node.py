@@ -20,7 +20,7 @@ from dpeer.clock import REAL, Clock
 from dpeer.transport import codec
 from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused, Role
 from dpeer.consensus.ready import Outgoing, ProposeResult, Ready, drive
-from dpeer.consensus.messages import AppendRequest, Heartbeat, SnapshotRequest
+from dpeer.consensus.messages import AppendRequest, RaftHeartbeat, SnapshotRequest
 from dpeer.errors import BadRequest, Unavailable
 from dpeer.membership import (
     Ack,
@@ -60,7 +60,7 @@ CHORES_BUSY_FOR = 1.0
 # An input that moves the next deadline later by more than this re-arms the sleeping loop's
 # alarm instead of letting it fire for nothing; smaller moves are not worth a new timer.
 REARM_SLACK = 0.005
-_LEADER_MSGS = (AppendRequest, Heartbeat, SnapshotRequest)
+_LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
 ApplyListener = Callable[[Entry, ApplyResult], None]
 
 

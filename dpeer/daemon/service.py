@@ -164,27 +164,32 @@ class Service:
     async def _until_removable(self, node_id: str) -> None:
         """Wait (a leader just elected has not heard every voter yet) until removing node_id
         leaves a live quorum; Unavailable with the reason once COMMAND_TIMEOUT has passed."""
-        deadline = self.node.clock() + COMMAND_TIMEOUT
-        while (why := self.node.removal_refusal(node_id)) is not None:
-            if self.node.clock() + FORWARD_RETRY >= deadline:
-                raise Unavailable(f"{node_id} cannot leave now: {why}")
-            await asyncio.sleep(FORWARD_RETRY)
+        async def refusal() -> str | None:
+            return self.node.removal_refusal(node_id)
+        await self._retry(refusal, f"{node_id} cannot leave now")
 
     async def _remove_from_configuration(self, node_id: str) -> None:
         """A leaving node leaves the voters (or learners) before its daemon exits, so the voters
         that remain are a quorum on their own: a voter gone without its removal counts against
         every later commit, and the last two voters leaving in turn would stall the second."""
-        deadline = self.node.clock() + COMMAND_TIMEOUT
-        while True:
+        async def remove() -> str | None:
             state = self.node.store.state
             if node_id not in state.voters + state.learners or list(state.voters) == [node_id]:
-                return
+                return None
             try:
                 await self.node.change_membership("remove", node_id, "", COMMAND_TIMEOUT)
-                return
             except BadRequest as exc:  # another change is in flight (the leader's chores): wait for it
-                if self.node.clock() + FORWARD_RETRY >= deadline:
-                    raise Unavailable(f"could not remove {node_id} from the configuration: {exc}") from None
+                return str(exc)
+            return None
+        await self._retry(remove, f"could not remove {node_id} from the configuration")
+
+    async def _retry(self, attempt: Callable[[], Awaitable[str | None]], failure: str) -> None:
+        """Run attempt every FORWARD_RETRY until it returns None (done); Unavailable('failure: reason')
+        when it still returns a reason once COMMAND_TIMEOUT has passed."""
+        deadline = self.node.clock() + COMMAND_TIMEOUT
+        while (why := await attempt()) is not None:
+            if self.node.clock() + FORWARD_RETRY >= deadline:
+                raise Unavailable(f"{failure}: {why}")
             await asyncio.sleep(FORWARD_RETRY)
 
     async def leave_cluster(self) -> None:

@@ -365,9 +365,7 @@ class Membership(Dissemination):
         sender: str | None,
         out: list[Datagram],
     ) -> None:
-        if node_id == self.node_id:
-            if incarnation >= self.incarnation and not self._leaving:
-                self._refute(now, incarnation, sender, out)
+        if self._about_me(now, node_id, incarnation, sender, out):
             return
         member = self._table.get(node_id)
         if member is None or incarnation < member.incarnation or member.state not in LIVE:
@@ -384,6 +382,15 @@ class Membership(Dissemination):
         self._queue.push(update)
         if origin == self.node_id and not refused:
             out.append((member.addr, Gossip(self._hb(now), (update,))))
+
+    def _about_me(self, now: float, node_id: str, incarnation: int, sender: str | None,
+                  out: list[Datagram]) -> bool:
+        """True when a suspect or dead rumour is about this node, which refutes it (unless leaving)."""
+        if node_id != self.node_id:
+            return False
+        if incarnation >= self.incarnation and not self._leaving:
+            self._refute(now, incarnation, sender, out)
+        return True
 
     def _new_suspicion(self, now: float, origin: str, refused: bool) -> Suspicion:
         if refused:
@@ -420,9 +427,7 @@ class Membership(Dissemination):
         sender: str | None,
         out: list[Datagram],
     ) -> None:
-        if node_id == self.node_id:
-            if incarnation >= self.incarnation and not self._leaving:
-                self._refute(now, incarnation, sender, out)
+        if self._about_me(now, node_id, incarnation, sender, out):
             return
         member = self._table.get(node_id)
         state = LEFT if left else DEAD

@@ -24,7 +24,7 @@ _FIELD: dict[type, str] = {
     mm.Ping: "ping", mm.Ack: "ack", mm.PingReq: "ping_req", mm.Nack: "nack", mm.Gossip: "gossip",
     mm.PushPull: "push_pull", rm.VoteRequest: "vote_request", rm.VoteResponse: "vote_response",
     rm.AppendRequest: "append_request", rm.AppendResponse: "append_response",
-    rm.Heartbeat: "raft_heartbeat", rm.HeartbeatResponse: "raft_heartbeat_response",
+    rm.RaftHeartbeat: "raft_heartbeat", rm.RaftHeartbeatResponse: "raft_heartbeat_response",
     rm.SnapshotRequest: "snapshot_request",
 }
 MEMBERSHIP_TYPES = (mm.Ping, mm.Ack, mm.PingReq, mm.Nack, mm.Gossip, mm.PushPull)
@@ -108,9 +108,9 @@ _ENCODE: dict[type, Callable[[Any], Any]] = {
                                                  commit=m.commit),
     rm.AppendResponse: lambda m: pb.AppendResponse(term=m.term, success=m.success, match_index=m.match_index,
                                                    reject_hint=m.reject_hint, reject_term=m.reject_term),
-    rm.Heartbeat: lambda m: pb.RaftHeartbeat(term=m.term, leader=m.leader, commit=m.commit, read_seq=m.read_seq,
+    rm.RaftHeartbeat: lambda m: pb.RaftHeartbeat(term=m.term, leader=m.leader, commit=m.commit, read_seq=m.read_seq,
                                                idle=m.idle),
-    rm.HeartbeatResponse: lambda m: pb.RaftHeartbeatResponse(term=m.term, read_seq=m.read_seq),
+    rm.RaftHeartbeatResponse: lambda m: pb.RaftHeartbeatResponse(term=m.term, read_seq=m.read_seq),
     rm.SnapshotRequest: lambda m: pb.SnapshotRequest(term=m.term, leader=m.leader, index=m.index,
                                                      term_of_index=m.term_of_index, data=m.data,
                                                      voters=list(m.voters), learners=list(m.learners),
@@ -129,8 +129,8 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
     "append_request": lambda b: rm.AppendRequest(b.term, b.leader, b.prev_index, b.prev_term,
                                                  _entries_in(b.entries), b.commit),
     "append_response": lambda b: rm.AppendResponse(b.term, b.success, b.match_index, b.reject_hint, b.reject_term),
-    "raft_heartbeat": lambda b: rm.Heartbeat(b.term, b.leader, b.commit, b.read_seq, b.idle),
-    "raft_heartbeat_response": lambda b: rm.HeartbeatResponse(b.term, b.read_seq),
+    "raft_heartbeat": lambda b: rm.RaftHeartbeat(b.term, b.leader, b.commit, b.read_seq, b.idle),
+    "raft_heartbeat_response": lambda b: rm.RaftHeartbeatResponse(b.term, b.read_seq),
     "snapshot_request": lambda b: rm.SnapshotRequest(b.term, b.leader, b.index, b.term_of_index, bytes(b.data),
                                                      tuple(b.voters), tuple(b.learners), tuple(sorted(b.uids.items())),
                                                      b.epoch, b.forced_at),
@@ -150,7 +150,7 @@ def sender(envelope: pb.Envelope) -> rm.Peer:
     peer = rm.Peer(envelope.from_id, envelope.from_uid, envelope.from_epoch)
     try:
         peer.validate()
-    except rm.InvalidMessage as exc:
+    except rm.InvalidRaftMessage as exc:
         raise BadRequest(f"the envelope's sender identity is invalid: {exc}") from None
     return peer
 
@@ -165,6 +165,6 @@ def decode(envelope: pb.Envelope) -> Any:
     msg = _DECODE[field](getattr(envelope, field))
     try:
         msg.validate()
-    except (mm.InvalidMessage, rm.InvalidMessage) as exc:
+    except (mm.InvalidMessage, rm.InvalidRaftMessage) as exc:
         raise BadRequest(f"invalid {field}: {exc}") from None
     return msg

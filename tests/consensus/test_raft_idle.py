@@ -11,7 +11,7 @@ import pytest
 from raft_helpers import CFG, RaftNet, kv
 
 from dpeer.consensus import Role
-from dpeer.consensus.messages import Heartbeat, VoteRequest, VoteResponse
+from dpeer.consensus.messages import RaftHeartbeat, VoteRequest, VoteResponse
 from dpeer.consensus.replication import IDLE_AFTER_BEATS
 from dpeer.statemachine.entry import EntryKind
 
@@ -27,10 +27,10 @@ def _idle_net(voters: int = 3) -> RaftNet:
     return net
 
 
-def _beats_in(net: RaftNet, seconds: float) -> tuple[Counter, list[Heartbeat]]:
-    before = len(net.sent("a", Heartbeat))
+def _beats_in(net: RaftNet, seconds: float) -> tuple[Counter, list[RaftHeartbeat]]:
+    before = len(net.sent("a", RaftHeartbeat))
     net.run(seconds, nodes=["a"])
-    new = net.sent("a", Heartbeat)[before:]
+    new = net.sent("a", RaftHeartbeat)[before:]
     return Counter(dst for dst, _ in new), [m for _, m in new]
 
 
@@ -83,11 +83,11 @@ def test_a_new_entry_ends_the_idle_period_at_once() -> None:
 
 def test_a_leader_appending_every_beat_stays_busy() -> None:
     net = _idle_net()
-    before = len(net.sent("a", Heartbeat))
+    before = len(net.sent("a", RaftHeartbeat))
     for i in range(5):
         net.propose("a", i)
         net.run(IDLE.heartbeat_interval, nodes=["a"])
-    msgs = [m for dst, m in net.sent("a", Heartbeat)[before:] if dst == "b"]
+    msgs = [m for dst, m in net.sent("a", RaftHeartbeat)[before:] if dst == "b"]
     assert len(msgs) >= 4 and not any(m.idle for m in msgs)
 
 
@@ -97,7 +97,7 @@ def test_a_voter_that_lags_keeps_the_leader_busy() -> None:
     net.cut |= {("a", "c")}
     net.propose("a", 1)
     net.run(3.0, nodes=["a"])
-    assert not any(m.idle for _, m in net.sent("a", Heartbeat)[-3:])
+    assert not any(m.idle for _, m in net.sent("a", RaftHeartbeat)[-3:])
 
 
 def test_an_idle_follower_keeps_the_lease_against_a_disruptive_pre_vote() -> None:
@@ -202,7 +202,7 @@ def test_a_peer_seen_alive_again_is_beaten_at_once_and_learns_the_leader() -> No
     net.nodes["a"].peer_alive(net.now, "l")
     net.nodes["b"].peer_alive(net.now, "l")  # only the leader beats
     net.deliver()
-    assert net.nodes["l"].leader == "a" and not net.sent("b", Heartbeat)
+    assert net.nodes["l"].leader == "a" and not net.sent("b", RaftHeartbeat)
 
 
 def test_a_proposal_from_outside_a_tick_does_not_cut_the_check_quorum_window_short() -> None:

@@ -10,9 +10,9 @@ from raft_helpers import entry, uid_for
 from dpeer.consensus.messages import (
     AppendRequest,
     AppendResponse,
-    Heartbeat,
-    HeartbeatResponse,
-    InvalidMessage,
+    RaftHeartbeat,
+    RaftHeartbeatResponse,
+    InvalidRaftMessage,
     Peer,
     SnapshotRequest,
     VoteRequest,
@@ -34,8 +34,8 @@ GOOD = [
     AppendRequest(3, "a", 4, 2, (entry(5, 2), entry(6, 3)), 4),
     AppendRequest(1, "a", 0, 0, (), 0),
     AppendResponse(3, False, 9, 4, 2),
-    Heartbeat(3, "a", 7, 1),
-    HeartbeatResponse(3, 1),
+    RaftHeartbeat(3, "a", 7, 1),
+    RaftHeartbeatResponse(3, 1),
     snap(("a", "b"), ("c",)),
     Peer("a", U["a"], 0),
     Peer("a", U["a"], 7),
@@ -54,8 +54,8 @@ BAD = [
     AppendRequest(3, "x" * 300, 0, 0, (), 0),
     AppendResponse(3, True, -5),
     AppendResponse(3, False, 9, 4, 7),
-    Heartbeat(2**64, "a", 0, 0),
-    HeartbeatResponse(3, -1),
+    RaftHeartbeat(2**64, "a", 0, 0),
+    RaftHeartbeatResponse(3, -1),
     snap(("a",), (), index=0),
     snap((), ()),
     snap(("a",), ("a",)),
@@ -79,5 +79,5 @@ def test_sane_messages_validate(msg: object) -> None:
 
 @pytest.mark.parametrize("msg", BAD, ids=lambda m: type(m).__name__)
 def test_absurd_messages_are_rejected(msg: object) -> None:
-    with pytest.raises(InvalidMessage):
+    with pytest.raises(InvalidRaftMessage):
         msg.validate()  # type: ignore[attr-defined]

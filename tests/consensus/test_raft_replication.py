@@ -9,7 +9,7 @@ import pytest
 from raft_helpers import CFG, RaftNet
 
 from dpeer.consensus import Role
-from dpeer.consensus.messages import AppendRequest, AppendResponse, Heartbeat, SnapshotRequest, VoteRequest
+from dpeer.consensus.messages import AppendRequest, AppendResponse, RaftHeartbeat, SnapshotRequest, VoteRequest
 from dpeer.statemachine.entry import EntryKind
 
 
@@ -123,17 +123,17 @@ def test_learners_are_beaten_at_their_own_slower_interval() -> None:
     net = RaftNet(["a", "b", "c", "l"], voters=["a", "b", "c"], learners=["l"], cfg=cfg)
     net.elect("a")
     net.run(2.0, nodes=["a"])
-    beats = Counter(dst for dst, _ in net.sent("a", Heartbeat))
+    beats = Counter(dst for dst, _ in net.sent("a", RaftHeartbeat))
     assert beats["b"] == beats["c"] >= 15
     assert 3 <= beats["l"] <= 5 and abs(beats["b"] - 4 * beats["l"]) <= 4
     # a new entry and then its commit reach the learner at once, not at its next beat
     net.propose("a", 1)
     assert net.nodes["l"].commit_index == net.nodes["a"].commit_index == net.storages["l"].last_index
     # a ReadIndex round beats the voters only: learners do not confirm leadership
-    before = len(net.sent("a", Heartbeat))
+    before = len(net.sent("a", RaftHeartbeat))
     net.nodes["a"].read_index()
     net.deliver()
-    assert sorted(dst for dst, _ in net.sent("a", Heartbeat)[before:]) == ["b", "c"]
+    assert sorted(dst for dst, _ in net.sent("a", RaftHeartbeat)[before:]) == ["b", "c"]
     # voters' leases stay fresh, the learner never campaigns and keeps its leader
     net.run(3.0)
     assert net.leaders() == ["a"] and net.nodes["l"].leader == "a" and not net.sent("l", VoteRequest)
