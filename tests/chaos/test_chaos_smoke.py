@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.chaos.conftest import run_chaos
+from tests.support.chaos import run_chaos
 
 
 def test_short_seeded_chaos_run_has_no_violations(tmp_path: Path, reference_cache: Path) -> None:

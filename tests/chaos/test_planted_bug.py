@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.chaos.conftest import run_chaos
+from tests.support.chaos import run_chaos
 
 
 PLANT = Path(__file__).parent / "plant_skip_heal"

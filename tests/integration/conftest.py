@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,8 +23,3 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     yield make
     for cluster in made:
         cluster.stop_all()
-
-
-def run(coro: Any) -> Any:
-    """Run one coroutine to completion (tests stay plain functions)."""
-    return asyncio.run(coro)

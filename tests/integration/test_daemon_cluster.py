@@ -5,54 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 
-from dpeer.launch.cluster import LocalCluster
-from dpeer.daemon.config import NodeConfig
 from dpeer.transport.client import NodeClient
-from tests.integration.conftest import run
-
-TIMEOUT = 60.0
-DEFAULT_MAX_VOTERS = NodeConfig.model_fields["max_voters"].default
-
-
-def cli(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-    """Run the dpeer CLI as an operator would."""
-    return subprocess.run([sys.executable, "-m", "dpeer.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def states_by(docs: dict, observer: str) -> dict[str, str]:
-    return {m["node_id"]: m["state"] for m in docs[observer]["members"]}
-
-
-async def formed(cluster: LocalCluster, size: int) -> dict:
-    """Wait until every running node sees `size` alive members, one shared leader, a group of
-    `size` and the voters filled up to the default cap (the leader may commit the group first)."""
-    def ok(docs: dict) -> bool:
-        live = [d for d in docs.values() if d is not None]
-        if len(live) != len([n for n in cluster.nodes if n.running]):
-            return False
-        leaders = {d["leader"] for d in live}
-        return (len(leaders) == 1 and None not in leaders
-                and all(sum(m["state"] == "alive" for m in d["members"]) == size for d in live)
-                and all(d["group"] is not None and d["group"]["world_size"] == size for d in live)
-                and all(len(d["voters"]) == min(size, DEFAULT_MAX_VOTERS) for d in live))
-    return await cluster.wait_for(ok, TIMEOUT, f"{size} members with one leader")
-
-
-async def force_when_allowed(addr: str, voters: str, timeout: float = 90.0) -> subprocess.CompletedProcess:
-    """Run `dpeer force` until the guard lets it through (no leader for 2 x the longest election
-    timeout: 24 s on lan); every refusal on the way must be that wait, nothing else."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        forced = cli("force", "--addr", addr, "--voters", voters, "--yes")
-        if forced.returncode == 0:
-            return forced
-        assert forced.returncode == 1 and "a leader was known" in forced.stderr, forced.stderr
-        assert asyncio.get_running_loop().time() < deadline, forced.stderr
-        await asyncio.sleep(2.0)
+from tests.support.cluster import TIMEOUT, force_when_allowed, formed, run, states_by
+from tests.support.daemons import cli
 
 
 def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:

@@ -9,7 +9,7 @@ import signal
 import torch
 
 from dpeer.launch.cluster import LocalCluster
-from tests.integration.conftest import run
+from tests.support.cluster import run
 
 STEPS = 240
 CONFIG = {"training": {"steps": STEPS, "global_batch": 16, "micro_batch": 8, "checkpoint_every": 0}}

@@ -11,8 +11,8 @@ import signal
 import time
 
 from dpeer.channel.local import read_reports
-from tests.integration.conftest import run
-from tests.integration.test_training import TIMEOUT, assert_exact, assert_matches_clean_run, finished, training
+from tests.support.cluster import run
+from tests.support.training import TIMEOUT, assert_exact, assert_matches_clean_run, finished, training
 
 STEPS, BATCH, EVERY = 500, 16, 50
 CONFIG = {"training": {"steps": STEPS, "global_batch": BATCH, "micro_batch": 8, "checkpoint_every": EVERY,

@@ -8,8 +8,8 @@ import json
 import signal
 
 from dpeer.launch.cluster import LocalCluster
-from tests.integration.conftest import run
-from tests.integration.test_daemon_cluster import TIMEOUT, cli, force_when_allowed, formed
+from tests.support.cluster import TIMEOUT, force_when_allowed, formed, run
+from tests.support.daemons import cli
 
 
 def committed_prefix(addr: str, last: int) -> list[dict]:

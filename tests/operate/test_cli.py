@@ -16,7 +16,7 @@ import yaml
 
 from dpeer.daemon.config import NodeConfig
 
-from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wait_status
+from tests.support.daemons import WAIT, cli, cli_many, formed, one_sentence, wait_status
 
 COMMANDS = [
     [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["kv", "list"], ["kv", "delete"],

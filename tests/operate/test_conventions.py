@@ -16,7 +16,7 @@ import yaml
 from dpeer import __version__
 from dpeer.launch.cluster import free_port_block
 from dpeer.transport.options import Security
-from tests.operate.conftest import cli, cli_many, formed, one_sentence, wait_status
+from tests.support.daemons import cli, cli_many, formed, one_sentence, wait_status
 
 ROOT = Path(__file__).resolve().parents[2]
 

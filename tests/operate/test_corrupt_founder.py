@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from tests.operate.conftest import WAIT, cli, formed, status_of, wait_until
+from tests.support.daemons import WAIT, cli, formed, status_of, wait_until
 
 
 def test_a_founder_whose_store_is_corrupt_refuses_to_found_again_and_rejoins_with_join(daemons) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from dpeer.consensus.ready import Role
 from dpeer.launch.cluster import LocalCluster, free_port_block
-from tests.operate.conftest import cli_many, one_sentence
+from tests.support.daemons import cli_many, one_sentence
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\r")

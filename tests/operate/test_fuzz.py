@@ -19,7 +19,7 @@ import pytest
 
 from dpeer.transport.options import MAX_MESSAGE_BYTES
 from dpeer.proto.v1 import dpeer_pb2 as pb
-from tests.operate.conftest import cli, formed, status_of
+from tests.support.daemons import cli, formed, status_of
 
 U64 = 2**64 - 1
 METHODS_SAFE = ["Deliver", "Status", "KvGet", "KvList"]  # random bodies cannot change state through these

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.operate.conftest import DPEER, WAIT, Daemons, cli, wait_status, wait_until
+from tests.support.daemons import DPEER, WAIT, Daemons, cli, wait_status, wait_until
 
 REPO = str(Path(__file__).resolve().parents[2])
 

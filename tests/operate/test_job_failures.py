@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.operate.conftest import WAIT, Daemons, cli, wait_status
+from tests.support.daemons import WAIT, Daemons, cli, wait_status
 
 REPO = str(Path(__file__).resolve().parents[2])
 ENV = {"PYTHONPATH": REPO}

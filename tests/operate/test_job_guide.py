@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from dpeer.launch.cluster import LocalCluster
-from tests.integration.conftest import make_cluster, run  # noqa: F401 - make_cluster is a fixture
+from tests.integration.conftest import make_cluster  # noqa: F401 - a fixture
+from tests.support.cluster import run
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "jobs.md"
 TIMEOUT = 240.0

@@ -7,7 +7,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.operate.conftest import cli, formed, wait_status, wait_until
+from tests.support.daemons import cli, formed, wait_status, wait_until
 
 
 def scrape(addr: str) -> dict[str, list]:

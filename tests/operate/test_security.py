@@ -9,8 +9,8 @@ from pathlib import Path
 import yaml
 
 from dpeer.transport.options import Security
-from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, status_of, wait_until
-from tests.security.conftest import make_pki
+from tests.support.daemons import WAIT, cli, cli_many, formed, one_sentence, status_of, wait_until
+from tests.support.pki import make_pki
 
 
 def config(d: Path, name: str, cert: tuple[Path, Path] | None, ca: Path | None, token: str | None) -> Path:

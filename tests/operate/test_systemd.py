@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.operate.conftest import WAIT, formed, wait_status, wait_until
+from tests.support.daemons import WAIT, formed, wait_status, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "scripts" / "dpeer.service"

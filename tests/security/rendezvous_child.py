@@ -21,7 +21,7 @@ import torch.distributed as dist
 from dpeer.trainer.group import GroupError, GroupManager
 from dpeer.trainer.heal import HealError, heal
 from dpeer.trainer.viewsource import View
-from tests.trainer.test_heal_transfer import State  # the trainer's state as the heal takes it
+from tests.support.heal_state import State
 
 TIMEOUT = 6.0
 

@@ -10,7 +10,7 @@ from cryptography import x509
 
 from dpeer.security import certs
 from dpeer.security.auth import TLS_SERVER_NAME, CallerRole, Principal
-from tests.operate.conftest import cli, one_sentence
+from tests.support.daemons import cli, one_sentence
 
 
 def mode(path: Path) -> int:

@@ -15,9 +15,8 @@ from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.security import auth
 from dpeer.security.auth import CallerRole as Role, Principal
 from dpeer.transport.options import TOKEN_HEADER
-from tests.operate.conftest import formed, status_of
-from tests.security.conftest import Pki
-from tests.security.test_outsider import channel
+from tests.support.daemons import formed, status_of
+from tests.support.pki import Pki, channel
 
 
 def test_a_node_cannot_vouch_for_another_node_to_speak_as_it() -> None:
@@ -74,8 +73,8 @@ def test_a_node_certificate_cannot_forge_a_committed_entry_as_the_leader(daemons
     today n3 commits the forged entry, so a stranger's write sits in a committed log."""
     from dpeer.statemachine.entry import Entry, EntryKind
     from dpeer.transport import codec
-    from tests.operate.conftest import cli
-    from tests.security.test_outsider import operator_flags
+    from tests.support.daemons import cli
+    from tests.support.pki import operator_flags
 
     n1 = daemons.start("n1", config=pki.config("n1", "node-n1"))
     n2 = daemons.start("n2", join=[n1.addr], config=pki.config("n2", "node-n2"))

@@ -10,8 +10,8 @@ import socket
 import struct
 from pathlib import Path
 
-from tests.operate.conftest import WAIT, cli, cli_many, formed, one_sentence, wait_status
-from tests.security.conftest import Pki
+from tests.support.daemons import WAIT, cli, cli_many, formed, one_sentence, wait_status
+from tests.support.pki import Pki
 
 STEPS = 600  # enough that n2 and n3 join before n1, which trains alone at first, finishes (a loaded box)
 

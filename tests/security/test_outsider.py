@@ -15,30 +15,17 @@ from typing import Any
 
 import grpc
 
-from dpeer.transport.options import TLS_SERVER_NAME, TOKEN_HEADER, channel_options
+from dpeer.transport.options import TOKEN_HEADER
 from dpeer.security import auth
 from dpeer.proto.v1 import dpeer_pb2 as pb
-from tests.operate.conftest import cli, formed, status_of, wait_until
-from tests.security.conftest import Pki
+from tests.support.daemons import cli, formed, status_of, wait_until
+from tests.support.pki import Pki, channel, operator_flags
 
 U64 = 2**64 - 1
 DIGEST = "ab" * 32
 SERVICE = pb.DESCRIPTOR.services_by_name["Peer"]
 REFUSED_AT_HANDSHAKE = (grpc.StatusCode.UNAVAILABLE,)
 REFUSED = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-
-
-def channel(addr: str, pki: Pki, stem: str | None, other_ca: bool = False, tls: bool = True) -> grpc.aio.Channel:
-    """A raw channel: plaintext, TLS without a client certificate (stem None), or with the identity stem."""
-    if not tls:
-        return grpc.aio.insecure_channel(addr, options=channel_options())
-    key = cert = None
-    if stem is not None:
-        cert_path, key_path = pki.files(stem, other_ca)
-        cert, key = cert_path.read_bytes(), key_path.read_bytes()
-    creds = grpc.ssl_channel_credentials(pki.ca.read_bytes(), key, cert)
-    return grpc.aio.secure_channel(addr, creds, options=[*channel_options(),
-                                                          ("grpc.ssl_target_name_override", TLS_SERVER_NAME)])
 
 
 def forged(victim: str, addr: str) -> dict[str, Any]:
@@ -82,12 +69,6 @@ async def call(ch: grpc.aio.Channel, method: str, request: Any, token: str | Non
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
-
-
-def operator_flags(pki: Pki) -> list[str]:
-    """The client flags of the operator alice."""
-    cert, key = pki.files("operator-alice")
-    return ["--tls-ca", str(pki.ca), "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(pki.token)]
 
 
 def state(addr: str, pki: Pki) -> dict[str, Any]:

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from dpeer.launch.cluster import free_port_block
-from tests.operate.conftest import cli, one_sentence
-from tests.security.conftest import Pki
+from tests.support.daemons import cli, one_sentence
+from tests.support.pki import Pki
 
 
 def test_an_exposed_address_without_security_exits_2_with_how_to_fix_it(tmp_path: Path, pki: Pki) -> None:

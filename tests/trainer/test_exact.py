@@ -4,41 +4,14 @@ NaN/Inf error. The multi-rank equalities are in test_exact_multiprocess.py."""
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 
-from dpeer.trainer.demo import DEFAULTS, build
-from dpeer.trainer.exact import ExactModeError, ExactStep, NonFiniteGradient
-from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
+from dpeer.trainer.demo import DEFAULTS
+from dpeer.trainer.exact import ExactModeError, NonFiniteGradient
+from dpeer.trainer.loop import default_collate
 from dpeer.trainer.sampler import GlobalBatchSampler
-
-CPU = torch.device("cpu")
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def demo(**options: object) -> TrainSpec:
-    return build(JobContext("a", CPU, {"dataset_len": 256, "global_batch": 16, "micro_batch": 4, **options}))
-
-
-def stepper(spec: TrainSpec) -> ExactStep:
-    sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
-    return ExactStep(spec, [p for p in spec.model.parameters() if p.requires_grad], sampler, CPU,
-                     spec.collate or default_collate)
-
-
-def grads(spec: TrainSpec) -> list[torch.Tensor]:
-    return [p.grad.clone() for p in spec.model.parameters()]
+from tests.support.exact import demo, grads, group, stepper  # noqa: F401 (group is a fixture)
 
 
 def test_a_global_batch_that_is_not_a_multiple_of_the_micro_batch_is_refused() -> None:

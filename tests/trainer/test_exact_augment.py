@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.trainer.test_exact import demo, grads, group, stepper  # noqa: F401 (fixture)
+from tests.support.exact import demo, grads, group, stepper  # noqa: F401 (group is a fixture)
 
 
 class Augmented:

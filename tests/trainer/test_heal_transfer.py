@@ -13,6 +13,7 @@ import torch
 from dpeer.trainer import heal_transfer as ht
 from dpeer.trainer import state as st
 from dpeer.trainer.decisions import plan_heal
+from tests.support.heal_state import State
 
 CTX = mp.get_context("spawn")
 
@@ -61,28 +62,6 @@ def build(seed: int, stepped: bool, width: int = 512) -> tuple[torch.nn.Module, 
         model(torch.randn(8, 64)).sum().backward()
         opt.step()
     return model, opt
-
-
-class State:
-    """The trainer's view of its state, as the loop gives it to the heal."""
-
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-        self.model, self.opt, self.step = model, opt, step
-
-    def parts(self) -> st.StateParts:
-        return st.capture_parts(self.model, self.opt, step=self.step)
-
-    def targets(self, header: dict) -> list[torch.Tensor]:
-        return st.receive_targets(header, self.model, self.opt)
-
-    def load(self, parts: st.StateParts) -> None:
-        self.step = st.restore_parts(parts, self.model, self.opt)[0]
-
-    def digest(self) -> str:
-        return st.params_digest(self.model)
-
-    def optimizer_digest(self) -> str:
-        return st.flatten(st.capture_parts(torch.nn.Sequential(), self.opt)).payload_digest()
 
 
 def join(port: int, rank: int, world: int) -> None:

@@ -1,0 +1,39 @@
+"""ExactStep in one process: a 1-rank Gloo group (a fixture), the demo spec, a stepper and its gradients."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dpeer.trainer.demo import build
+from dpeer.trainer.exact import ExactStep
+from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
+from dpeer.trainer.sampler import GlobalBatchSampler
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def group() -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def demo(**options: object) -> TrainSpec:
+    return build(JobContext("a", CPU, {"dataset_len": 256, "global_batch": 16, "micro_batch": 4, **options}))
+
+
+def stepper(spec: TrainSpec) -> ExactStep:
+    sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
+    return ExactStep(spec, [p for p in spec.model.parameters() if p.requires_grad], sampler, CPU,
+                     spec.collate or default_collate)
+
+
+def grads(spec: TrainSpec) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in spec.model.parameters()]
