@@ -22,7 +22,9 @@ the lan preset) and stops it; the majority then re-forms without it, and the nod
 re-admitted after the partition heals. With --netns (root only) every daemon runs in a network
 namespace of its own on a bridge (dpeer/chaos/netns.py) and a partition sets the node's link down:
 its Gloo collectives, rendezvous store and heal transfers are cut too, so the minority's worker
-stalls at once and is fenced; loss and slow still go through the transport wrapper. At most (N-1)//2 nodes are disrupted (killed, stopped,
+stalls at once and is fenced; loss and slow still go through the transport wrapper. A cut node
+is not sampled while its link is down (its status cannot be fetched from outside); that it stops
+training is shown by its ledger, which the audit reads after the run. At most (N-1)//2 nodes are disrupted (killed, stopped,
 wiped, restarting or partitioned, or not yet back in a group) at any time, so a quorum always
 remains and training must keep going.
 

@@ -21,9 +21,12 @@ def run_chaos(opts: ChaosOptions) -> int:
     validate(opts)
     started = time.monotonic()
     signal.signal(signal.SIGTERM, _terminate)
-    run = Run(opts)
     opts.out.mkdir(parents=True, exist_ok=True)
-    checks = _drive(run)
+    run = Run(opts)
+    try:
+        checks = _drive(run)
+    finally:
+        run.close()  # the namespaces and the bridge of --netns, whatever happened
     notes = {"acknowledged kv writes readable from every node":
              f"{len(run.acked)} acknowledged writes read back through every node",
              "every faulted node back in a group": f"{len(run.faults)} faults",
@@ -60,7 +63,6 @@ def _drive(run: Run) -> dict[str, list[str]]:
             if node.node_id in run.stopped:
                 run.cluster.kill(node, signal.SIGCONT)
         run.cluster.stop_all()
-        run.close()
     return checks
 
 

@@ -37,6 +37,12 @@ def why_not() -> str | None:
     return None
 
 
+def subnet_of(tag: int) -> str:
+    """The /24 (its first three octets) of the run tagged `tag` (0..9999): one per tag, so two
+    runs at once never put the same subnet on two bridges."""
+    return f"10.{77 + tag // 250}.{tag % 250}"
+
+
 @dataclass
 class Net:
     """The bridge, the namespaces and the daemons started in them."""
@@ -47,8 +53,16 @@ class Net:
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.subnet = f"10.{77 + os.getpid() % 50}.{os.getpid() % 250}"
+        self.subnet = subnet_of(int(self.tag))
         self.bridge = f"dp{self.tag}br"
+        try:
+            self._build()
+        except subprocess.CalledProcessError as exc:
+            self.close()
+            raise ValueError(f"cannot set up the network namespaces: `{' '.join(exc.cmd)}` said "
+                             f"{(exc.stderr or '').strip() or exc.returncode}") from None
+
+    def _build(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")

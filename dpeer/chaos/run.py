@@ -28,6 +28,7 @@ from dpeer.chaos.faults import write_faults
 from dpeer.transport.options import Security
 
 BACK_TIMEOUT = 120.0
+SAMPLE_WAIT = 0.5  # how long a sample round waits for the nodes' answers; slower ones land in a later round
 
 
 TRAINING_SEED = 1234  # the model's and the data's seed; the fault schedule has its own (--seed)
@@ -69,6 +70,7 @@ class Run:
         self.done_at: float | None = None
         self.chaos_end: float | None = None
         self.channels = Channels(Security())
+        self.fetching: dict[str, tuple[asyncio.Task, int]] = {}  # node -> (its status fetch in flight, its life)
 
     # -- time and logging -------------------------------------------------------------------
     def now(self) -> float:
@@ -86,15 +88,24 @@ class Run:
         return [n for n in self.cluster.nodes if n.running and n.node_id not in self.stopped | self.cut]
 
     async def sample(self) -> dict[str, dict | None]:
-        """Fetch every reachable node's status, record the samples; node -> document (None: no answer)."""
-        live = self.reachable()
-        docs = await asyncio.gather(*(fetch_status(n, self.channels) for n in live))
+        """Fetch every reachable node's status, record the samples; node -> document (None: no
+        answer yet). Each node's fetch runs on its own: one that is slow to answer (a daemon
+        shutting down) is left in flight for a later round instead of holding up this one."""
+        for node in self.reachable():
+            if node.node_id not in self.fetching:
+                task = asyncio.create_task(fetch_status(node, self.channels))
+                self.fetching[node.node_id] = (task, self.life[node.node_id])
+        await asyncio.wait([task for task, _ in self.fetching.values()], timeout=SAMPLE_WAIT)
         t = round(self.now(), 3)
         out: dict[str, dict | None] = {n.node_id: None for n in self.cluster.nodes}
-        for node, doc in zip(live, docs):
-            out[node.node_id] = doc
+        for node_id, (task, life) in list(self.fetching.items()):
+            if not task.done():
+                continue
+            del self.fetching[node_id]
+            doc = task.result()
+            out[node_id] = doc
             if doc is not None:
-                self.samples.append(sample_row(t, node.node_id, self.life[node.node_id], doc))
+                self.samples.append(sample_row(t, node_id, life, doc))
         self.latest = out
         return out
 

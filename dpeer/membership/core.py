@@ -385,7 +385,7 @@ class Membership(Dissemination):
 
     def _about_me(self, now: float, node_id: str, incarnation: int, sender: str | None,
                   out: list[Datagram]) -> bool:
-        """True when a suspect or dead rumour is about this node, which refutes it (unless leaving)."""
+        """True when a suspect, dead or left rumour is about this node, which refutes it (unless leaving)."""
         if node_id != self.node_id:
             return False
         if incarnation >= self.incarnation and not self._leaving:

@@ -18,8 +18,6 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-TIMEOUT = 60.0
-
 def states_by(docs: dict, observer: str) -> dict[str, str]:
     return {m["node_id"]: m["state"] for m in docs[observer]["members"]}
 

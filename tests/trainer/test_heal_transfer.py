@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from dpeer.trainer import heal_transfer as ht
-from dpeer.trainer import state as st
 from dpeer.trainer.decisions import plan_heal
 from tests.support.heal_state import State
 
