@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -48,10 +49,23 @@ async def _kill(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
 
 
 async def _graceful_restart(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    """SIGTERM (the daemon leaves gracefully), and a restart as soon as it has exited. The run goes
+    on sampling meanwhile: the survivors' recovery is timed from the signal, not from the exit."""
     f.planned_s = 0.0
     f.detail = "SIGTERM, restart at once"
-    await asyncio.to_thread(run.cluster.kill, victim, signal.SIGTERM)
-    _restart(run, f, victim)
+    run.cluster.kill(victim, signal.SIGTERM, wait=False)
+
+    def wait_gone() -> None:
+        assert victim.proc is not None
+        try:
+            victim.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.cluster.kill(victim, signal.SIGKILL)
+
+    async def restart_once_gone() -> None:
+        await asyncio.to_thread(wait_gone)
+        _restart(run, f, victim)
+    run.background.add(asyncio.create_task(restart_once_gone()))
 
 
 async def _wipe(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:

@@ -67,6 +67,7 @@ class Run:
         self.kv_check_result: list[str] = []
         self.events: list[tuple[float, str]] = []
         self.pending: list[tuple[float, Callable[[], None]]] = []   # (due, action)
+        self.background: set[asyncio.Task] = set()  # restarts waiting for a graceful exit
         self.done_at: float | None = None
         self.chaos_end: float | None = None
         self.channels = Channels(Security())
@@ -217,7 +218,8 @@ class Run:
 
     def _finished(self, docs: dict[str, dict | None], now: float) -> bool:
         """After the window: every worker done and every faulted node back, or out of time."""
-        if self.chaos_end is None or self.pending:
+        self.background = {t for t in self.background if not t.done()}
+        if self.chaos_end is None or self.pending or self.background:
             return False
         if all(d and done_of(d) for d in docs.values()) and \
                 all(f.back_s is not None for f in self.faults if f.kind in DISRUPTIVE):

@@ -135,15 +135,16 @@ class LocalCluster:
         for node in rest:
             self.start(node)
 
-    def kill(self, node: LocalNode, sig: int = signal.SIGKILL) -> None:
-        """Send sig to the node's daemon (and its worker, by process group); reap on SIGKILL/SIGTERM."""
+    def kill(self, node: LocalNode, sig: int = signal.SIGKILL, wait: bool = True) -> None:
+        """Send sig to the node's daemon (and its worker, by process group); on SIGKILL/SIGTERM reap
+        it (SIGKILL after 60 s of a SIGTERM) unless `wait` is false."""
         if node.proc is None:
             return
         try:
             os.killpg(node.proc.pid, sig)
         except ProcessLookupError:
             pass
-        if sig in (signal.SIGKILL, signal.SIGTERM):
+        if wait and sig in (signal.SIGKILL, signal.SIGTERM):
             try:
                 node.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
