@@ -96,7 +96,8 @@ class Run:
             if node.node_id not in self.fetching:
                 task = asyncio.create_task(fetch_status(node, self.channels))
                 self.fetching[node.node_id] = (task, self.life[node.node_id])
-        await asyncio.wait([task for task, _ in self.fetching.values()], timeout=SAMPLE_WAIT)
+        if self.fetching:  # none when no node is reachable (asyncio.wait refuses an empty set)
+            await asyncio.wait([task for task, _ in self.fetching.values()], timeout=SAMPLE_WAIT)
         t = round(self.now(), 3)
         out: dict[str, dict | None] = {n.node_id: None for n in self.cluster.nodes}
         for node_id, (task, life) in list(self.fetching.items()):
