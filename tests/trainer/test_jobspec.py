@@ -4,11 +4,8 @@ run shape must be the config's."""
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from dpeer.trainer.demo import build
 from dpeer.trainer.exact import ExactStep
@@ -16,18 +13,10 @@ from dpeer.trainer.jobspec import JobSpecError, LossReduction, prepare
 from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep
+from tests.support.exact import group  # noqa: F401 (a fixture)
 
 CPU = torch.device("cpu")
 OPTIONS = {"dataset_len": 256, "global_batch": "16", "micro_batch": "4", "steps": "6"}
-
-
-@pytest.fixture
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def spec_with(loss: torch.nn.Module | None = None, reduction: str = "sum") -> tuple[TrainSpec, JobContext]:
