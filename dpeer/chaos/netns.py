@@ -57,19 +57,24 @@ class Net:
         self.bridge = f"dp{self.tag}br"
         try:
             self._build()
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
             self.close()
+            said = exc.stderr if isinstance(exc.stderr, str) else ""
             raise ValueError(f"cannot set up the network namespaces: `{' '.join(exc.cmd)}` said "
-                             f"{(exc.stderr or '').strip() or exc.returncode}") from None
+                             f"{said.strip() or exc}") from None
 
     def _build(self) -> None:
+        self._made: list[list[str]] = []  # the delete commands of what this Net made, newest last
         _ip("link", "add", self.bridge, "type", "bridge")
+        self._made.append(["link", "del", self.bridge])
         _ip("addr", "add", f"{self.subnet}.254/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for i in range(1, self.size + 1):
             ns, host_end = self.ns(i), self.veth(i)
             _ip("netns", "add", ns)
+            self._made.append(["netns", "del", ns])
             _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            self._made.append(["link", "del", host_end])
             _ip("link", "set", host_end, "master", self.bridge)
             _ip("link", "set", host_end, "up")
             _ip("-n", ns, "addr", "add", f"{self.addr_of(i)}/24", "dev", "eth0")
@@ -116,7 +121,7 @@ class Net:
 
     def close(self) -> None:
         """SIGKILL every daemon started here (its process group: daemon and worker), then remove
-        the namespaces and the bridge."""
+        the namespaces, links and bridge this Net made."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:
@@ -124,7 +129,6 @@ class Net:
                 except ProcessLookupError:
                     pass
             proc.wait(timeout=30)
-        for i in range(1, self.size + 1):
-            subprocess.run(["ip", "netns", "del", self.ns(i)], capture_output=True, timeout=30)
-            subprocess.run(["ip", "link", "del", self.veth(i)], capture_output=True, timeout=30)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
+        for command in reversed(self._made):  # only what this Net made: a name taken by another run stays theirs
+            subprocess.run(["ip", *command], capture_output=True, timeout=30)
+        self._made = []

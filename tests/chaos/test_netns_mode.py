@@ -39,3 +39,18 @@ def test_two_runs_at_once_get_subnets_of_their_own() -> None:
     subnets = [netns.subnet_of(tag) for tag in range(10000)]
     assert len(set(subnets)) == len(subnets)
     assert all(0 <= int(octet) <= 255 for s in subnets for octet in s.split("."))
+
+
+def test_a_setup_that_collides_with_a_live_run_fails_clearly_and_leaves_that_run_alone(tmp_path: Path) -> None:
+    reason = netns.why_not()
+    if reason:
+        pytest.skip(reason)
+    first = netns.Net(tmp_path / "a", 1, tag="9998")
+    try:
+        with pytest.raises(ValueError, match="cannot set up the network namespaces"):
+            netns.Net(tmp_path / "b", 1, tag="9998")  # the same names: its bridge exists already
+        assert netns.subprocess.run(["ip", "link", "show", first.bridge], capture_output=True).returncode == 0
+        assert netns.subprocess.run(["ip", "netns", "exec", first.ns(1), "true"], capture_output=True).returncode == 0
+    finally:
+        first.close()
+    assert netns.subprocess.run(["ip", "link", "show", first.bridge], capture_output=True).returncode != 0
