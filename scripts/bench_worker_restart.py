@@ -19,10 +19,8 @@ import argparse
 import asyncio
 import json
 import os
-import resource
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,22 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dpeer.launch.cluster import LocalCluster  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recovery_common import import_floor  # noqa: E402
+
 ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 TRAINING = {"steps": 1000000, "global_batch": 16, "micro_batch": 8, "checkpoint_every": 0}
-
-
-def import_floor() -> dict[str, float]:
-    """Wall and CPU seconds of a bare `import torch`, and of `import torch, torch._dynamo`."""
-    out = {}
-    for name, code in (("torch", "import torch"), ("torch+dynamo", "import torch, torch._dynamo")):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.monotonic()
-        subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True, env={**os.environ, **ENV},
-                       stderr=subprocess.DEVNULL)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        out[f"{name}_wall_s"] = time.monotonic() - t
-        out[f"{name}_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return out
 
 
 def reports(cluster: LocalCluster, node: str) -> list[dict[str, Any]]:

@@ -7,9 +7,11 @@ import itertools
 import json
 import os
 import random
+import resource
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -114,6 +116,21 @@ def step_times(records: list[tuple[float, int]], t0: float, t1: float) -> list[f
     """Intervals between consecutive committed steps (t, step) inside [t0, t1]."""
     rs = sorted((t, s) for t, s in records if t0 <= t <= t1)
     return [b[0] - a[0] for a, b in itertools.pairwise(rs) if b[1] == a[1] + 1]
+
+
+def import_floor() -> dict[str, float]:
+    """Wall and CPU seconds of a bare `import torch`, and of `import torch, torch._dynamo` (which
+    the optimizer's first step imports): the floor a fresh worker cannot beat, on this box now."""
+    out = {}
+    for name, code in (("torch", "import torch"), ("torch+dynamo", "import torch, torch._dynamo")):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.monotonic()
+        subprocess.run([sys.executable, "-W", "ignore", "-c", code], check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out[f"{name}_wall_s"] = time.monotonic() - t
+        out[f"{name}_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return out
 
 
 def loadavg() -> float:

@@ -18,6 +18,7 @@ from recovery_common import (
     SEED,
     STEPS,
     fmt_bd,
+    import_floor,
     pinned,
     read_jsonl,
     steady_window,
@@ -166,7 +167,7 @@ def run_dpeer(side: DpeerSide, trials: int, window: float, log: Callable[[str], 
         res["kill_breakdown"].append(bd)
         log(f"dpeer trial {i + 1}: killed {victim} ({role}); survivors committed in a group of 2 "
             f"{t_rec - t_kill:.3f}s later at step {p0['step']} (redone {redone}) {fmt_bd(bd)}")
-        time.sleep(1.0)
+        floor = import_floor()  # the bare import on this box now, as the survivors train on
         marks2 = {n: len(side.ledger(n)) for n in survivors}
         t_start = time.time()
         side.start(victim)
@@ -179,7 +180,8 @@ def run_dpeer(side: DpeerSide, trials: int, window: float, log: Callable[[str], 
         built = next((r for r in rep if r["kind"] == "built"), {})
         t_wait = next((r["t"] for r in rep if r["kind"] == "waiting"), None)
         nan = float("nan")
-        bd = {"start_to_built": built.get("t", nan) - t_start,
+        bd = {"bare_import_torch": floor["torch_wall_s"], "bare_import_torch+dynamo": floor["torch+dynamo_wall_s"],
+              "start_to_built": built.get("t", nan) - t_start,
               "worker_import_cpu": built.get("import_cpu_s", nan), "worker_build_cpu": built.get("build_cpu_s", nan),
               "built_to_ready": (t_wait - built.get("t", nan)) if t_wait else nan,
               "ready_to_join_acked": (t_joined - t_wait) if (t_wait and t_joined) else nan,

@@ -144,8 +144,8 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
                 self._campaign(pre_vote=True)
 
     def leader_lost(self, now: float, node: str) -> None:
-        """The failure detector declared `node` dead (or gone): if it is our leader, drop its
-        lease and campaign at our place among its successors (see succession.py). A leader
+        """The failure detector declared `node` dead, gone or not listening: if it is our leader,
+        drop its lease and campaign at our place among its successors (see succession.py). A leader
         that loses a voter checks its quorum afresh (see recheck_quorum). Only timers move: a
         wrong verdict costs a rejected pre-vote, since the voters that still hear the leader
         keep its lease."""

@@ -27,6 +27,7 @@ from dpeer.daemon.job_status import FINISHING, JobStatus, status_of
 from dpeer.daemon.config import NodeConfig
 from dpeer.consensus import Role, bootstrap
 from dpeer.daemon.leader import LeaderChores
+from dpeer.daemon.member_record import MemberRecordSync
 from dpeer.daemon.metrics import Metrics
 from dpeer.daemon.node import Node
 from dpeer.daemon.notify import Notifier, watchdog_interval
@@ -47,7 +48,6 @@ from dpeer.statemachine.state import JobState
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.daemon")
-JOIN_RETRY = 0.5
 LEAVE_TIMEOUT = 10.0
 INTRODUCE_EVERY = 1.0
 MISSED_VIEW_REPORT_EVERY = 1.0
@@ -100,8 +100,8 @@ class Daemon:
         self.notifier = Notifier()
         self.started = clock.now()
         self.joined = False
-        self._last_metrics = self._last_introduce = self._next_join = 0.0
-        self._join_task: asyncio.Task | None = None
+        self._last_metrics = self._last_introduce = 0.0
+        self.record = MemberRecordSync(self.node, self.transport, config.join, self._store_port, self._ready)
         self._reforms_counted = self._forced_counted = self._refused_counted = 0
         self._no_leader_note = ""
         self._leader_seen = self.node.clock()
@@ -111,6 +111,7 @@ class Daemon:
         self._held: Held | None = None
         self._next_missed_report = 0.0
         self._failed: tuple[int, FailureReport] | None = None  # the worker's last group failure
+        self._failure_told: str | None = None  # the leader the last failure report went to
         self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
         self._fetch_task: asyncio.Task | None = None
@@ -158,6 +159,7 @@ class Daemon:
 
     def _send_failure(self, generation: int, report: FailureReport) -> None:
         """Tell the leader (directly when it is us) that a group or a build failed."""
+        self._failure_told = self.node.leader_id
         if self.node.role is Role.LEADER:
             self.leader.group_failed(generation, report)
             return
@@ -176,7 +178,10 @@ class Daemon:
         comes: one report sent while no leader was known left the group waiting for good."""
         assert self.worker is not None
         view = self.store.state.view
-        if view is None or now < self._next_missed_report:
+        # a new leader knows nothing of a failure told to the old one (often the box that died):
+        # tell it at once, so it need not wait for gossip's verdict and a full quiet window
+        new_leader = self.node.leader_id is not None and self.node.leader_id != self._failure_told
+        if view is None or (now < self._next_missed_report and not new_leader):
             return
         verdict = missed_view(view.generation, self.node_id in view.members, self.worker.ready,
                               self.worker.given_generation)
@@ -321,7 +326,7 @@ class Daemon:
     async def run_node(self) -> None:
         """The node's part of run(), without a server or signals (what the simulation runs):
         the chores, the join through the seeds, the driver's loop until stop()."""
-        self.node.chores.append(self._chores)
+        self.node.chores.insert(0, self._chores)  # a failure report reaches the leader chores in the same pass
         if self.config.join:
             self.node.join_seeds(self.config.join)
         await self.node.run()
@@ -352,7 +357,7 @@ class Daemon:
             self._report_missed_view(now)
             self._report_checkpoint(now)
             self._take_final_state(now)
-        self._sync_membership(now)
+        self.record(now, self.leaving)
         self._report_no_leader()
         member = self.store.state.members.get(self.node_id)
         if not self.joined and member is not None and member.status == "active":
@@ -430,36 +435,6 @@ class Daemon:
         elif self.node.leader_id is not None:
             self.worker.fence(False, f"leader {self.node.leader_id} is reachable again", now)
 
-    def _sync_membership(self, now: float) -> None:
-        """While our committed member record (address, store port, readiness) is out of date and
-        we do not lead, ask the leader or the seeds to update it (a join is the first such update)."""
-        if self.node.role is Role.LEADER or self.leaving or now < self._next_join:
-            return
-        if self._join_task is not None and not self._join_task.done():
-            return
-        member = self.store.state.members.get(self.node_id)
-        wanted = ("active", self.addr, self._store_port(), self._ready(), self.store.uid)
-        if member is not None and (member.status, member.addr, member.store_port, member.ready, member.uid) == wanted:
-            return
-        self._next_join = now + JOIN_RETRY
-        self._join_task = asyncio.get_running_loop().create_task(self._join_once(wanted[3]))
-
-    async def _join_once(self, ready: bool) -> None:
-        leader = self.node.addrs.get(self.node.leader_id or "")
-        members = [m.addr for n, m in self.store.state.members.items() if n != self.node_id and m.status == "active"]
-        for addr in dict.fromkeys([a for a in [leader] if a] + list(self.config.join) + members):
-            try:
-                reply = await self.transport.client(addr, timeout=5.0).join(
-                    self.node_id, self.addr, self._store_port(), ready, self.store.uid)
-            except errors.PeerError as exc:
-                log.info("membership update through %s failed: %s", addr, exc)
-                continue
-            if reply.accepted:
-                log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
-                self.node.admitted_by = reply.leader_id
-                self.node.join_seeds([m.addr for m in reply.members if m.node_id != self.node_id])
-                return
-
     def _on_signal(self, sig: int) -> None:
         log.info("received %s: leaving the cluster", signal.Signals(sig).name)
         asyncio.get_running_loop().create_task(self._graceful_leave())
@@ -491,7 +466,7 @@ class Daemon:
             self._wake.close()
         if self.worker is not None:
             self.worker.stop()
-        for task in self._tasks + [t for t in (self._join_task, self._report_task, self._fetch_task) if t is not None]:
+        for task in self._tasks + [t for t in (self.record.task, self._report_task, self._fetch_task) if t is not None]:
             task.cancel()
         if self.server is not None:
             await self.server.stop(grace=0.5)

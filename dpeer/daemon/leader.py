@@ -193,6 +193,7 @@ class LeaderChores:
             self.failed_generation = generation
             self._failed_at = now
             self.node.poke()
+            self.node.chores_now()  # the next view may be due now: not at the next chore tick
 
     async def _carry_out(self, decision: Decision) -> None:
         assert decision.kind is not None and decision.payload is not None

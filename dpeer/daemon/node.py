@@ -425,7 +425,9 @@ class Node:
             if isinstance(effect, MemberAlive):
                 self.addrs[effect.node_id] = effect.addr
                 self.raft.peer_alive(now, effect.node_id)
-            elif isinstance(effect, (MemberDead, MemberLeft)):
+            elif isinstance(effect, (MemberDead, MemberLeft)) or (isinstance(effect, MemberSuspect) and effect.refused):
+                # a refused connection is near proof the process is gone: the successors need not
+                # wait out the suspicion (a wrong verdict costs a pre-vote the lease refuses)
                 self.raft.leader_lost(now, effect.node_id)
             log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
         if self.raft.has_ready():

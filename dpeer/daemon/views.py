@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, JobState
+from dpeer.statemachine.state import ClusterState, JobState, Member
 
 
 @dataclass(frozen=True)
@@ -52,10 +52,18 @@ def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> 
             return Decision(EntryKind.MEMBER_DEAD, {"node_id": node_id}, f"{node_id} is dead by gossip")
         if seen.state == "left" and status == "active":
             return Decision(EntryKind.MEMBER_LEFT, {"node_id": node_id}, f"{node_id} left")
-        if seen.state == "alive" and status == "dead":
-            payload = {"node_id": node_id, "addr": seen.addr}
-            return Decision(EntryKind.MEMBER_JOINED, payload, f"{node_id} is alive again")
+        if seen.state == "alive" and member is not None and status == "dead":
+            return Decision(EntryKind.MEMBER_JOINED, _back_alive(node_id, seen.addr, member),
+                            f"{node_id} is alive again")
     return _none("committed member statuses match gossip")
+
+
+def _back_alive(node_id: str, addr: str, member: Member) -> dict[str, Any]:
+    """The record of a member gossip sees alive again: its store port and store identity kept,
+    and not ready, since the box may have restarted and its worker may not have built the job
+    yet (its daemon updates the record once it has). A record marked ready here would put a
+    box without a worker in the next view, and the whole group would wait on it."""
+    return {"node_id": node_id, "addr": addr, "store_port": member.store_port, "ready": False, "uid": member.uid}
 
 
 def plan_voters(

@@ -31,9 +31,10 @@ class MemberAlive(MemberChanged):
 
 @dataclass(frozen=True, slots=True)
 class MemberSuspect(MemberChanged):
-    """A member missed its probes (or refused a connection) and may be dead."""
+    """A member missed its probes (or refused a connection: `refused`) and may be dead."""
 
     state: ClassVar[MemberState] = MemberState.SUSPECT
+    refused: bool = False  # nothing listens at its address: its process is gone
 
 
 @dataclass(frozen=True, slots=True)

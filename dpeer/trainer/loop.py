@@ -409,15 +409,15 @@ class Trainer:
                 if not self._planned or view.checkpoint_step > self._resumed_for[0]:
                     self._resume((view.checkpoint_step, view.checkpoint_digest))
                 failure = self._run_generation(view)
+                if failure is not None:  # the leader first: tearing the group down takes 10-20 ms
+                    self.source.report_failure(f"generation {view.generation} at step {failure.step}: {failure.error}",
+                                               view.generation, phase=failure.phase, step=failure.step,
+                                               error=failure.error)
                 t_destroy = time.monotonic()
                 self.group.destroy()
                 if failure is not None:
                     self._event("destroyed", seconds=time.monotonic() - t_destroy)
                 idle_since = time.monotonic()
-                if failure is not None:
-                    self.source.report_failure(f"generation {view.generation} at step {failure.step}: {failure.error}",
-                                               view.generation, phase=failure.phase, step=failure.step,
-                                               error=failure.error)
             if started_at == self.step:  # resumed at the last step (a box back after the end)
                 self.source.report_progress(self.step, self.sampler.cursor_after(self.step), math.nan, self.digest())
         finally:

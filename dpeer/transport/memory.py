@@ -4,7 +4,9 @@ Envelopes and request/response calls go straight to the target daemon's Service 
 the gRPC server would call), after the delay a seeded SimNetwork gives the link, or not at all
 when the link is cut (partitions, also one-way) or the message is lost. Each link keeps the
 order of its envelopes, as the production stream does. A daemon that is not attached (down)
-refuses: senders learn it after `refused_delay`, as a closed port tells them. A paused daemon
+refuses: senders learn it after `refused_delay`, as a closed port tells them, and so do the
+daemons whose envelope stream to it was open when it went (the kernel resets a dead process's
+connections; the production sender reports that as a refusal). A paused daemon
 (SIGSTOP) holds what arrives until it resumes. Errors cross a call as they cross gRPC: the
 PeerError types the client maps back arrive as such, Unavailable as Unreachable, any other as
 PeerError; an exception that is no PeerError is a bug in a handler and is recorded in `crashes`.
@@ -47,14 +49,23 @@ class MemoryNetwork:
         self.crashes: list[str] = []
         self.sent = self.delivered = self.dropped = 0
         self._last_arrival: dict[tuple[str, str], float] = {}
+        self._streams: dict[str, dict[str, MemoryTransport]] = {}  # addr -> senders with a stream to it
 
     def attach(self, addr: str, node_id: str, handler: Any, context: contextvars.Context | None = None) -> None:
         """Serve `handler` (a Service) at addr from now on."""
         self.hosts[addr] = Host(node_id, handler, context or contextvars.copy_context())
 
     def detach(self, addr: str) -> None:
-        """The daemon at addr is gone: what is on its way there is lost, new sends are refused."""
-        self.hosts.pop(addr, None)
+        """The daemon at addr is gone: what is on its way there is lost, new sends are refused,
+        and the senders whose stream to it is open (over a link that is not cut) learn it now."""
+        host = self.hosts.pop(addr, None)
+        streams = self._streams.pop(addr, {})
+        if host is None:
+            return
+        loop = asyncio.get_running_loop()
+        for src in streams.values():
+            if self.links.route(host.node_id, src.node_id) is not None:
+                loop.call_later(self.refused_delay, src.refused, addr)
 
     def node_at(self, addr: str) -> str | None:
         """The node id attached at addr."""
@@ -87,6 +98,7 @@ class MemoryNetwork:
             self.dropped += 1
             loop.call_later(self.refused_delay, src.refused, addr)
             return
+        self._streams.setdefault(addr, {})[src.addr] = src
         delay = self.links.route(src.node_id, host.node_id)
         if delay is None:
             self.dropped += 1

@@ -19,7 +19,8 @@ import json
 from dataclasses import dataclass, field
 
 from dpeer.consensus import Role
-from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.state import ClusterState, apply
 
 from tests.house.cluster import House
 
@@ -51,7 +52,8 @@ class Checker:
     seen_to: dict[str, tuple[int, int]] = field(default_factory=dict)  # box -> (life, index checked)
     leaders: dict[tuple[int, int], str] = field(default_factory=dict)
     views: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the views the state machine took
-    view_gen: int = 0
+    state: ClusterState = field(default_factory=ClusterState)  # the committed log applied, as a box does
+    unapplied: dict[int, Entry] = field(default_factory=dict)  # committed entries seen, not yet applied
     ticks_seen: int = 0  # data-plane ticks judged so far (each once, at the next check)
     leaderless: dict[str, float] = field(default_factory=dict)
     ops: list[Op] = field(default_factory=list)
@@ -128,14 +130,22 @@ class Checker:
                 first = self.committed.setdefault(e.index, mine)
                 if first != mine:
                     raise Violation(f"{nid} committed {mine} at index {e.index}, another box {first}")
-                if new and e.kind is EntryKind.VIEW:
-                    # indices are first seen in order; the state machine takes only generation + 1
-                    gen, members = e.payload["generation"], tuple(e.payload["members"])
-                    if gen == self.view_gen + 1:
-                        self.view_gen = gen
-                        if self.views.setdefault(gen, members) != members:
-                            raise Violation(f"two views of generation {gen}: {self.views[gen]} and {members}")
+                if new:
+                    self.unapplied[e.index] = e
         self.seen_to[nid] = (box.lives, max(upto, hi))
+        self._apply_committed()
+
+    def _apply_committed(self) -> None:
+        """Apply the committed entries in index order, as every box does: a view counts once the
+        state machine takes it (a view committed after one of its members was declared dead is
+        refused, and the next view takes its generation)."""
+        while self.state.applied_index + 1 in self.unapplied:
+            e = self.unapplied.pop(self.state.applied_index + 1)
+            self.state, result = apply(self.state, e)
+            if result.accepted and e.kind is EntryKind.VIEW:
+                gen, members = e.payload["generation"], tuple(e.payload["members"])
+                if self.views.setdefault(gen, members) != members:
+                    raise Violation(f"two views of generation {gen}: {self.views[gen]} and {members}")
 
     def _handed(self, final: bool = False) -> None:
         """Each view handed to a worker must be a committed one. The box that handed it may go
@@ -143,6 +153,8 @@ class Checker:
         a view no check has seen committed stays pending until one does (or the run ends)."""
         pending = []
         for nid, gen, members in self.house.training.handed:
+            if self.outsider(nid):  # another cluster's view (a wiped founder founded again): its own numbering
+                continue
             committed = self.views.get(gen)
             if committed is None and not final:
                 pending.append((nid, gen, members))

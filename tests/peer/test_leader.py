@@ -23,6 +23,9 @@ class FakeNode(SimpleNamespace):
     def poke(self) -> None:
         pass
 
+    def chores_now(self) -> None:
+        pass
+
 
 def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
     uids = {"a": "a" * 32, "b": "b" * 32}

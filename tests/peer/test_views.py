@@ -40,6 +40,20 @@ def test_reconcile_members(members, gossip, kind, node) -> None:
         assert d.payload["node_id"] == node and d.reason
 
 
+def test_a_member_back_alive_keeps_its_store_and_is_not_ready_until_it_says_so() -> None:
+    # the bug: the payload named only the address, so the record came back ready (the rule's
+    # default) with no store port or uid, and a restarted box whose worker had not even started
+    # went into the next view: the whole group waited on it until its daemon said otherwise
+    st = state({"a": "active", "b": "dead"})
+    old = st.members["b"]
+    members = dict(st.members)
+    members["b"] = Member(old.addr, old.status, old.joined_index, 4321, True, "ab" * 16)
+    st = ClusterState(members=MappingProxyType(members), view=st.view)
+    d = reconcile_members(st, seen(a="alive", b="alive"))
+    assert d.kind is EntryKind.MEMBER_JOINED
+    assert d.payload == {"node_id": "b", "addr": "h:1", "store_port": 4321, "ready": False, "uid": "ab" * 16}
+
+
 @pytest.mark.parametrize(
     "members, voters, learners, gossip, now, want, why",
     [
