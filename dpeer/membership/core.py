@@ -377,7 +377,7 @@ class Membership(Dissemination):
         self._table.set_state(member, SUSPECT, now)
         member.suspicion = self._new_suspicion(now, origin, refused)
         self._timer(member.suspicion.deadline, _Timer.SUSPICION, node_id)
-        self._effects.append(MemberSuspect(node_id, incarnation, refused))
+        self._effects.append(MemberSuspect(node_id, incarnation, refused and origin == self.node_id))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         self._queue.push(update)
         if origin == self.node_id and not refused:

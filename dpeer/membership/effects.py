@@ -31,10 +31,13 @@ class MemberAlive(MemberChanged):
 
 @dataclass(frozen=True, slots=True)
 class MemberSuspect(MemberChanged):
-    """A member missed its probes (or refused a connection: `refused`) and may be dead."""
+    """A member missed its probes (or refused a connection) and may be dead."""
 
     state: ClassVar[MemberState] = MemberState.SUSPECT
-    refused: bool = False  # nothing listens at its address: its process is gone
+    # we saw its connection refused ourselves (nothing listens there: its process is gone); a
+    # refusal only heard of through gossip is not set here, so one peer's reset cannot make
+    # every voter drop a live leader's lease at once
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
