@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = None
     if config.job:
         worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training,
-                                  lambda g, r: None, store_bind=config.store_bind)
+                                  store_bind=config.store_bind)
         worker.start(0.0)
     hook = FaultHook.for_data_dir(config.data_dir)
 

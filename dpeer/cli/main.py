@@ -402,7 +402,7 @@ def start_worker_early(config: cfg.NodeConfig) -> Any:
         return None
     from dpeer.daemon.supervisor import WorkerSupervisor
 
-    worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training, lambda g, r: None,
+    worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training,
                               store_bind=config.store_bind)
     worker.start(0.0)
     return worker

@@ -43,8 +43,9 @@ from dpeer.transport.grpc_transport import GrpcTransport
 from dpeer.transport.options import Security
 from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
-from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import JobState
+from dpeer.membership import HeartbeatObserved
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.state import ApplyResult, JobState
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.daemon")
@@ -75,26 +76,20 @@ class Daemon:
             bootstrap(StoreStorage(store), [self.node_id], uids={self.node_id: store.uid})
             log.info("founded a new cluster (store identity %s)", store.uid)
         self.node = Node(self.node_id, self.addr, store, self.transport.send, preset=config.preset,
-                         max_voters=config.max_voters, timing=config.resolved_timing(), clock=clock, seed=seed)
+                         max_voters=config.max_voters, timing=config.resolved_timing(), clock=clock, seed=seed,
+                         events=self)
         self.resyncer = Resyncer(self.node, self.transport)
         self.worker = worker
         if worker is not None:
-            worker.on_failure = self._group_failed
-            worker.on_checkpoint = self._checkpoint_written
+            worker.attach(self)
             if store.state.checkpoint is not None:
                 worker.publish_checkpoint(store.state.checkpoint)
             if store.state.job.state is JobState.FAILED:
                 worker.halt(store.state.job.error)
         self.leader = LeaderChores(self.node, config.resolved_timing().leader, self._store_port, self._ready,
                                    lambda: self.leaving, config.training.failure_repeats)
-        self.node.chores.append(self.leader)
-        # chores stay frequent while this node is not yet an active member, and while a worker
-        # runs without a doorbell (its reports are then only found by polling)
         self._wake: WorkerWake | None = None
         self.rings = False  # the worker rings a doorbell on each report (ring(), worker_exited()): no polling
-        self.node.busy_checks.append(
-            lambda: (self.worker is not None and not self.rings) or not self.joined or self.leaving)
-        self.node.apply_listeners.append(self._on_apply)
         self.service = Service(self.node, self.transport, self.status, self._leave_done, self.leader.group_failed,
                                self.leader.checkpoint_reported, config.data_dir / "checkpoints")
         self.notifier = Notifier()
@@ -129,7 +124,23 @@ class Daemon:
         """Whether this node can train now: no job, or a worker that built it and waits."""
         return self.worker is None or self.worker.ready
 
-    def _on_apply(self, entry: Any, result: Any) -> None:
+    # -- NodeEvents: what the node driver tells us ---------------------------------------------
+    def chores(self, now: float) -> None:
+        """Ours first, then the leader's: a failure report reaches the leader chores in the same pass."""
+        self._chores(now)
+        self.leader(now)
+
+    def busy(self) -> bool:
+        """Chores stay frequent while this node is not yet an active member, and while a worker
+        runs without a doorbell (its reports are then only found by polling)."""
+        return (self.worker is not None and not self.rings) or not self.joined or self.leaving
+
+    def heartbeat(self, seen: HeartbeatObserved) -> None:
+        """A peer's versions: maybe fetch what we miss."""
+        self.resyncer.on_heartbeat(seen)
+
+    def applied(self, entry: Entry, result: ApplyResult) -> None:
+        """Hand the worker what a committed job, checkpoint or view entry changed."""
         if self.worker is not None and entry.kind is EntryKind.JOB and result.accepted:
             job = self.store.state.job
             if job.state is JobState.FAILED:
@@ -143,7 +154,8 @@ class Daemon:
             if view is not None and view.generation == entry.payload["generation"]:
                 self.worker.publish(view, self.store.state.checkpoint)
 
-    def _group_failed(self, generation: int, report: FailureReport) -> None:
+    # -- WorkerEvents: what the worker tells us ------------------------------------------------
+    def worker_failed(self, generation: int, report: FailureReport) -> None:
         """The worker's group (or its job's build) failed: tell the leader (directly when it is us)."""
         last = self.worker.last_failure if self.worker is not None else None
         if report.phase is FailurePhase.TRAIN and last is not None:  # the job's own error: never quiet
@@ -187,7 +199,7 @@ class Daemon:
                               self.worker.given_generation)
         if verdict.hung:
             self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
-            self._group_failed(view.generation, FailureReport(self.node_id, FailurePhase.GROUP, 0, verdict.reason,
+            self.worker_failed(view.generation, FailureReport(self.node_id, FailurePhase.GROUP, 0, verdict.reason,
                                                               view.generation))
         elif self._failed is not None and self._failed[0] == view.generation and self.worker.running:
             # the worker's group failed and it waits for the next view: the report is lost while no
@@ -195,7 +207,7 @@ class Daemon:
             self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
             self._send_failure(*self._failed)
 
-    def _checkpoint_written(self, held: Held) -> None:
+    def checkpoint_written(self, held: Held) -> None:
         """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""
         if self._held is None or held.step > self._held.step:
             self._held = held
@@ -256,6 +268,8 @@ class Daemon:
             await call(self.transport.client(leader, timeout=5.0))
         except errors.PeerError as exc:
             log.info("could not report %s to the leader: %s", what, exc)
+            if isinstance(exc, errors.Unreachable) and exc.refused:
+                self.node.refused(leader)  # our own evidence the leader's process is gone
 
     def status(self) -> dict[str, Any]:
         """The status document (see status.document)."""
@@ -326,7 +340,6 @@ class Daemon:
     async def run_node(self) -> None:
         """The node's part of run(), without a server or signals (what the simulation runs):
         the chores, the join through the seeds, the driver's loop until stop()."""
-        self.node.chores.insert(0, self._chores)  # a failure report reaches the leader chores in the same pass
         if self.config.join:
             self.node.join_seeds(self.config.join)
         await self.node.run()
@@ -337,13 +350,17 @@ class Daemon:
         self.rings = self._wake is not None
         if self._wake is None:
             return
-        worker.on_spawn = self._wake.watch_exit
         if worker.proc is not None:
             self._wake.watch_exit(worker.proc.pid)
 
     def ring(self) -> None:
         """The worker rang: run the chores at once (a report to act on)."""
         self.node.chores_now()
+
+    def worker_spawned(self, pid: int) -> None:
+        """A new worker process: watch for its exit."""
+        if self._wake is not None:
+            self._wake.watch_exit(pid)
 
     def worker_exited(self) -> None:
         """Notice the exit now, and keep the chores frequent so the restart comes on time."""

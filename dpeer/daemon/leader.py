@@ -128,6 +128,9 @@ class LeaderChores:
         failed = self.failed_generation if now - self._failed_at >= delay else 0
         reported = state.view is not None and self.failed_generation == state.view.generation
         quiet = quiet_window(self._before, members, observed, reported, self.quiet, self.confirmed_quiet)
+        for due in (self._changed_at + quiet, self._failed_at + delay if self.failed_generation else now):
+            if due > now:
+                self.node.chores_at(due)  # decide when the wait ends, not at the next periodic pass
         return decide_view(state, members, self._changed_at, now, quiet, ports, failed)
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:

@@ -15,10 +15,13 @@ from typing import Callable, Sequence
 from dpeer import errors
 from dpeer.consensus import Role
 from dpeer.daemon.node import Node
+from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.transport.api import Transport
 
 log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
+ROUND = 5.0  # one update's bound, as one client timeout was
+HEDGE = 0.25  # seconds without an answer before the next address is tried too
 Record = tuple[str, str, int, bool, str]  # status, address, store port, ready, store uid
 
 
@@ -50,20 +53,57 @@ class MemberRecordSync:
         self._next, self._sent = now + JOIN_RETRY, wanted
         self.task = asyncio.get_running_loop().create_task(self._update(wanted))
 
-    async def _update(self, wanted: Record) -> None:
+    def _targets(self) -> list[str]:
+        """Where an update may go, best first: the leader, the seeds, then the active members."""
         node = self.node
         leader = node.addrs.get(node.leader_id or "")
         members = [m.addr for n, m in node.store.state.members.items() if n != node.id and m.status == "active"]
+        return list(dict.fromkeys([a for a in [leader] if a] + self.seeds + members))
+
+    async def _update(self, wanted: Record) -> None:
+        """Send the update until one address accepts it or ROUND passes. The next address is tried
+        when the last has not answered within HEDGE (a starting peer that knows no leader holds a
+        request for seconds), and an address that failed is tried again after JOIN_RETRY (a seed
+        that refused us may have been a moment from listening)."""
+        clock, order = self.node.clock, self._targets()
+        deadline = clock() + ROUND
+        due = dict.fromkeys(order, clock())  # when each address may next be tried
+        flying: dict[asyncio.Task, str] = {}
+        try:
+            while (now := clock()) < deadline and order:
+                idle = [a for a in order if a not in flying.values()]
+                free = [a for a in idle if due[a] <= now]
+                if free:
+                    flying[asyncio.create_task(self._try(free[0], wanted, deadline - now))] = free[0]
+                    idle.remove(free[0])
+                    wake = now + HEDGE
+                else:
+                    wake = min([due[a] for a in idle] + [deadline])
+                if not flying:
+                    await asyncio.sleep(max(0.0, wake - now))
+                    continue
+                done, _ = await asyncio.wait(flying, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    addr, reply = flying.pop(task), task.result()
+                    if reply is not None and reply.accepted:
+                        self._admitted(addr, reply, wanted[3])
+                        return
+                    due[addr] = clock() + JOIN_RETRY
+        finally:
+            for task in flying:
+                task.cancel()
+
+    async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | None:
         _, addr_, store_port, ready, uid = wanted
-        for addr in dict.fromkeys([a for a in [leader] if a] + self.seeds + members):
-            try:
-                reply = await self.transport.client(addr, timeout=5.0).join(node.id, addr_, store_port, ready, uid)
-            except errors.PeerError as exc:
-                log.info("membership update through %s failed: %s", addr, exc)
-                continue
-            if reply.accepted:
-                log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
-                node.admitted_by = reply.leader_id
-                node.join_seeds([m.addr for m in reply.members if m.node_id != node.id])
-                node.chores_now()  # what we want may have changed while this was in flight
-                return
+        try:
+            return await self.transport.client(addr, timeout=timeout).join(self.node.id, addr_, store_port, ready, uid)
+        except errors.PeerError as exc:
+            log.info("membership update through %s failed: %s", addr, exc)
+            return None
+
+    def _admitted(self, addr: str, reply: pb.JoinReply, ready: bool) -> None:
+        node = self.node
+        log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
+        node.admitted_by = reply.leader_id
+        node.join_seeds([m.addr for m in reply.members if m.node_id != node.id])
+        node.chores_now()  # what we want may have changed while this was in flight

@@ -34,6 +34,7 @@ from dpeer.membership import (
     Membership,
     Ping,
 )
+from dpeer.daemon.node_events import NodeEvents, NoEvents
 from dpeer.daemon.probe_rtt import ProbeTimes
 from dpeer.daemon.resync import LocalVersion
 from dpeer.daemon.storage_adapter import StoreStorage
@@ -50,8 +51,8 @@ log = logging.getLogger("dpeer.node")
 Sender = Callable[[str, pb.Envelope], None]
 # How often chores run: the leader's decide views and membership (latency matters); the others'
 # only watch their worker and their own membership record. Once nothing has changed for
-# CHORES_BUSY_FOR seconds (no membership change, applied entry or role change; see poke()) and no
-# busy check holds, chores run every IDLE_CHORES instead.
+# CHORES_BUSY_FOR seconds (no membership change, applied entry or role change; see poke()) and the
+# events are not busy, chores run every IDLE_CHORES instead.
 LEADER_CHORES, FOLLOWER_CHORES, IDLE_CHORES = 0.02, 0.1, 1.0
 # Applied entries that give the chores nothing to react to (a training box commits a checkpoint
 # every few hundred steps; waking the chores for each kept a daemon busy beside its worker).
@@ -61,7 +62,7 @@ CHORES_BUSY_FOR = 1.0
 # alarm instead of letting it fire for nothing; smaller moves are not worth a new timer.
 REARM_SLACK = 0.005
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
-ApplyListener = Callable[[Entry, ApplyResult], None]
+
 
 
 # asyncio runs a timer due within its clock resolution at once, without its clock moving; a
@@ -75,8 +76,9 @@ class Node:
     def __init__(
         self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
         max_voters: int = 5, clock: Clock = REAL, seed: int | None = None, timing: Timing | None = None,
-        snapshot_every: int = 10_000, snapshot_keep: int = 1_000,
+        snapshot_every: int = 10_000, snapshot_keep: int = 1_000, events: NodeEvents | None = None,
     ) -> None:
+        self.events: NodeEvents = events or NoEvents()
         self.id, self.addr, self.store = node_id, addr, store
         self.clock, self.wall = clock.now, clock.wall
         self.storage = StoreStorage(store)
@@ -91,15 +93,11 @@ class Node:
         self.swim = Membership(node_id, addr, timing.membership, rng, now, known=known)
         self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
         self.addrs[node_id] = addr
-        self.since: dict[str, tuple[str, float]] = {}
+        self.since: dict[str, tuple[MemberState, float]] = {}
         self.probes = ProbeTimes()
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
         self.role: Role = Role.FOLLOWER
         self.leader_id: str | None = None
-        self.apply_listeners: list[ApplyListener] = []
-        self.heartbeat_listeners: list[Callable[[HeartbeatObserved], None]] = []
-        self.chores: list[Callable[[float], None]] = []
-        self.busy_checks: list[Callable[[], bool]] = []
         self.stopping = False
         self.invalid_messages = 0
         self.forced = self.force_refused = 0
@@ -225,11 +223,15 @@ class Node:
 
     def chores_now(self) -> None:
         """Run the chores at the next loop turn, once (the worker rang: a report to act on)."""
-        self._next_chores = min(self._next_chores, self.clock())
+        self.chores_at(self.clock())
+
+    def chores_at(self, when: float) -> None:
+        """Run the chores at `when` at the latest (a quiet window ends then), once."""
+        self._next_chores = min(self._next_chores, when)
         self._wake_if_sooner()
 
     def _chore_period(self, now: float) -> float:
-        if now < self._busy_until or any(check() for check in self.busy_checks):
+        if now < self._busy_until or self.events.busy():
             return LEADER_CHORES if self.role is Role.LEADER else FOLLOWER_CHORES
         return IDLE_CHORES
 
@@ -244,8 +246,7 @@ class Node:
         self._swim_effects(now)
         self.drain()
         if now >= self._next_chores:
-            for chore in self.chores:
-                chore(now)
+            self.events.chores(now)
             self._next_chores = now + self._chore_period(now)
 
     def stop(self) -> None:
@@ -285,8 +286,7 @@ class Node:
             for term, fut in self._waiters.pop(entry.index, []):
                 if not fut.done():
                     fut.set_result((entry.term == term, entry, result))
-            for listener in self.apply_listeners:
-                listener(entry, result)
+            self.events.applied(entry, result)
         applied = self.store.last_applied
         keep = []
         for index, fut in self._applied_waiters:
@@ -395,8 +395,8 @@ class Node:
         """Gossip's view of every member with how long it has been in its state."""
         out = {}
         for rec in self.swim.members():
-            state, since = self.since.get(rec.node_id, (rec.state.value, 0.0))
-            out[rec.node_id] = Observed(rec.state.value, rec.addr, since if state == rec.state.value else 0.0)
+            state, since = self.since.get(rec.node_id, (rec.state, 0.0))
+            out[rec.node_id] = Observed(rec.state, rec.addr, since if state is rec.state else 0.0)
         return out
 
     # -- output ---------------------------------------------------------------------------
@@ -416,26 +416,28 @@ class Node:
     def _swim_effects(self, now: float) -> None:
         for effect in self.swim.drain_effects():
             if isinstance(effect, HeartbeatObserved):
-                for listener in self.heartbeat_listeners:
-                    listener(effect)
+                self.events.heartbeat(effect)
                 continue
-            state = {MemberAlive: "alive", MemberSuspect: "suspect", MemberDead: "dead", MemberLeft: "left"}[type(effect)]
-            self.since[effect.node_id] = (state, now)
+            state = effect.state
+            if not (state is MemberState.SUSPECT and self.since.get(effect.node_id, (None,))[0] is state):
+                self.since[effect.node_id] = (state, now)  # a suspicion told again keeps its start
             self.poke()
+            refused = isinstance(effect, MemberSuspect) and effect.refused
             if isinstance(effect, MemberAlive):
                 self.addrs[effect.node_id] = effect.addr
                 self.raft.peer_alive(now, effect.node_id)
-            elif isinstance(effect, (MemberDead, MemberLeft)) or (isinstance(effect, MemberSuspect) and effect.refused):
+            elif isinstance(effect, (MemberDead, MemberLeft)) or refused:
                 # a refused connection is near proof the process is gone: the successors need not
                 # wait out the suspicion (a wrong verdict costs a pre-vote the lease refuses)
                 self.raft.leader_lost(now, effect.node_id)
-            log.info("member %s is %s (incarnation %d)", effect.node_id, state, effect.incarnation)
+            log.info("member %s is %s (incarnation %d)%s", effect.node_id, state.value, effect.incarnation,
+                     " (a connection to it was refused here)" if refused else "")
         if self.raft.has_ready():
             self.drain()
 
 
 class _NodeReady:
-    """consensus.ready.ReadyHandler of a Node: its store, its apply listeners, its network."""
+    """consensus.ready.ReadyHandler of a Node: its store, its events, its network."""
 
     def __init__(self, node: Node) -> None:
         self.node = node

@@ -23,7 +23,7 @@ log = logging.getLogger("dpeer.resync")
 
 
 class Resyncer:
-    """Listens to heartbeats, runs at most one fetch at a time, counts what it fetched."""
+    """Told each heartbeat (by the daemon's NodeEvents), runs at most one fetch at a time, counts what it fetched."""
 
     def __init__(self, node: Node, transport: Transport, min_gap: int = 16) -> None:
         self.node = node
@@ -33,7 +33,6 @@ class Resyncer:
         self.fetched_entries = 0
         self.fetches: list[dict[str, int | str]] = []
         self._task: asyncio.Task | None = None
-        node.heartbeat_listeners.append(self.on_heartbeat)
 
     def on_heartbeat(self, seen: HeartbeatObserved) -> None:
         """Plan a fetch when a peer's committed version is ahead of ours by at least min_gap

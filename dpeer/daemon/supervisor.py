@@ -17,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
@@ -45,6 +45,19 @@ class TrainStatus:
     params_digest: str
 
 
+class WorkerEvents(Protocol):
+    """What a worker tells its daemon (Daemon implements it; attach() wires it)."""
+
+    def worker_failed(self, generation: int, report: FailureReport) -> None:
+        """The worker's group, step or build failed (generation 0 for a build)."""
+
+    def checkpoint_written(self, held: Held) -> None:
+        """The worker wrote the checkpoint of `held.step`."""
+
+    def worker_spawned(self, pid: int) -> None:
+        """A new worker process started (real processes only)."""
+
+
 class Worker(Protocol):
     """What the daemon drives of its worker: WorkerSupervisor (a real process) or the
     simulation's modelled worker (tests/house/worker.py)."""
@@ -59,8 +72,9 @@ class Worker(Protocol):
     last_failure: LastFailure | None
     latest_step: int
     reforms: int
-    on_failure: Callable[[int, FailureReport], None]
-    on_checkpoint: Callable[[Held], None] | None
+
+    def attach(self, events: WorkerEvents) -> None:
+        """Tell `events` of failures and checkpoints from now on (the worker starts before its daemon)."""
 
     @property
     def running(self) -> bool:
@@ -102,18 +116,16 @@ class WorkerSupervisor:
 
     def __init__(
         self, node_id: str, job: str, data_dir: Path, training: TrainingConfig,
-        on_failure: Callable[[int, FailureReport], None], store_bind: tuple[str, int] = ("127.0.0.1", 0),
+        store_bind: tuple[str, int] = ("127.0.0.1", 0),
     ) -> None:
         self.node_id, self.job, self.training = node_id, job, training
         self.dir = data_dir / "worker"
         self.ckpt_dir = data_dir / "checkpoints"
-        self.on_failure = on_failure
         self.store_bind = store_bind
         self.store_port = 0  # the port the current worker bound for the rendezvous store (0: not yet)
         self.starts = 0
         self.halted = ""  # why the job was halted (the worker is stopped and not restarted), or ""
-        self.on_checkpoint: Callable[[Held], None] | None = None
-        self.on_spawn: Callable[[int], None] | None = None  # told each new worker's pid
+        self.events: WorkerEvents | None = None  # the daemon, once it attached
         self.proc: subprocess.Popen | None = None
         self.ready = False
         self.done = False
@@ -174,6 +186,10 @@ class WorkerSupervisor:
             cmd += ["--job-opt", f"{key}={value}"]
         return cmd
 
+    def attach(self, events: WorkerEvents) -> None:
+        """Tell `events` (the daemon) of failures, checkpoints and new processes from now on."""
+        self.events = events
+
     def start(self, now: float) -> None:
         """Start the worker; stale view files of an earlier run are cleared first (channel state)."""
         views = self.dir / "views"
@@ -194,8 +210,8 @@ class WorkerSupervisor:
         self.store_port = 0
         self.starts += 1
         log.info("started worker pid %d for job %s%s", self.proc.pid, self.job, " (the warm spare)" if spare else "")
-        if self.on_spawn is not None:
-            self.on_spawn(self.proc.pid)
+        if self.events is not None:
+            self.events.worker_spawned(self.proc.pid)
 
     def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
@@ -307,18 +323,23 @@ class WorkerSupervisor:
             repeats = self.last_failure.repeats if self.last_failure is not None else 1
             log.error("the job could not be built on this box (%d time%s in a row): %s", repeats,
                       "" if repeats == 1 else "s", report.error)
-            self.on_failure(0, report)
+            self._tell().worker_failed(0, report)
         elif kind == "checkpoint":
             log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))
             step, digest = record.get("step"), record.get("params_digest")
-            if self.on_checkpoint is not None and type(step) is int and step > 0 and isinstance(digest, str):
-                self.on_checkpoint(Held(step, digest, record.get("final") is True))
+            if type(step) is int and step > 0 and isinstance(digest, str):
+                self._tell().checkpoint_written(Held(step, digest, record.get("final") is True))
 
     def _report(self, generation: int, report: FailureReport) -> None:
         """Note a failure of the group or of a step (the status shows a step's with its repeat
         count), then pass it on."""
         self.last_failure = note_failure(self.last_failure, report)
-        self.on_failure(generation, report)
+        self._tell().worker_failed(generation, report)
+
+    def _tell(self) -> WorkerEvents:
+        """The daemon: reports are read in poll(), which only the attached daemon's chores call."""
+        assert self.events is not None, "a worker's reports were read before a daemon attached"
+        return self.events
 
     def _failure(self, record: dict[str, Any], default: FailurePhase) -> FailureReport:
         """A worker's failure record as the report the leader judges."""

@@ -11,15 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, JobState, Member
+
+
+_AWAY = (MemberState.SUSPECT, MemberState.DEAD)
 
 
 @dataclass(frozen=True)
 class Observed:
     """What gossip says of one node right now."""
 
-    state: str  # alive, suspect, dead or left
+    state: MemberState
     addr: str
     since: float  # when it entered that state (leader's clock)
 
@@ -48,11 +52,11 @@ def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> 
         seen = observed[node_id]
         member = state.members.get(node_id)
         status = member.status if member is not None else None
-        if seen.state == "dead" and status == "active":
+        if seen.state is MemberState.DEAD and status == "active":
             return Decision(EntryKind.MEMBER_DEAD, {"node_id": node_id}, f"{node_id} is dead by gossip")
-        if seen.state == "left" and status == "active":
+        if seen.state is MemberState.LEFT and status == "active":
             return Decision(EntryKind.MEMBER_LEFT, {"node_id": node_id}, f"{node_id} left")
-        if seen.state == "alive" and member is not None and status == "dead":
+        if seen.state is MemberState.ALIVE and member is not None and status == "dead":
             return Decision(EntryKind.MEMBER_JOINED, _back_alive(node_id, seen.addr, member),
                             f"{node_id} is alive again")
     return _none("committed member statuses match gossip")
@@ -105,12 +109,12 @@ def _change(op: str, node: str, reason: str, uid: str = "") -> Decision:
 
 def _alive(observed: Mapping[str, Observed], node_id: str) -> bool:
     seen = observed.get(node_id)
-    return seen is not None and seen.state == "alive"
+    return seen is not None and seen.state is MemberState.ALIVE
 
 
 def _dead_for(observed: Mapping[str, Observed], node_id: str, now: float) -> float:
     seen = observed.get(node_id)
-    return now - seen.since if seen is not None and seen.state == "dead" else -1.0
+    return now - seen.since if seen is not None and seen.state is MemberState.DEAD else -1.0
 
 
 @dataclass(frozen=True)
@@ -153,19 +157,19 @@ def _fits(
     """Whether one node should train, with a note when that is not plain (empty otherwise)."""
     member = state.members.get(node_id)
     seen = observed.get(node_id)
-    gossip = seen.state if seen is not None else "unknown to gossip"
+    gossip = seen.state if seen is not None else None
     verb = "dropped" if in_view else "waits"
     if member is None or member.status != "active":
         return False, f"{node_id} dropped: {member.status if member is not None else 'not a member'}"
     if not member.ready:
         return False, f"{node_id} {verb}: its worker is not ready"
-    if gossip == "alive":
+    if gossip is MemberState.ALIVE:
         return True, ""
-    if gossip == "suspect" and in_view and not failed:
+    if gossip is MemberState.SUSPECT and in_view and not failed:
         return True, f"{node_id} kept while suspect: its group has not failed"
-    if gossip == "suspect" and in_view:
+    if gossip is MemberState.SUSPECT and in_view:
         return False, f"{node_id} dropped: suspect and its group failed"
-    return False, f"{node_id} {verb}: {gossip}"
+    return False, f"{node_id} {verb}: {gossip.value if gossip is not None else 'unknown to gossip'}"
 
 
 def _group_failed(state: ClusterState, failed_generation: int) -> bool:
@@ -182,7 +186,7 @@ def change_began(before: list[str] | None, after: list[str], observed: Mapping[s
     times = []
     for node_id in set(before) - set(after):
         seen = observed.get(node_id)
-        if seen is None or seen.state not in ("suspect", "dead") or seen.since <= 0:
+        if seen is None or seen.state not in _AWAY or seen.since <= 0:
             return now
         times.append(seen.since)
     return min(now, max(times)) if times else now
@@ -199,7 +203,7 @@ def quiet_window(
     dropped = set(before or ()) - set(after)
     if not group_failed or not dropped or set(after) - set(before or ()):
         return quiet
-    explained = all(observed.get(n) is not None and observed[n].state in ("suspect", "dead") for n in dropped)
+    explained = all(observed.get(n) is not None and observed[n].state in _AWAY for n in dropped)
     return confirmed if explained else quiet
 
 

@@ -376,6 +376,7 @@ class Membership(Dissemination):
         member.incarnation = incarnation
         self._table.set_state(member, SUSPECT, now)
         member.suspicion = self._new_suspicion(now, origin, refused)
+        member.suspicion.refused_here = refused and origin == self.node_id
         self._timer(member.suspicion.deadline, _Timer.SUSPICION, node_id)
         self._effects.append(MemberSuspect(node_id, incarnation, refused and origin == self.node_id))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
@@ -407,6 +408,10 @@ class Membership(Dissemination):
         changed = suspicion.confirm(origin)
         if refused:
             changed = suspicion.expedite(now, self.config.refused_suspicion_timeout) or changed
+        if refused and origin == self.node_id and not suspicion.refused_here:
+            # our own refusal backs a suspicion gossip brought first: say so once (see MemberSuspect)
+            suspicion.refused_here = True
+            self._effects.append(MemberSuspect(member.node_id, member.incarnation, True))
         if changed:
             self._timer(suspicion.deadline, _Timer.SUSPICION, member.node_id)
             self._queue.push(Update(SUSPECT, member.node_id, member.addr, member.incarnation, origin, refused))

@@ -36,7 +36,8 @@ class MemberSuspect(MemberChanged):
     state: ClassVar[MemberState] = MemberState.SUSPECT
     # we saw its connection refused ourselves (nothing listens there: its process is gone); a
     # refusal only heard of through gossip is not set here, so one peer's reset cannot make
-    # every voter drop a live leader's lease at once
+    # every voter drop a live leader's lease at once. A suspicion gossip brought first is told
+    # again, with this set, when our own connection to the member is refused later
     refused: bool = False
 
 

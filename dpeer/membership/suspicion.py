@@ -15,7 +15,7 @@ def suspicion_timeout(mult: float, n: int, interval: float) -> float:
 class Suspicion:
     """One suspicion of one member at one incarnation; tracks who confirmed it and its deadline."""
 
-    __slots__ = ("start", "min", "max", "k", "confirmed", "deadline", "refused")
+    __slots__ = ("start", "min", "max", "k", "confirmed", "deadline", "refused", "refused_here")
 
     def __init__(self, origin: str, now: float, k: int, low: float, high: float, refused: bool) -> None:
         self.start = now
@@ -24,6 +24,7 @@ class Suspicion:
         self.k = k
         self.confirmed = {origin}
         self.refused = refused
+        self.refused_here = False  # this node itself had a connection to the member refused
         self.deadline = now + (low if k < 1 else high)
 
     def confirm(self, origin: str) -> bool:

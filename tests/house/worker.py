@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure
-from dpeer.daemon.supervisor import RESTART_BACKOFF, TrainStatus
+from dpeer.daemon.supervisor import RESTART_BACKOFF, TrainStatus, WorkerEvents
 from dpeer.statemachine.state import Checkpoint, CommittedView
 
 BUILD_S, STEP_S, CKPT_EVERY, FORM_TIMEOUT_S = 0.3, 0.05, 20, 3.0
@@ -35,8 +35,7 @@ class SimWorker:
     def __init__(self, world: Training, node_id: str, store_port: int, build_s: float = BUILD_S) -> None:
         """build_s: how long its job takes to build (inf: never ready, a box that cannot train)."""
         self.world, self.node_id, self._port, self.build_s = world, node_id, store_port, build_s
-        self.on_failure: Callable[[int, FailureReport], None] = lambda g, r: None
-        self.on_checkpoint: Callable[[Held], None] | None = None
+        self.events: WorkerEvents | None = None
         self.ready = self.done = self.fenced = self.alive = False
         self.halted = ""
         self.store_port = 0
@@ -62,6 +61,10 @@ class SimWorker:
     def running(self) -> bool:
         """True while the modelled process runs."""
         return self.alive
+
+    def attach(self, events: WorkerEvents) -> None:
+        """The daemon hears of failures and checkpoints from now on."""
+        self.events = events
 
     def status(self) -> dict[str, Any]:
         """The status document's `worker`."""
@@ -161,7 +164,8 @@ class SimWorker:
         gen, self.gen, self.formed = self.gen, 0, False
         self.world.failures += 1
         report = FailureReport(self.node_id, FailurePhase.GROUP, self.latest_step, why, gen)
-        self.context.run(self.on_failure, gen, report)
+        if self.events is not None:
+            self.context.run(self.events.worker_failed, gen, report)
         self.context.run(self.bell)
 
 
@@ -210,8 +214,8 @@ class Training:
             for w in ws:
                 w.latest_step = step
                 w.train = TrainStatus(step, step, 0.0, digest(step))
-                if step % CKPT_EVERY == 0 and w.on_checkpoint is not None:
-                    w.context.run(w.on_checkpoint, Held(step, digest(step)))
+                if step % CKPT_EVERY == 0 and w.events is not None:
+                    w.context.run(w.events.checkpoint_written, Held(step, digest(step)))
                     w.context.run(w.bell)
         if moved:
             self.stepped.append((now, tuple(moved)))

@@ -185,6 +185,16 @@ def test_refused_evidence_travels_with_the_suspicion() -> None:
     assert m.state_of("c") is DEAD
 
 
+def test_only_our_own_refusal_marks_a_suspicion_refused_and_it_is_told_once() -> None:
+    m = core()
+    m.drain_effects()
+    m.receive(1.0, Gossip(hb("b"), (Update(SUSPECT, "c", addr("c"), 0, "b", refused=True),)))
+    assert [e.refused for e in m.drain_effects() if isinstance(e, MemberSuspect)] == [False]  # relayed
+    m.unreachable(1.05, addr("c"))
+    m.unreachable(1.06, addr("c"))
+    assert [e.refused for e in m.drain_effects() if isinstance(e, MemberSuspect)] == [True]  # ours, once
+
+
 def test_retransmit_limit_bounds_piggybacking() -> None:
     m = core(peers=4)  # N = 5: 4 * ceil(log10 6) = 4 transmissions
     m.receive(1.0, Gossip(hb("b"), (Update(ALIVE, "z", addr("z"), 0, "b"),)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType, SimpleNamespace
 
 from dpeer.consensus import Role
+from dpeer.membership import MemberState
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.timing import LEADER_PRESETS
@@ -18,13 +19,16 @@ class FakeNode(SimpleNamespace):
 
     def observed(self) -> dict[str, Observed]:
         since = getattr(self, "since", {})
-        return {n: Observed(s, f"10.0.0.{i}:7100", since.get(n, 0.0)) for i, (n, s) in enumerate(self.gossip.items(), 1)}
+        return {n: Observed(MemberState(s), f"10.0.0.{i}:7100", since.get(n, 0.0)) for i, (n, s) in enumerate(self.gossip.items(), 1)}
 
     def poke(self) -> None:
         pass
 
     def chores_now(self) -> None:
         pass
+
+    def chores_at(self, when: float) -> None:
+        self.woken_at = when
 
 
 def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:

@@ -12,6 +12,7 @@ from typing import Callable
 import pytest
 
 from dpeer.daemon.config import TrainingConfig
+from tests.support.worker_events import WorkerEventLog
 from dpeer.daemon.supervisor import SPARE_AFTER_S, WorkerSupervisor
 from dpeer.statemachine.state import CommittedView
 
@@ -38,7 +39,8 @@ def train_alone(sup: WorkerSupervisor, generation: int) -> None:
 
 @pytest.fixture
 def sup(tmp_path: Path):
-    sup = WorkerSupervisor("n1", "demo", tmp_path, TRAINING, lambda g, r: None)
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TRAINING)
+    sup.attach(WorkerEventLog())
     yield sup
     sup.stop()
 
@@ -60,8 +62,8 @@ def test_a_killed_worker_is_replaced_by_the_warm_spare_which_trains_on(sup: Work
 
 
 def test_no_spare_when_turned_off(tmp_path: Path) -> None:
-    sup = WorkerSupervisor("n1", "demo", tmp_path, TRAINING.model_copy(update={"spare_worker": False}),
-                           lambda g, r: None)
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TRAINING.model_copy(update={"spare_worker": False}))
+    sup.attach(WorkerEventLog())
     try:
         sup.start(time.monotonic())
         train_alone(sup, 1)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from dpeer.daemon.config import TrainingConfig
+from tests.support.worker_events import WorkerEventLog
 from dpeer.daemon.supervisor import TrainStatus, WorkerSupervisor
 from dpeer.daemon.worker_health import judge_worker, missed_view
 from dpeer.statemachine.state import CommittedView
@@ -25,8 +26,9 @@ def write(data_dir: Path, *records: dict) -> None:
 
 
 def test_reports_drive_readiness_progress_failures_reforms_and_recovery_times(tmp_path: Path) -> None:
-    failed: list[tuple[int, str]] = []
-    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: failed.append((g, r)))
+    events = WorkerEventLog()
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(events)
     write(tmp_path, {"kind": "waiting", "t": 1.0}, {"kind": "heal_progress", "t": 1.05, "gen": 1, "done_bytes": 5,
                                                    "total_bytes": 10, "seconds": 1.2, "donors": 2})
     sup.poll(0.0)
@@ -40,7 +42,7 @@ def test_reports_drive_readiness_progress_failures_reforms_and_recovery_times(tm
           {"kind": "formed", "t": 3.2, "gen": 2},
           {"kind": "progress", "t": 3.25, "step": 6, "samples": 384, "loss": 0.4, "digest": "cd"})
     sup.poll(0.0)
-    assert [(g, r.phase.value, r.error) for g, r in failed] == [(1, "group", "Connection reset by peer"), (1, "group", "again")]
+    assert [(g, r.phase.value, r.error) for g, r in events.failures] == [(1, "group", "Connection reset by peer"), (1, "group", "again")]
     assert sup.train is not None and (sup.train.step, sup.train.params_digest) == (6, "cd")
     assert sup.reforms == 2
     assert [round(s, 3) for s in sup.take_recoveries()] == [0.25]
@@ -48,7 +50,8 @@ def test_reports_drive_readiness_progress_failures_reforms_and_recovery_times(tm
 
 
 def test_a_torn_last_line_waits_for_its_end(tmp_path: Path) -> None:
-    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: None)
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(WorkerEventLog())
     path = tmp_path / "worker" / "reports" / "n1.jsonl"
     path.parent.mkdir(parents=True)
     path.write_text('{"kind": "waiting", "t": 1.0}\n{"kind": "prog')
@@ -76,10 +79,11 @@ def test_judge_worker(now, last, stopped, hung, why) -> None:
 
 
 def test_the_status_pairs_a_step_with_its_own_digest(tmp_path: Path) -> None:
-    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(digest_every=3), lambda g, r: None)
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(digest_every=3))
+    sup.attach(WorkerEventLog())
     assert sup.command()[sup.command().index("--digest-every") + 1] == "3"
     assert sup.command()[sup.command().index("--reduction") + 1] == "exact"
-    fast = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(reduction="fast", threads=2), lambda g, r: None)
+    fast = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(reduction="fast", threads=2))
     assert fast.command()[fast.command().index("--reduction") + 1:][:3] == ["fast", "--threads", "2"]
     write(tmp_path, {"kind": "progress", "t": 1.0, "step": 3, "samples": 192, "loss": 0.9, "digest": "d3"},
           {"kind": "failure", "t": 1.5, "gen": 1, "reason": "reset"},
@@ -109,7 +113,8 @@ def test_missed_view(in_view, ready, given, missed, why) -> None:
 
 
 def test_a_view_counts_as_given_only_once_a_worker_process_was_started(tmp_path: Path) -> None:
-    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig(), lambda g, r: None)
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(WorkerEventLog())
     view = CommittedView(2, ("n1",), "127.0.0.1:7000")
     sup.publish(view)
     assert sup.given_generation == 0  # no worker process yet: its start clears the file

@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 import pytest
 
+from dpeer.membership import MemberState
 from dpeer.daemon.views import Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, CommittedView, Member
@@ -18,7 +19,7 @@ def state(members: dict[str, str], voters=(), learners=(), view=None, control="r
 
 
 def seen(**states: str) -> dict[str, Observed]:
-    return {n: Observed(s, f"h:{i}", since=10.0) for i, (n, s) in enumerate(states.items())}
+    return {n: Observed(MemberState(s), f"h:{i}", since=10.0) for i, (n, s) in enumerate(states.items())}
 
 
 @pytest.mark.parametrize(
@@ -195,14 +196,14 @@ def test_the_last_voter_is_never_removed_even_when_it_left() -> None:
     (["a", "b"], ["a"], {}, 10.0, "unknown to gossip: now"),
 ])
 def test_change_began_dates_a_gossip_drop_from_gossip(before, after, gossip, expected, why) -> None:
-    observed = {n: Observed(s, f"{n}:1", t) for n, (s, t) in gossip.items()}
+    observed = {n: Observed(MemberState(s), f"{n}:1", t) for n, (s, t) in gossip.items()}
     assert change_began(before, after, observed, 10.0) == expected, why
 
 
 def test_quiet_window_is_short_only_for_drops_the_group_confirmed() -> None:
     from dpeer.daemon.views import quiet_window
 
-    seen = {"a": Observed("alive", "a:1", 0.0), "b": Observed("suspect", "b:1", 1.0), "c": Observed("alive", "c:1", 0.0)}
+    seen = {"a": Observed(MemberState.ALIVE, "a:1", 0.0), "b": Observed(MemberState.SUSPECT, "b:1", 1.0), "c": Observed(MemberState.ALIVE, "c:1", 0.0)}
     cases = [  # before, after, group failed, expected
         (["a", "b", "c"], ["a", "c"], True, 0.02),   # a suspect dropped after its group failed
         (["a", "b", "c"], ["a", "c"], False, 0.1),   # no report from the group: the full window
