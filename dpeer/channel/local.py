@@ -16,6 +16,7 @@ import os
 import socket
 import time
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 POLL_INTERVAL_S = 0.005
 # A training worker peeks for a newer view every step; the folder is scanned only when its mtime
@@ -24,6 +25,39 @@ PEEK_RESCAN_S = 0.05
 CHECKPOINT_FILE = "checkpoint.json"
 # A warm spare worker (daemon/spare.py) waits for this line on its stdin; end of file means: exit unused
 SPARE_GO = b"go\n"
+
+
+class SyncClock(Protocol):
+    """The worker's clock (it runs no event loop): dpeer.clock.Clock's now and wall, and a blocking
+    sleep on that same clock. A test passes one it moves (tests/support/clocks.py)."""
+
+    def now(self) -> float:
+        """Monotonic seconds."""
+
+    def wall(self) -> float:
+        """Wall-clock seconds (report timestamps)."""
+
+    def sleep(self, seconds: float) -> None:
+        """Block this long."""
+
+
+class SystemClock:
+    """The OS's clock."""
+
+    def now(self) -> float:
+        """time.monotonic()."""
+        return time.monotonic()
+
+    def wall(self) -> float:
+        """time.time()."""
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        """time.sleep()."""
+        time.sleep(seconds)
+
+
+SYSTEM = SystemClock()
 
 
 @dataclass(frozen=True)
@@ -159,8 +193,8 @@ class Doorbell:
 class DirViewSource:
     """``ViewSource`` over a directory: ``views/view-<gen>.json`` in, ``reports/<node>.jsonl`` out."""
 
-    def __init__(self, directory: str, node_id: str) -> None:
-        self.directory = directory
+    def __init__(self, directory: str, node_id: str, clock: SyncClock = SYSTEM) -> None:
+        self.directory, self.clock = directory, clock
         self.node_id = node_id
         self._views = os.path.join(directory, "views")
         reports = os.path.join(directory, "reports")
@@ -184,7 +218,7 @@ class DirViewSource:
 
     def _unchanged(self) -> bool:
         """True when the views folder cannot hold a new view since the last scan (peeks only)."""
-        mtime, now = os.stat(self._views).st_mtime_ns, time.monotonic()
+        mtime, now = os.stat(self._views).st_mtime_ns, self.clock.now()
         if mtime == self._scanned[0] and now - self._scanned[1] < PEEK_RESCAN_S:
             return True
         self._scanned = (mtime, now)
@@ -195,18 +229,18 @@ class DirViewSource:
             self._append({"kind": "waiting", "after": after_generation})
         elif self._unchanged():
             return None
-        deadline = time.monotonic() + max(0.0, timeout)
+        deadline = self.clock.now() + max(0.0, timeout)
         while True:
             newest = self._newest_generation()
             if newest > after_generation:
                 with open(os.path.join(self._views, f"view-{newest:012d}.json")) as f:
                     return View.from_json(f.read())
-            if time.monotonic() >= deadline:
+            if self.clock.now() >= deadline:
                 return None
-            time.sleep(POLL_INTERVAL_S)
+            self.clock.sleep(POLL_INTERVAL_S)
 
     def _append(self, record: dict, ring: bool = True) -> None:
-        record["t"] = time.time()
+        record["t"] = self.clock.wall()
         if self._reports is None:
             self._reports = open(self._report_path, "a", buffering=1)  # noqa: SIM115 (lives with the source)
         self._reports.write(json.dumps(record) + "\n")

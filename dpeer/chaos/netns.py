@@ -5,19 +5,16 @@ bridge in the root namespace (which holds .254, so the test reaches every node w
 up). Cutting a node sets its veth's root end down: everything it sends or receives is cut, its
 daemon's gRPC, the rendezvous store, Gloo and the heal alike, unlike the transport's fault hook.
 Names carry the creating process's pid, so parallel runs do not collide; close() removes everything.
-Needs root (``why_not`` says so); used by ``dpeer chaos --netns`` and tests/integration/test_netns_partition.py.
+Needs root (``why_not`` says so); used by ``dpeer chaos --netns`` and tests/integration/test_netns_partition.py
+(whose daemons tests/support/netns_boxes.py starts).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-SOURCE = Path(__file__).resolve().parents[2]  # the folder holding the dpeer package, for the children's path
 
 
 def _ip(*args: str) -> None:
@@ -45,12 +42,11 @@ def subnet_of(tag: int) -> str:
 
 @dataclass
 class Net:
-    """The bridge, the namespaces and the daemons started in them."""
+    """The bridge and the namespaces."""
 
     root: Path
     size: int
     tag: str = field(default_factory=lambda: f"{os.getpid() % 10000}")
-    procs: dict[int, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.subnet = subnet_of(int(self.tag))
@@ -102,33 +98,8 @@ class Net:
         """Plug node i back in."""
         _ip("link", "set", self.veth(i), "up")
 
-    def run(self, i: int, args: list[str], log: Path) -> subprocess.Popen:
-        """Start `python -m dpeer.cli.main ARGS` inside node i's namespace, in a session of its own."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
-        env.update({"PYTHONUNBUFFERED": "1", "PYTHONPATH": str(SOURCE)})
-        with open(log, "ab") as out:
-            proc = subprocess.Popen([*self.prefix(i), sys.executable, "-m", "dpeer.cli.main", *args],
-                                    stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.procs[i] = proc
-        return proc
-
-    def cli(self, i: int, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        """A `dpeer` command run inside node i's namespace (it reaches node i while cut off)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_")}
-        env["PYTHONPATH"] = str(SOURCE)
-        return subprocess.run([*self.prefix(i), sys.executable, "-m", "dpeer.cli.main", *args],
-                              capture_output=True, text=True, timeout=timeout, env=env)
-
     def close(self) -> None:
-        """SIGKILL every daemon started here (its process group: daemon and worker), then remove
-        the namespaces, links and bridge this Net made."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.wait(timeout=30)
+        """Remove the namespaces, links and bridge this Net made (end the processes in them first)."""
         for command in reversed(self._made):  # only what this Net made: a name taken by another run stays theirs
             subprocess.run(["ip", *command], capture_output=True, timeout=30)
         self._made = []

@@ -16,9 +16,10 @@ def successor_delay(
 ) -> float:
     """Seconds from the verdict on `lost` to our campaign: half a heartbeat (time for the other
     voters' detectors to agree and drop its lease), then one slot of half election_timeout_min
-    per surviving voter before us in id order, plus `jitter` (in [0, 1)) of a quarter slot.
-    A node that is not a voter gets the place after the last voter."""
+    per surviving voter before us in id order. A node that is not a voter gets the place after
+    the last voter, which it shares with every other such node, so `jitter` (in [0, 1)) of a
+    quarter slot spreads them; a voter's place is its own and waits no jitter."""
     successors = sorted(v for v in voters if v != lost)
     place = successors.index(me) if me in successors else len(successors)
     slot = election_timeout_min / 2
-    return heartbeat_interval / 2 + (place + jitter / 4) * slot
+    return heartbeat_interval / 2 + (place + (jitter / 4 if me not in successors else 0.0)) * slot

@@ -19,6 +19,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
+from dpeer.address import Address
 from dpeer.daemon import timing as tm
 
 PresetName = Literal["lan", "wan", "edge"]
@@ -31,12 +32,13 @@ class ConfigError(ValueError):
     """A config file, env variable or flag that cannot be used; the message names the key."""
 
 
-def parse_hostport(value: str) -> tuple[str, int]:
-    """Split HOST:PORT, refusing anything that is not a usable address."""
+def parse_hostport(value: str) -> Address:
+    """Split HOST:PORT, refusing anything that is not a usable address (a stricter grammar than
+    Address.parse: a name or an IP, no spaces, for what an operator types)."""
     match = _HOSTPORT.match(value.strip())
     if not match or not 0 < int(match.group(2)) < 65536:
         raise ValueError(f"{value!r} is not HOST:PORT with a port in 1..65535")
-    return match.group(1).strip("[]"), int(match.group(2))
+    return Address(match.group(1).strip("[]"), int(match.group(2)))
 
 
 def _check_hostport(value: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 from dpeer.transport import codec
 
 from dpeer import errors
+from dpeer.address import Address
 from dpeer.clock import REAL, Clock
 
 from dpeer.security import exposure
@@ -23,7 +24,7 @@ from dpeer.security import exposure
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.final_state import fetch_final, holds
-from dpeer.daemon.job_status import FINISHING, JobStatus, status_of
+from dpeer.daemon.job_status import job_document
 from dpeer.daemon.config import NodeConfig
 from dpeer.consensus import Role, bootstrap
 from dpeer.daemon.leader import LeaderChores
@@ -106,7 +107,7 @@ class Daemon:
         self._held: Held | None = None
         self._next_missed_report = 0.0
         self._failed: tuple[int, FailureReport] | None = None  # the worker's last group failure
-        self._failure_told: str | None = None  # the leader the last failure report went to
+        self._failure_told: str | None = None  # the leader the last failure report went to, or was checked with
         self._next_report, self._reports_left = 0.0, 0
         self._report_task: asyncio.Task | None = None
         self._fetch_task: asyncio.Task | None = None
@@ -195,6 +196,8 @@ class Daemon:
         new_leader = self.node.leader_id is not None and self.node.leader_id != self._failure_told
         if view is None or (now < self._next_missed_report and not new_leader):
             return
+        if self._failed is None or self._failed[0] != view.generation:
+            self._failure_told = self.node.leader_id  # nothing for this leader to hear: check again when one is new
         verdict = missed_view(view.generation, self.node_id in view.members, self.worker.ready,
                               self.worker.given_generation)
         if verdict.hung:
@@ -259,8 +262,9 @@ class Daemon:
             self._report_task = asyncio.get_running_loop().create_task(report)
 
     async def _tell_leader(self, what: str, call: Callable[[PeerClient], Awaitable[object]]) -> None:
-        """Make one call to the current leader over the transport; a failure is logged only
-        (the callers retry on their own schedule)."""
+        """Make one call to the current leader over the transport; a failure is logged (the callers
+        retry on their own schedule), and a refused connection is our own evidence that the
+        leader's process is gone (node.refused)."""
         leader = self.node.addrs.get(self.node.leader_id or "")
         if leader is None:
             return
@@ -269,7 +273,7 @@ class Daemon:
         except errors.PeerError as exc:
             log.info("could not report %s to the leader: %s", what, exc)
             if isinstance(exc, errors.Unreachable) and exc.refused:
-                self.node.refused(leader)  # our own evidence the leader's process is gone
+                self.node.refused(leader)
 
     def status(self) -> dict[str, Any]:
         """The status document (see status.document)."""
@@ -294,24 +298,11 @@ class Daemon:
                 "refused": sum(server.refusals.values()) if server is not None else 0}
 
     def job_status(self) -> dict[str, Any] | None:
-        """The status's `job`: waiting, training, failed (with the reason) or finished (with the
-        final step and digest, once this box's worker has written the final model; until then
-        waiting, with what it waits for); None when this node runs no job."""
+        """The status's `job` (see job_status.job_document); None when this node runs no job."""
         if self.worker is None:
             return None
-        job, view = self.store.state.job, self.store.state.view
-        formed = (view is not None and self.node_id in view.members and self.worker.running
-                  and self.worker.given_generation == view.generation)
-        state = status_of(job.state, self.worker.done, formed)
-        if state is JobStatus.FAILED:
-            return {"state": state, "error": job.error, "node": job.node, "step": job.step}
-        if job.state is JobState.FINISHED:
-            doc = {"state": state, "error": None, "step": job.step, "digest": job.digest}
-            return doc if state is JobStatus.FINISHED else {**doc, "finishing": FINISHING.format(step=job.step)}
-        last = self.worker.last_failure
-        return {"state": state, "error": None,
-                "last_failure": last.as_status() if last is not None else None,
-                "kept_out": self.leader.kept_out() if self.node.role is Role.LEADER else None}
+        kept_out = self.leader.kept_out() if self.node.role is Role.LEADER else None
+        return job_document(self.store.state, self.node_id, self.worker, kept_out)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:
@@ -321,7 +312,7 @@ class Daemon:
         self.server = await serve(self.config.listen, self.service, self.security)
         log.info("listening on %s (advertised %s), security %s", self.config.listen, self.addr,
                  self.security.mode.value)
-        warning = exposure.warning(self.config.listen.rsplit(":", 1)[0], self.security.mode,
+        warning = exposure.warning(Address.parse(self.config.listen, any_port=True).host, self.security.mode,
                                    self.config.security.insecure)
         if warning is not None:
             log.warning("%s", warning)

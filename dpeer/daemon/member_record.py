@@ -1,7 +1,8 @@
 """Keep this box's own committed member record (address, store port, readiness, store identity)
 in line with what it is now, through the leader or the seeds; the first such update is the join.
 
-One request in flight at a time. The same update goes again only after JOIN_RETRY (the last one
+One update in flight at a time (its requests go to a known leader alone, else to the seeds and
+members in turn, see _update). The same update goes again only after JOIN_RETRY (the last one
 may still be on its way into our log); a different one goes at once, so a worker that became
 ready while the last update was in flight is trained with without waiting out the retry.
 """
@@ -61,24 +62,20 @@ class MemberRecordSync:
         return list(dict.fromkeys([a for a in [leader] if a] + self.seeds + members))
 
     async def _update(self, wanted: Record) -> None:
-        """Send the update until one address accepts it or ROUND passes. The next address is tried
-        when the last has not answered within HEDGE (a starting peer that knows no leader holds a
-        request for seconds), and an address that failed is tried again after JOIN_RETRY (a seed
-        that refused us may have been a moment from listening)."""
+        """Send the update until one address accepts it or ROUND passes. A known leader is asked
+        alone while it has not answered (another address would only forward a second request to
+        it). Otherwise the next address is tried too when the last has not answered within HEDGE
+        (a starting peer that knows no leader holds a request for seconds), and an address that
+        failed is tried again after JOIN_RETRY (a seed that refused us may have been a moment
+        from listening)."""
         clock, order = self.node.clock, self._targets()
+        leader = self.node.addrs.get(self.node.leader_id or "")
         deadline = clock() + ROUND
         due = dict.fromkeys(order, clock())  # when each address may next be tried
         flying: dict[asyncio.Task, str] = {}
         try:
             while (now := clock()) < deadline and order:
-                idle = [a for a in order if a not in flying.values()]
-                free = [a for a in idle if due[a] <= now]
-                if free:
-                    flying[asyncio.create_task(self._try(free[0], wanted, deadline - now))] = free[0]
-                    idle.remove(free[0])
-                    wake = now + HEDGE
-                else:
-                    wake = min([due[a] for a in idle] + [deadline])
+                wake = self._start_next(order, due, flying, leader, wanted, now, deadline)
                 if not flying:
                     await asyncio.sleep(max(0.0, wake - now))
                     continue
@@ -92,6 +89,18 @@ class MemberRecordSync:
         finally:
             for task in flying:
                 task.cancel()
+
+    def _start_next(self, order: list[str], due: dict[str, float], flying: dict[asyncio.Task, str],
+                    leader: str | None, wanted: Record, now: float, deadline: float) -> float:
+        """Start a request to the next address that may be tried now, if any; when to look again."""
+        if leader is not None and leader in flying.values():
+            return deadline
+        idle = [a for a in order if a not in flying.values()]
+        free = [a for a in idle if due[a] <= now]
+        if not free:
+            return min([due[a] for a in idle] + [deadline])
+        flying[asyncio.create_task(self._try(free[0], wanted, deadline - now))] = free[0]
+        return deadline if free[0] == leader else now + HEDGE
 
     async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | None:
         _, addr_, store_port, ready, uid = wanted

@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from dpeer.address import Address
 from dpeer.daemon.job_status import JobStatus
 from dpeer.membership import MemberState
 
@@ -76,9 +77,9 @@ class Metrics:
 
     def serve(self, listen: str) -> None:
         """Serve /metrics on HOST:PORT from a background thread; OSError in one sentence when it cannot bind."""
-        host, port = listen.rsplit(":", 1)
+        host, port = Address.parse(listen, any_port=True)
         try:
-            start_http_server(int(port), addr=host.strip("[]"), registry=self.registry)
+            start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
             raise OSError(_cannot_serve(listen, exc)) from None
 
@@ -86,9 +87,9 @@ class Metrics:
 def check_listen(listen: str) -> None:
     """OSError in one sentence unless HOST:PORT can be bound for /metrics now, bound as the HTTP
     server binds (SO_REUSEADDR): `dpeer start` checks it before it makes the data dir or the store."""
-    host, port = listen.rsplit(":", 1)
+    host, port = Address.parse(listen, any_port=True)
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM,
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                        flags=socket.AI_PASSIVE)[0]
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -64,7 +64,6 @@ REARM_SLACK = 0.005
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
 
 
-
 # asyncio runs a timer due within its clock resolution at once, without its clock moving; a
 # deadline a hair away (a float's rounding) would then wake the loop for ever at the same time
 TIMER_FLOOR = 1e-6
@@ -246,8 +245,11 @@ class Node:
         self._swim_effects(now)
         self.drain()
         if now >= self._next_chores:
-            self.events.chores(now)
-            self._next_chores = now + self._chore_period(now)
+            self._next_chores = math.inf  # a chores_at()/chores_now() during the pass is kept
+            try:
+                self.events.chores(now)
+            finally:
+                self._next_chores = min(self._next_chores, now + self._chore_period(now))
 
     def stop(self) -> None:
         """Make run() return at its next wake-up."""

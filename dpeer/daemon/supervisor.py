@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dpeer.address import Address
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure, note_failure, one_line
@@ -181,7 +182,7 @@ class WorkerSupervisor:
                "--final-out", str(self.dir / "final.pt"),
                "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
                "--digest-every", str(t.digest_every), "--reduction", t.reduction, "--threads", str(t.threads),
-               "--store-bind", f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "--parent-pid", str(os.getpid())]
+               "--store-bind", str(Address(host, port)), "--parent-pid", str(os.getpid())]
         for key, value in opts.items():
             cmd += ["--job-opt", f"{key}={value}"]
         return cmd
@@ -215,9 +216,9 @@ class WorkerSupervisor:
 
     def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
-        host, _, port = view.store_host.rpartition(":")
+        host, port = Address.parse(view.store_host, any_port=True)
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
-        publish_view(str(self.dir), View(view.generation, list(view.members), host, int(port), step, digest,
+        publish_view(str(self.dir), View(view.generation, list(view.members), host, port, step, digest,
                                          view.secret, self.store_bind[0]))
         if self.proc is not None:
             self.given_generation = view.generation

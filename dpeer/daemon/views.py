@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dpeer.address import Address
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, JobState, Member
@@ -233,7 +234,10 @@ def decide_view(
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
     rank0 = members[0]
-    host = state.members[rank0].addr.rsplit(":", 1)[0]
+    try:
+        host = Address.parse(state.members[rank0].addr).host
+    except ValueError as exc:  # a record no admission would take today (an older log): never crash the chores
+        return _none(f"rank 0 ({rank0}) has no usable address: {exc}")
     generation = (current.generation if current is not None else 0) + 1
-    payload = {"generation": generation, "members": members, "store_host": f"{host}:{store_port_of[rank0]}"}
+    payload = {"generation": generation, "members": members, "store_host": str(Address(host, store_port_of[rank0]))}
     return Decision(EntryKind.VIEW, payload, f"generation {generation}: {len(members)} members")

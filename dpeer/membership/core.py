@@ -370,15 +370,16 @@ class Membership(Dissemination):
         member = self._table.get(node_id)
         if member is None or incarnation < member.incarnation or member.state not in LIVE:
             return
+        here = refused and sender is None  # our own connection was refused (gossip, even an echo of ours, is not)
         if member.state is SUSPECT and member.suspicion is not None:
-            self._confirm(now, member, origin, refused)
+            self._confirm(now, member, origin, refused, here)
             return
         member.incarnation = incarnation
         self._table.set_state(member, SUSPECT, now)
         member.suspicion = self._new_suspicion(now, origin, refused)
-        member.suspicion.refused_here = refused and origin == self.node_id
+        member.suspicion.refused_here = here
         self._timer(member.suspicion.deadline, _Timer.SUSPICION, node_id)
-        self._effects.append(MemberSuspect(node_id, incarnation, refused and origin == self.node_id))
+        self._effects.append(MemberSuspect(node_id, incarnation, here))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         self._queue.push(update)
         if origin == self.node_id and not refused:
@@ -402,13 +403,13 @@ class Membership(Dissemination):
         low = suspicion_timeout(self.config.suspicion_mult, n, self.config.probe_interval)
         return Suspicion(origin, now, k, low, low * self.config.suspicion_max_timeout_mult, False)
 
-    def _confirm(self, now: float, member: MemberRow, origin: str, refused: bool) -> None:
+    def _confirm(self, now: float, member: MemberRow, origin: str, refused: bool, here: bool) -> None:
         suspicion = member.suspicion
         assert suspicion is not None
         changed = suspicion.confirm(origin)
         if refused:
             changed = suspicion.expedite(now, self.config.refused_suspicion_timeout) or changed
-        if refused and origin == self.node_id and not suspicion.refused_here:
+        if here and not suspicion.refused_here:
             # our own refusal backs a suspicion gossip brought first: say so once (see MemberSuspect)
             suspicion.refused_here = True
             self._effects.append(MemberSuspect(member.node_id, member.incarnation, True))

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from dpeer.address import Address
+
 MAX_NODE_ID = 64
 MAX_ADDR = 261  # a 253-character DNS name, ':' and a 5-digit port
 MAX_UPDATES = 64
@@ -233,11 +235,12 @@ def _node_id(value: str) -> None:
 def _addr(value: str) -> None:
     if not isinstance(value, str) or len(value) > MAX_ADDR:
         raise InvalidMessage(f"address must be host:port of at most {MAX_ADDR} characters, got {value!r}")
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not host.isprintable() or " " in host:
+    try:
+        host, _ = Address.parse(value)
+    except ValueError as exc:
+        raise InvalidMessage(f"address must be host:port with a port in 1-65535: {exc}") from None
+    if not host.isprintable() or " " in host:
         raise InvalidMessage(f"address must be host:port, got {value!r}")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidMessage(f"address port must be 1-65535, got {value!r}")
 
 
 def _counter(name: str, value: int) -> None:

@@ -27,6 +27,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 
+from dpeer.address import Address  # noqa: E402
 from dpeer.channel.local import SPARE_GO  # noqa: E402
 from dpeer.trainer.exact import ExactModeError, configure_process  # noqa: E402
 from dpeer.trainer.group import bind_store_socket  # noqa: E402
@@ -133,8 +134,8 @@ def await_takeover() -> bool:
 def _store_socket(spec: str | None) -> socket.socket | None:
     if spec is None:
         return None
-    host, _, port = spec.rpartition(":")
-    return bind_store_socket(host.strip("[]"), int(port))
+    host, port = Address.parse(spec, any_port=True)
+    return bind_store_socket(host, port)
 
 
 def _build(args: argparse.Namespace, source: ViewSource, imported_cpu: float) -> tuple[Trainer, TrainSpec]:

@@ -14,8 +14,9 @@ from dpeer.consensus.succession import successor_delay
         (["a", "b", "c"], "c", "a", 0.0, 0.20, "second: one slot of half election_timeout_min later"),
         (["a", "b", "c"], "a", "c", 0.0, 0.05, "the order skips the dead leader, wherever it stood"),
         (["a", "b", "c", "d", "e"], "e", "a", 0.0, 0.50, "fourth successor: three slots"),
-        (["a", "b", "c"], "b", "a", 0.999, 0.05 + 0.0375, "jitter adds at most a quarter slot"),
+        (["a", "b", "c"], "b", "a", 0.999, 0.05, "a voter's place is its own: no jitter"),
         (["a", "b"], "l", "a", 0.0, 0.20, "a learner after every voter"),
+        (["a", "b"], "l", "a", 0.999, 0.20 + 0.0375, "learners share that place: jitter adds at most a quarter slot"),
     ],
 )
 def test_successor_delay(voters, me, lost, jitter, expected, why) -> None:

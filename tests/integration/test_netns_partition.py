@@ -21,6 +21,7 @@ from dpeer.transport.options import Security
 from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler
+from tests.support.netns_boxes import Boxes
 
 BATCH, WAIT = 16, 120.0
 CONFIG = {"job": "demo", "training": {"steps": 100000, "global_batch": BATCH, "micro_batch": 8,
@@ -67,23 +68,24 @@ def progress_times(root: Path, node: str) -> list[float]:
 
 
 @pytest.fixture
-def net(tmp_path: Path):
+def boxes(tmp_path: Path):
     reason = netns.why_not()
     if reason:
         pytest.skip(reason)
-    made = netns.Net(tmp_path, 3)
-    yield made
-    made.close()
+    boxes = Boxes(netns.Net(tmp_path, 3))
+    yield boxes
+    boxes.close()
 
 
-def test_a_cut_off_box_stops_training_the_majority_goes_on_and_the_box_heals_back(net: netns.Net, tmp_path: Path):
+def test_a_cut_off_box_stops_training_the_majority_goes_on_and_the_box_heals_back(boxes: Boxes, tmp_path: Path):
+    net = boxes.net
     conf = tmp_path / "dpeer.yaml"
     conf.write_text(yaml.safe_dump(CONFIG))
     addrs = {i: f"{net.addr_of(i)}:7100" for i in (1, 2, 3)}
     for i in (1, 2, 3):  # off loopback: --insecure (certificates are tests/security's business)
         args = ["start", "--node-id", f"n{i}", "--listen", addrs[i], "--data-dir", str(tmp_path / f"n{i}"),
                 "--config", str(conf), "--insecure"]
-        net.run(i, args + ([] if i == 1 else ["--join", addrs[1]]), tmp_path / f"n{i}.log")
+        boxes.run(i, args + ([] if i == 1 else ["--join", addrs[1]]), tmp_path / f"n{i}.log")
     wait("three boxes training together", lambda: all(step_in_world(status(addrs[i]), 3) >= 20 for i in (1, 2, 3)))
 
     net.cut(3)
@@ -92,7 +94,7 @@ def test_a_cut_off_box_stops_training_the_majority_goes_on_and_the_box_heals_bac
     wait("n1 and n2 training on as two", lambda: min(step_in_world(status(addrs[i]), 2) for i in (1, 2)) > before + 30)
 
     def n3_fenced() -> bool:
-        doc = json.loads(net.cli(3, "status", "--addr", addrs[3], "--json").stdout or "null")
+        doc = json.loads(boxes.cli(3, "status", "--addr", addrs[3], "--json").stdout or "null")
         return bool(doc and doc["worker"]["fenced"] and doc["worker"]["pid"] is None)
     wait("n3, cut off, stops its worker (it cannot reach a quorum)", n3_fenced)
 
@@ -104,7 +106,7 @@ def test_a_cut_off_box_stops_training_the_majority_goes_on_and_the_box_heals_bac
 
     late = [t for t in progress_times(tmp_path, "n3") if cut_at + 0.5 < t < healed_at]
     assert not late, f"n3 committed {len(late)} steps while it was cut off (the minority must not train)"
-    logs = [net.cli(i, "log", "--addr", addrs[i], "--json").stdout.splitlines() for i in (1, 2, 3)]
+    logs = [boxes.cli(i, "log", "--addr", addrs[i], "--json").stdout.splitlines() for i in (1, 2, 3)]
     shortest = min(len(lines) for lines in logs)
     assert shortest > 5 and all(lines[:shortest] == logs[0][:shortest] for lines in logs), "committed logs differ"
     paths = {f"n{i}": str(tmp_path / f"n{i}" / "worker" / "ledger.jsonl") for i in (1, 2, 3)}

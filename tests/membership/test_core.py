@@ -190,6 +190,8 @@ def test_only_our_own_refusal_marks_a_suspicion_refused_and_it_is_told_once() ->
     m.drain_effects()
     m.receive(1.0, Gossip(hb("b"), (Update(SUSPECT, "c", addr("c"), 0, "b", refused=True),)))
     assert [e.refused for e in m.drain_effects() if isinstance(e, MemberSuspect)] == [False]  # relayed
+    m.receive(1.04, Gossip(hb("d"), (Update(SUSPECT, "c", addr("c"), 0, "a", refused=True),)))
+    assert not [e for e in m.drain_effects() if isinstance(e, MemberSuspect)]  # an echo naming us is still gossip
     m.unreachable(1.05, addr("c"))
     m.unreachable(1.06, addr("c"))
     assert [e.refused for e in m.drain_effects() if isinstance(e, MemberSuspect)] == [True]  # ours, once

@@ -163,6 +163,17 @@ def test_first_view_uses_rank0_host() -> None:
     assert d.payload["generation"] == 1 and d.payload["store_host"] == "10.0.0.2:8"
 
 
+@pytest.mark.parametrize("addr, store_host", [("[fd00::2]:7100", "[fd00::2]:8"), ("[]:7100", None)])
+def test_rank0s_address_gives_the_store_host_or_a_reason(addr: str, store_host: str | None) -> None:
+    s = state({"a": "active", "b": "active"})
+    s = ClusterState(members=MappingProxyType({**s.members, "b": Member(addr, "active", 2, 8, True)}))
+    d = decide_view(s, ["b", "a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
+    if store_host is None:
+        assert not d.propose and "rank 0 (b) has no usable address" in d.reason
+    else:
+        assert d.payload["store_host"] == store_host
+
+
 def test_members_whose_worker_is_not_ready_do_not_train() -> None:
     s = state({"a": "active", "b": "active"})
     s = ClusterState(members=MappingProxyType({**s.members, "b": Member("h:2", "active", 2, 0, False)}))

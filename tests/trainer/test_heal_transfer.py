@@ -52,13 +52,17 @@ def _free_port() -> int:
 
 
 def build(seed: int, stepped: bool, width: int = 512) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Many small tensors (packed pieces), a BatchNorm buffer, and Adam with or without state."""
+    """Many small tensors (packed pieces), a BatchNorm buffer, and Adam with or without state.
+    A stepped build takes seeded gradients, not a backward pass: a matmul's float sums may differ
+    in the last bit from process to process (the math library picks its kernel by alignment, and
+    threads), and two donors meant to hold one lineage would then look forked (a CI run did)."""
     torch.manual_seed(seed)
     layers: list[torch.nn.Module] = [torch.nn.Linear(64, 64) for _ in range(20)]
     model = torch.nn.Sequential(*layers, torch.nn.BatchNorm1d(64), torch.nn.Linear(64, width), torch.nn.Linear(width, width))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     if stepped:
-        model(torch.randn(8, 64)).sum().backward()
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
         opt.step()
     return model, opt
 

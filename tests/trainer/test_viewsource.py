@@ -1,13 +1,17 @@
-import time
+"""The worker side of the local channel: views in, reports out, on the OS clock and on a fake one."""
 
 import pytest
 
+from dpeer.channel.local import SYSTEM
 from dpeer.trainer.viewsource import DirViewSource, View, make_view_source, publish_view, read_reports
+from tests.support.clocks import ManualClock
 
 
-def test_wait_view_returns_newest_after_generation(tmp_path):
+@pytest.mark.parametrize("clock", [SYSTEM, ManualClock()], ids=["system clock", "manual clock"])
+def test_wait_view_returns_newest_after_generation(tmp_path, clock):
+    """The same behaviour on the OS's clock and on the fake the other tests use."""
     d = str(tmp_path)
-    src = DirViewSource(d, "a")
+    src = DirViewSource(d, "a", clock)
     assert src.wait_view(-1, 0.0) is None
     publish_view(d, View(1, ["a", "b"], "127.0.0.1", 1234))
     publish_view(d, View(3, ["b", "a"], "127.0.0.1", 1235))
@@ -15,20 +19,20 @@ def test_wait_view_returns_newest_after_generation(tmp_path):
     assert v == View(3, ["b", "a"], "127.0.0.1", 1235)
     assert v.rank_of("a") == 1 and v.rank_of("z") is None
     assert src.wait_view(3, 0.0) is None
-    t0 = time.monotonic()
+    t0 = clock.now()
     assert src.wait_view(3, 0.1) is None
-    assert time.monotonic() - t0 >= 0.1
+    assert clock.now() - t0 >= 0.1
 
 
 def test_reports_are_appended(tmp_path):
     d = str(tmp_path)
-    src = DirViewSource(d, "a")
+    src = DirViewSource(d, "a", ManualClock(5.0))
     src.report_progress(3, 48, 0.5, "ab")
     src.report_failure("peer died", 2)
     src.wait_view(5, 0.01)
     kinds = [r["kind"] for r in read_reports(d, "a")]
     assert kinds == ["progress", "failure", "waiting"]
-    assert read_reports(d, "a")[1]["gen"] == 2
+    assert read_reports(d, "a")[1]["gen"] == 2 and {r["t"] for r in read_reports(d, "a")} == {5.0}
     assert read_reports(d, "nobody") == []
 
 
@@ -47,15 +51,15 @@ def test_a_peek_sees_a_view_published_with_an_unchanged_folder_mtime_within_the_
 
     from dpeer.channel.local import PEEK_RESCAN_S
 
-    d = str(tmp_path)
-    src = DirViewSource(d, "a")
+    d, clock = str(tmp_path), ManualClock()
+    src = DirViewSource(d, "a", clock)
     assert src.wait_view(-1, 0.0) is None
     views = os.path.join(d, "views")
     before = os.stat(views)
     publish_view(d, View(1, ["a"], "127.0.0.1", 1234))
     os.utime(views, ns=(before.st_atime_ns, before.st_mtime_ns))  # as if within one mtime tick
     assert src.wait_view(-1, 0.0) is None  # trusted the mtime
-    time.sleep(PEEK_RESCAN_S + 0.01)
+    clock.advance(PEEK_RESCAN_S + 0.01)
     assert src.wait_view(-1, 0.0) == View(1, ["a"], "127.0.0.1", 1234)
     publish_view(d, View(2, ["a"], "127.0.0.1", 1234))
     assert src.wait_view(1, 0.0).generation == 2  # a moved mtime is seen at once

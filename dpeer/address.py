@@ -1,0 +1,31 @@
+"""Network addresses as (host, port) values: parsed once from "host:port" text (a bracketed
+IPv6 host included) and written back the same way, instead of split and joined at each use.
+The log, the config and the wire keep the text form; code in between holds an Address."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Address(NamedTuple):
+    """A host (an IPv6 one without its brackets) and a port."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str, *, any_port: bool = False) -> Address:
+        """The address written as HOST:PORT or [IPV6]:PORT; ValueError saying why it is not one.
+        any_port: port 0 (the OS picks one) is allowed too."""
+        host, sep, port = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not sep or not host:
+            raise ValueError(f"{text!r} is not host:port")
+        if not port.isdigit() or not (0 if any_port else 1) <= int(port) <= 65535:
+            raise ValueError(f"{text!r}: the port must be a number in {0 if any_port else 1}-65535")
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        """HOST:PORT, with an IPv6 host in brackets."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
