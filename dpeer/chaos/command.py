@@ -10,10 +10,11 @@ import time
 from typing import Any
 
 from dpeer import chaos
-from dpeer.chaos.checks import check_liveness, check_protocol, check_training, protocol_notes
+from dpeer.chaos.checks import after_the_last_step, check_liveness, check_protocol, check_training, protocol_notes
 from dpeer.chaos.options import ChaosOptions, add_arguments, options_from, validate
 from dpeer.chaos.report import violations, write_report
 from dpeer.chaos.run import Run
+from dpeer.chaos.schedule import Fault
 
 
 def run_chaos(opts: ChaosOptions) -> int:
@@ -30,7 +31,7 @@ def run_chaos(opts: ChaosOptions) -> int:
     notes = {"acknowledged kv writes readable from every node":
              f"{len(run.acked)} acknowledged writes read back through every node",
              "every faulted node back in a group": f"{len(run.faults)} faults",
-             "training resumes after every fault (liveness)": f"{len(run.faults)} faults, limit {opts.max_recovery:.0f}s"}
+             "training resumes after every fault (liveness)": _liveness_note(run.faults, opts)}
     checks.update(check_protocol(run.samples))
     notes.update(protocol_notes(run.samples))
     rows, figures = check_training(run)
@@ -48,6 +49,13 @@ def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the run like Ctrl-C: every node is still stopped
 
 
+def _liveness_note(faults: list[Fault], opts: ChaosOptions) -> str:
+    """What the liveness check compared: the faults, the limit, and those it could not judge."""
+    last = after_the_last_step(faults, opts.steps)
+    late = f" ({len(last)} hit after the job's last step was committed: no step follows them)" if last else ""
+    return f"{len(faults) - len(last)} faults, limit {opts.max_recovery:.0f}s{late}"
+
+
 def _drive(run: Run) -> dict[str, list[str]]:
     """The run itself, then every node stopped (even on Ctrl-C); the kv and liveness checks."""
     checks: dict[str, list[str]] = {}
@@ -57,7 +65,7 @@ def _drive(run: Run) -> dict[str, list[str]]:
         except TimeoutError as exc:
             checks["cluster formed"] = [str(exc)]
         checks["acknowledged kv writes readable from every node"] = run.kv_check_result
-        checks.update(check_liveness(run.faults, run.opts.max_recovery))
+        checks.update(check_liveness(run.faults, run.opts.max_recovery, run.opts.steps))
     finally:
         for node in run.cluster.nodes:
             if node.node_id in run.stopped:
