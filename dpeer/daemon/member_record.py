@@ -54,10 +54,9 @@ class MemberRecordSync:
         self._next, self._sent = now + JOIN_RETRY, wanted
         self.task = asyncio.get_running_loop().create_task(self._update(wanted))
 
-    def _targets(self) -> list[str]:
+    def _targets(self, leader: str | None) -> list[str]:
         """Where an update may go, best first: the leader, the seeds, then the active members."""
         node = self.node
-        leader = node.addrs.get(node.leader_id or "")
         members = [m.addr for n, m in node.store.state.members.items() if n != node.id and m.status == "active"]
         return list(dict.fromkeys([a for a in [leader] if a] + self.seeds + members))
 
@@ -68,8 +67,8 @@ class MemberRecordSync:
         (a starting peer that knows no leader holds a request for seconds), and an address that
         failed is tried again after JOIN_RETRY (a seed that refused us may have been a moment
         from listening)."""
-        clock, order = self.node.clock, self._targets()
         leader = self.node.addrs.get(self.node.leader_id or "")
+        clock, order = self.node.clock, self._targets(leader)
         deadline = clock() + ROUND
         due = dict.fromkeys(order, clock())  # when each address may next be tried
         flying: dict[asyncio.Task, str] = {}
