@@ -29,6 +29,7 @@ from dpeer.consensus.force import ForceSide
 from dpeer.consensus.identity import IdentitySide
 from dpeer.consensus.log import RaftLog
 from dpeer.consensus.messages import (
+    LEADER_LEASE,
     AppendRequest,
     AppendResponse,
     RaftHeartbeat,
@@ -56,7 +57,7 @@ from dpeer.consensus.ready import (
     SoftState,
 )
 from dpeer.consensus.storage import Storage
-from dpeer.consensus.succession import successor_delay
+from dpeer.consensus.succession import LEASE_RETRY, successor_delay
 from dpeer.consensus.voting import (
     ChangeOp,
     VotingConfig,
@@ -99,6 +100,9 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         self._leader_contact = -math.inf
         self._lease = config.election_timeout_min
         self._hint: str | None = None  # the leader before a pre-vote, restored if it fails
+        self._lost: str | None = None  # the leader leader_lost() named, until it or a successor is heard
+        self._lost_at = -math.inf
+        self._lease_retry = 0.0  # the next wait before asking again voters that still hold its lease
         self._active_at = now
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
@@ -157,9 +161,10 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         if node != self.leader:
             return
         self._leader_contact = -math.inf
+        self._lost, self._lost_at = node, now
+        self._lease_retry = self.cfg.heartbeat_interval * LEASE_RETRY
         self._election_deadline = min(self._election_deadline, now + successor_delay(
-            self.membership.voters, self.id, node, self.cfg.heartbeat_interval, self.cfg.election_timeout_min,
-            self._rng.random()))
+            self.membership.voters, self.id, node, self.cfg.election_timeout_min, self._rng.random()))
 
     def step(self, now: float, sender: Peer, msg: Message, to_uid: str) -> None:
         """Handle one message from sender, meant for the store to_uid; raises InvalidRaftMessage on
@@ -315,7 +320,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         """Adopt a higher term unless it is a (pre-)vote we must not let disrupt us."""
         if isinstance(msg, VoteRequest):
             if self._in_lease():
-                self._reply(VoteResponse(self.term, False, msg.pre_vote, "leader_lease"))
+                self._reply(VoteResponse(self.term, False, msg.pre_vote, LEADER_LEASE))
                 return False
             if not msg.pre_vote:
                 self._become_follower(msg.term, None)
@@ -412,6 +417,20 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         if src in self.membership.voters:
             self._votes.setdefault(src, m.granted)
             self._tally()
+            if pre and not m.granted and m.reason == LEADER_LEASE:
+                self._retry_after_lease(src)
+
+    def _retry_after_lease(self, src: str) -> None:
+        """A voter refused our pre-vote because it still holds the lost leader's lease: its own
+        detector has not caught up yet (we campaign the moment ours did), so ask again soon, with
+        doubling waits, until election_timeout_min after the verdict, when every such lease has
+        run out anyway. The lost leader's own refusal proves the verdict wrong: no retry."""
+        if src == self._lost or self._leader_contact >= self._lost_at:
+            self._lost = None
+        if self._lost is None or self._now + self._lease_retry > self._lost_at + self.cfg.election_timeout_min:
+            return
+        self._election_deadline = min(self._election_deadline, self._now + self._lease_retry)
+        self._lease_retry *= 2
 
     def _tally(self) -> None:
         voters = self.membership.voters

@@ -76,6 +76,9 @@ class VoteRequest:
             raise InvalidRaftMessage("a vote request needs a term >= 1 and a bool pre_vote")
 
 
+LEADER_LEASE = "leader_lease"  # a VoteResponse's reason: the voter still hears a leader (or is one)
+
+
 @dataclass(frozen=True)
 class VoteResponse:
     """The answer to a VoteRequest; a granted pre-vote echoes the requested term."""

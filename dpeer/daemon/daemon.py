@@ -46,7 +46,7 @@ from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.membership import HeartbeatObserved
 from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.state import ApplyResult, JobState
+from dpeer.statemachine.state import ApplyResult, JobState, MemberStatus
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.daemon")
@@ -368,7 +368,7 @@ class Daemon:
         self.record(now, self.leaving)
         self._report_no_leader()
         member = self.store.state.members.get(self.node_id)
-        if not self.joined and member is not None and member.status == "active":
+        if not self.joined and member is not None and member.status is MemberStatus.ACTIVE:
             self.joined = True
             log.info("joined the cluster as an active member")
             self.notifier.ready(f"member of a cluster of {len(self.store.state.members)}")
@@ -396,7 +396,7 @@ class Daemon:
         """Push-pull with committed active members that gossip does not know (missed joins, reaped
         after a long partition), so the log's membership and gossip's converge."""
         unknown = [m.addr for n, m in self.store.state.members.items()
-                   if m.status == "active" and n != self.node_id and self.node.swim.state_of(n) is None]
+                   if m.status is MemberStatus.ACTIVE and n != self.node_id and self.node.swim.state_of(n) is None]
         if unknown:
             self.node.join_seeds(unknown)
 

@@ -89,7 +89,7 @@ class LeaderChores:
         """The next entry this leader should propose, or None."""
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
-        wanted = ("active", node.addr, self.self_store_port(), self.self_ready(), node.store.uid)
+        wanted = (MemberStatus.ACTIVE, node.addr, self.self_store_port(), self.self_ready(), node.store.uid)
         if (me is None or (me.status, me.addr, me.store_port, me.ready, me.uid) != wanted) and not self.self_leaving():
             payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3],
                        "uid": wanted[4]}

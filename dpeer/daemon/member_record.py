@@ -17,6 +17,7 @@ from dpeer import errors
 from dpeer.consensus import Role
 from dpeer.daemon.node import Node
 from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.state import MemberStatus
 from dpeer.transport.api import Transport
 
 log = logging.getLogger("dpeer.daemon")
@@ -39,7 +40,7 @@ class MemberRecordSync:
 
     def wanted(self) -> Record:
         """Our member record as it should read now."""
-        return ("active", self.node.addr, self.store_port(), self.ready(), self.node.store.uid)
+        return (MemberStatus.ACTIVE, self.node.addr, self.store_port(), self.ready(), self.node.store.uid)
 
     def __call__(self, now: float, leaving: bool) -> None:
         """Start an update if our record is out of date and we do not lead (nor leave)."""
@@ -57,7 +58,7 @@ class MemberRecordSync:
     def _targets(self, leader: str | None) -> list[str]:
         """Where an update may go, best first: the leader, the seeds, then the active members."""
         node = self.node
-        members = [m.addr for n, m in node.store.state.members.items() if n != node.id and m.status == "active"]
+        members = [m.addr for n, m in node.store.state.members.items() if n != node.id and m.status is MemberStatus.ACTIVE]
         return list(dict.fromkeys([a for a in [leader] if a] + self.seeds + members))
 
     async def _update(self, wanted: Record) -> None:

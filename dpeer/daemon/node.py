@@ -44,7 +44,7 @@ from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CommittedEntryError, CorruptState
 from dpeer.statemachine.snapshot import decode_snapshot
-from dpeer.statemachine.state import ApplyResult
+from dpeer.statemachine.state import ApplyResult, MemberStatus
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.node")
@@ -88,7 +88,7 @@ class Node:
         self.raft_config = replace(timing.raft, max_voters=max_voters)
         self.raft = RaftNode(node_id, self.storage, self.raft_config, rng, now)
         known = [MemberRecord(n, m.addr, MemberState.ALIVE, 0) for n, m in store.state.members.items()
-                 if n != node_id and m.status == "active"]
+                 if n != node_id and m.status is MemberStatus.ACTIVE]
         self.swim = Membership(node_id, addr, timing.membership, rng, now, known=known)
         self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
         self.addrs[node_id] = addr
@@ -271,8 +271,11 @@ class Node:
         role = Role(name)
         if (leader, role) != (self.leader_id, self.role):
             log.info("role %s, leader %s", role.value, leader)
+            new_leader = leader is not None and leader != self.leader_id
             self.leader_id, self.role = leader, role
             self.poke()
+            if new_leader:  # a failure report owed to the new leader, or its first view: not a chore period later
+                self.chores_now()
         if role is not Role.LEADER:
             for fut in list(self._reads.values()):
                 if not fut.done():

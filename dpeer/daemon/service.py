@@ -25,7 +25,7 @@ from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE, EntryKind
 from dpeer.statemachine.errors import Compacted
-from dpeer.statemachine.state import JobState
+from dpeer.statemachine.state import JobState, MemberStatus
 from dpeer.statemachine.meta import valid_uid
 
 log = logging.getLogger("dpeer.service")
@@ -133,7 +133,7 @@ class Service:
 
     async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
         member = self.node.store.state.members.get(request.node_id)
-        wanted = ("active", request.addr, request.store_port, request.ready, request.uid)
+        wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid)
         if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
             payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port,
                        "ready": request.ready, "uid": request.uid}
@@ -157,7 +157,7 @@ class Service:
         """On the leader: commit member_left for node_id unless it is no longer active, then its
         removal from the configuration; neither while that removal would leave no live quorum."""
         await self._until_removable(node_id)
-        if getattr(self.node.store.state.members.get(node_id), "status", None) == "active":
+        if getattr(self.node.store.state.members.get(node_id), "status", None) is MemberStatus.ACTIVE:
             await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": node_id}, COMMAND_TIMEOUT)
         await self._remove_from_configuration(node_id)
 
@@ -225,7 +225,7 @@ class Service:
             raise BadRequest("digest must be a lowercase sha256 hex string of 64 characters")
         if not 0 < request.step < MAX_STEP:
             raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
-        if getattr(self.node.store.state.members.get(request.node_id), "status", None) != "active":
+        if getattr(self.node.store.state.members.get(request.node_id), "status", None) is not MemberStatus.ACTIVE:
             raise BadRequest(f"{request.node_id!r} is not an active member of this cluster")
         held = Held(request.step, request.digest, request.final)
 
@@ -259,7 +259,7 @@ class Service:
         commands to us in the names of the callers it took them from."""
         state = self.node.store.state
         member = state.members.get(node_id)
-        return node_id in state.voters + state.learners or getattr(member, "status", None) == "active"
+        return node_id in state.voters + state.learners or getattr(member, "status", None) is MemberStatus.ACTIVE
 
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""

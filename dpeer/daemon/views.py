@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from dpeer.address import Address
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, JobState, Member
+from dpeer.statemachine.state import ClusterState, JobState, Member, MemberStatus
 
 
 _AWAY = (MemberState.SUSPECT, MemberState.DEAD)
@@ -53,11 +53,11 @@ def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> 
         seen = observed[node_id]
         member = state.members.get(node_id)
         status = member.status if member is not None else None
-        if seen.state is MemberState.DEAD and status == "active":
+        if seen.state is MemberState.DEAD and status is MemberStatus.ACTIVE:
             return Decision(EntryKind.MEMBER_DEAD, {"node_id": node_id}, f"{node_id} is dead by gossip")
-        if seen.state is MemberState.LEFT and status == "active":
+        if seen.state is MemberState.LEFT and status is MemberStatus.ACTIVE:
             return Decision(EntryKind.MEMBER_LEFT, {"node_id": node_id}, f"{node_id} left")
-        if seen.state is MemberState.ALIVE and member is not None and status == "dead":
+        if seen.state is MemberState.ALIVE and member is not None and status is MemberStatus.DEAD:
             return Decision(EntryKind.MEMBER_JOINED, _back_alive(node_id, seen.addr, member),
                             f"{node_id} is alive again")
     return _none("committed member statuses match gossip")
@@ -82,7 +82,7 @@ def plan_voters(
     take its place (so a quorum of live voters remains)."""
     voters, learners = list(state.voters), list(state.learners)
     status = {n: m.status for n, m in state.members.items()}
-    gone = [n for n in voters + learners if status.get(n) == "left" and voters != [n]]
+    gone = [n for n in voters + learners if status.get(n) is MemberStatus.LEFT and voters != [n]]
     if gone:
         return _change("remove", gone[0], f"{gone[0]} left the cluster")
     for n in voters + learners:
@@ -90,11 +90,11 @@ def plan_voters(
         if member is not None and old is not None and member.uid not in ("", old) and voters != [n]:
             return _change("remove", n, f"{n} came back on a new disk (store {member.uid[:8]}, the configuration "
                            f"names {str(old)[:8]}): its old identity is removed, the new one joins as a learner")
-    newcomers = sorted(n for n, s in status.items() if s == "active" and n not in voters + learners)
+    newcomers = sorted(n for n, s in status.items() if s is MemberStatus.ACTIVE and n not in voters + learners)
     if newcomers:
         uid = state.members[newcomers[0]].uid
         return _change("add_learner", newcomers[0], f"{newcomers[0]} joins as a learner", uid)
-    healthy = [x for x in learners if _alive(observed, x) and status.get(x) == "active"]
+    healthy = [x for x in learners if _alive(observed, x) and status.get(x) is MemberStatus.ACTIVE]
     if healthy and len(voters) < max_voters:
         return _change("promote", healthy[0], f"promote {healthy[0]}: {len(voters)} voters of at most {max_voters}")
     long_dead = [v for v in voters if _dead_for(observed, v, now) >= grace]
@@ -140,7 +140,7 @@ def training_members(state: ClusterState, observed: Mapping[str, Observed], fail
     """
     current = list(state.view.members) if state.view is not None else []
     failed = _group_failed(state, failed_generation)
-    newcomers = sorted(n for n, m in state.members.items() if m.status == "active" and n not in current)
+    newcomers = sorted(n for n, m in state.members.items() if m.status is MemberStatus.ACTIVE and n not in current)
     members: list[str] = []
     notes: list[str] = []
     for node_id in current + newcomers:
@@ -160,7 +160,7 @@ def _fits(
     seen = observed.get(node_id)
     gossip = seen.state if seen is not None else None
     verb = "dropped" if in_view else "waits"
-    if member is None or member.status != "active":
+    if member is None or member.status is not MemberStatus.ACTIVE:
         return False, f"{node_id} dropped: {member.status if member is not None else 'not a member'}"
     if not member.ready:
         return False, f"{node_id} {verb}: its worker is not ready"

@@ -13,6 +13,7 @@ from raft_helpers import CFG, RaftNet, kv
 from dpeer.consensus import Role
 from dpeer.consensus.messages import RaftHeartbeat, VoteRequest, VoteResponse
 from dpeer.consensus.replication import IDLE_AFTER_BEATS
+from dpeer.consensus.succession import LEASE_RETRY
 from dpeer.statemachine.entry import EntryKind
 
 IDLE = replace(CFG, learner_heartbeat_interval=0.5, idle_heartbeat_interval=0.5,
@@ -113,16 +114,54 @@ def test_an_idle_follower_keeps_the_lease_against_a_disruptive_pre_vote() -> Non
     assert net.leaders() == ["a"]
 
 
-def test_leader_lost_makes_the_first_successor_campaign_within_half_a_beat_and_the_next_a_slot_later() -> None:
+def test_leader_lost_makes_the_first_successor_campaign_at_once_and_the_next_a_slot_later() -> None:
     net = _idle_net()
     net.isolate("a")
     slot = IDLE.election_timeout_min / 2
     for n, place in (("b", 0), ("c", 1)):
         net.nodes[n].leader_lost(net.now, "a")
         wait = net.nodes[n].next_deadline() - net.now
-        assert IDLE.heartbeat_interval / 2 + place * slot - 1e-9 <= wait <= IDLE.heartbeat_interval / 2 + place * slot + 1e-9
-    net.run(IDLE.heartbeat_interval / 2 + slot / 4 + 0.05, nodes=["b", "c"])
+        assert place * slot - 1e-9 <= wait <= place * slot + 1e-9
+    net.run(slot / 4 + 0.05, nodes=["b", "c"])
     assert [n for n in "bc" if net.nodes[n].role is Role.LEADER] == ["b"]
+
+
+def test_a_pre_vote_refused_for_a_lease_the_voter_still_holds_is_asked_again_soon() -> None:
+    net = _idle_net()
+    net.isolate("a")
+    net.nodes["b"].leader_lost(net.now, "a")  # b's detector saw it first; c still holds a's lease
+    net.run(0.001, nodes=["b", "c"])
+    refused = [m for _, m in net.sent("c", VoteResponse)]
+    assert refused and refused[-1].reason == "leader_lease" and net.nodes["b"].role is not Role.LEADER
+    first_retry = IDLE.heartbeat_interval * LEASE_RETRY
+    assert net.nodes["b"].next_deadline() - net.now <= first_retry + 1e-9
+    net.nodes["c"].leader_lost(net.now, "a")  # c's detector catches up
+    net.run(first_retry + 0.01, nodes=["b", "c"])
+    assert net.nodes["b"].role is Role.LEADER
+
+
+def test_lease_retries_double_and_end_once_every_lease_has_run_out() -> None:
+    net = _idle_net()
+    net.cut |= {("a", "b"), ("b", "a")}  # b cannot hear a; c still does and keeps refusing
+    net.nodes["b"].leader_lost(net.now, "a")
+    start, asked = net.now, []
+    while net.now - start < 1.5 * IDLE.election_timeout_min:  # bounded: each turn moves the clock
+        before = len(net.sent("b", VoteRequest))
+        net.run(0.001, nodes=["b", "c"])
+        if len(net.sent("b", VoteRequest)) > before:
+            asked.append(net.now)
+    gaps = [round(b - a, 3) for a, b in zip(asked, asked[1:])]
+    assert len(asked) >= 4 and all(g2 >= 1.9 * g1 for g1, g2 in zip(gaps, gaps[1:])), gaps
+    assert asked[-1] - start <= IDLE.election_timeout_min + 0.001  # then the usual election timer
+    assert net.leaders() == ["a"]
+
+
+def test_the_lost_leaders_own_refusal_ends_the_retries() -> None:
+    net = _idle_net()
+    net.nodes["b"].leader_lost(net.now, "a")  # a wrong verdict: a is alive and answers
+    net.run(IDLE.election_timeout_min, nodes=["a", "b", "c"])
+    assert len([m for _, m in net.sent("b", VoteRequest) if m.pre_vote]) == 2  # one round, to a and c
+    assert net.leaders() == ["a"]
 
 
 def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
@@ -131,7 +170,7 @@ def test_the_next_successor_wins_when_the_first_is_dead_too() -> None:
     net.isolate("b")
     for n in "cde":
         net.nodes[n].leader_lost(net.now, "a")
-    net.run(IDLE.heartbeat_interval / 2 + 1.25 * IDLE.election_timeout_min / 2 + 0.05, nodes=["c", "d", "e"])
+    net.run(1.25 * IDLE.election_timeout_min / 2 + 0.05, nodes=["c", "d", "e"])
     assert [n for n in "cde" if net.nodes[n].role is Role.LEADER] == ["c"]
 
 
