@@ -41,12 +41,13 @@ def free_port() -> int:
 
 def run_group(world: int, reduction: str, steps: int, options: dict[str, str], root: Path) -> list[float]:
     """Train `steps` steps with `world` workers in one fixed view; the gaps between committed steps (s)."""
-    from dpeer.trainer.viewsource import View, publish_view, read_reports
+    from dpeer.address import Address
+    from dpeer.trainer.viewsource import Assignment, View, publish_view, read_reports
 
     views = root / f"views-{reduction}-{time.monotonic_ns()}"
     views.mkdir(parents=True)
     nodes = [f"w{i}" for i in range(world)]
-    publish_view(str(views), View(1, nodes, "127.0.0.1", free_port()))
+    publish_view(str(views), Assignment(View(1, tuple(nodes), Address("127.0.0.1", free_port()))))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     procs = []
     for node in nodes:

@@ -15,8 +15,11 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Protocol
+
+from dpeer.address import Address
+from dpeer.view import View
 
 POLL_INTERVAL_S = 0.005
 # A training worker peeks for a newer view every step; the folder is scanned only when its mtime
@@ -61,33 +64,29 @@ SYSTEM = SystemClock()
 
 
 @dataclass(frozen=True)
-class View:
-    """A committed group view: generation, members in rank order, rendezvous store address, and
-    the newest committed checkpoint (step 0 for none) a restarted worker resumes from; the
-    generation's secret (rendezvous keys and heal key derive from it; "" for none) and the address
-    this node's data plane binds ("" for the store host's own rule)."""
+class Assignment:
+    """What a worker is handed for a generation: the committed view, the newest committed
+    checkpoint (step 0 for none) a restarted worker resumes from, and the address this node's
+    data plane binds ("" for the store host's own rule)."""
 
-    generation: int
-    members: list[str]
-    store_host: str
-    store_port: int
+    view: View
     checkpoint_step: int = 0
     checkpoint_digest: str = ""
-    secret: str = ""
     bind_host: str = ""
 
-    def rank_of(self, node_id: str) -> int | None:
-        """This node's rank in the view, or None when it is not a member."""
-        return self.members.index(node_id) if node_id in self.members else None
-
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        """The view file's text (the store address as host and port, the format workers read)."""
+        v = self.view
+        return json.dumps({"generation": v.generation, "members": list(v.members), "store_host": v.store.host,
+                           "store_port": v.store.port, "secret": v.secret, "checkpoint_step": self.checkpoint_step,
+                           "checkpoint_digest": self.checkpoint_digest, "bind_host": self.bind_host}, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "View":
+    def from_json(cls, text: str) -> "Assignment":
         d = json.loads(text)
-        return cls(int(d["generation"]), [str(m) for m in d["members"]], str(d["store_host"]), int(d["store_port"]),
-                   int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")), str(d.get("secret", "")),
+        view = View(int(d["generation"]), tuple(str(m) for m in d["members"]),
+                    Address(str(d["store_host"]), int(d["store_port"])), str(d.get("secret", "")))
+        return cls(view, int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")),
                    str(d.get("bind_host", "")))
 
 
@@ -103,11 +102,12 @@ def _atomic_write(path: str, text: str, durable: bool = True) -> None:
     os.replace(tmp, path)
 
 
-def publish_view(directory: str, view: View) -> None:
-    """Atomically publish a view into a ``DirViewSource`` directory (the test's view authority)."""
+def publish_view(directory: str, assignment: Assignment) -> None:
+    """Atomically publish a generation's assignment into a ``DirViewSource`` directory (the daemon,
+    or a test as the view authority)."""
     views = os.path.join(directory, "views")
     os.makedirs(views, exist_ok=True)
-    _atomic_write(os.path.join(views, f"view-{view.generation:012d}.json"), view.to_json())
+    _atomic_write(os.path.join(views, f"view-{assignment.view.generation:012d}.json"), assignment.to_json())
 
 
 def publish_checkpoint(directory: str, step: int, digest: str) -> None:
@@ -224,7 +224,7 @@ class DirViewSource:
         self._scanned = (mtime, now)
         return False
 
-    def wait_view(self, after_generation: int, timeout: float) -> View | None:
+    def wait_view(self, after_generation: int, timeout: float) -> Assignment | None:
         if timeout > 0:
             self._append({"kind": "waiting", "after": after_generation})
         elif self._unchanged():
@@ -234,7 +234,7 @@ class DirViewSource:
             newest = self._newest_generation()
             if newest > after_generation:
                 with open(os.path.join(self._views, f"view-{newest:012d}.json")) as f:
-                    return View.from_json(f.read())
+                    return Assignment.from_json(f.read())
             if self.clock.now() >= deadline:
                 return None
             self.clock.sleep(POLL_INTERVAL_S)

@@ -31,7 +31,7 @@ def group(node: Node) -> dict[str, Any] | None:
     if view is None or node.id not in view.members:
         return None
     return {"generation": view.generation, "world_size": len(view.members),
-            "rank": view.members.index(node.id), "members": list(view.members), "store_host": view.store_host}
+            "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store)}
 
 
 def checkpoint(node: Node) -> dict[str, Any] | None:

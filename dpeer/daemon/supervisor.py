@@ -24,10 +24,10 @@ from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure, note_failure, one_line
 from dpeer.daemon.spare import WarmSpare
-from dpeer.channel.local import ReportTail, View, publish_checkpoint, publish_view
+from dpeer.channel.local import Assignment, ReportTail, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
 from dpeer.statemachine.state import Checkpoint
-from dpeer.statemachine.state import CommittedView
+from dpeer.view import View
 
 log = logging.getLogger("dpeer.worker")
 # Seconds before restarting a worker that exited, by how many exits in a row came without a
@@ -87,7 +87,7 @@ class Worker(Protocol):
     def take_recoveries(self) -> list[float]:
         """Recovery times since the last call."""
 
-    def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
+    def publish(self, view: View, checkpoint: Checkpoint | None = None) -> None:
         """Hand a committed view to the worker."""
 
     def publish_checkpoint(self, checkpoint: Checkpoint) -> None:
@@ -214,12 +214,10 @@ class WorkerSupervisor:
         if self.events is not None:
             self.events.worker_spawned(self.proc.pid)
 
-    def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
+    def publish(self, view: View, checkpoint: Checkpoint | None = None) -> None:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
-        host, port = Address.parse(view.store_host, any_port=True)
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
-        publish_view(str(self.dir), View(view.generation, list(view.members), host, port, step, digest,
-                                         view.secret, self.store_bind[0]))
+        publish_view(str(self.dir), Assignment(view, step, digest, self.store_bind[0]))
         if self.proc is not None:
             self.given_generation = view.generation
 

@@ -14,9 +14,11 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 import msgpack
 
+from dpeer.address import Address
 from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
 from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
+from dpeer.view import View
 
 STATE_VERSION = 1
 CONTROL_MODES = ("running", "paused", "draining")
@@ -48,17 +50,6 @@ class Member:
     def __post_init__(self) -> None:
         """Take a status by its value too ("active"); an unknown one raises ValueError."""
         object.__setattr__(self, "status", MemberStatus(self.status))
-
-
-@dataclass(frozen=True, slots=True)
-class CommittedView:
-    """A training group view: one per generation, members in rank order, the rendezvous host, and
-    the random secret the leader drew for the generation's rendezvous ("" when none was drawn)."""
-
-    generation: int
-    members: tuple[str, ...]
-    store_host: str
-    secret: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +97,7 @@ class ClusterState:
     members: Mapping[str, Member] = field(default_factory=lambda: _EMPTY)
     voters: tuple[str, ...] = ()
     learners: tuple[str, ...] = ()
-    view: CommittedView | None = None
+    view: View | None = None
     checkpoint: Checkpoint | None = None
     kv: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     control: str = "running"
@@ -206,7 +197,8 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
     absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
-    w.view = CommittedView(p["generation"], tuple(p["members"]), p["store_host"], p.get("secret", ""))
+    w.view = View(p["generation"], tuple(p["members"]), Address.parse(p["store_host"], any_port=True),
+                  p.get("secret", ""))
     return ""
 
 
@@ -273,7 +265,7 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
                     for k, m in s.members.items()},
         "voters": list(s.voters),
         "learners": list(s.learners),
-        "view": None if s.view is None else [s.view.generation, list(s.view.members), s.view.store_host,
+        "view": None if s.view is None else [s.view.generation, list(s.view.members), str(s.view.store),
                                              s.view.secret],
         "checkpoint": None
         if s.checkpoint is None
@@ -322,7 +314,11 @@ def _from_dict(d: Any) -> ClusterState:
     if d["view"] is not None:
         gen, vmembers, host, secret = d["view"]
         _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
-        view = CommittedView(gen, _ids(vmembers), host, secret)
+        try:
+            store = Address.parse(host, any_port=True)
+        except ValueError as exc:
+            raise CorruptState(f"cluster state is malformed: view store address: {exc}") from None
+        view = View(gen, _ids(vmembers), store, secret)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

@@ -30,7 +30,8 @@ def run_check() -> list[str]:
     from dpeer.trainer.loop import JobContext, LoopConfig, Trainer
     from dpeer.trainer.sampler import GlobalBatchSampler
     from dpeer.trainer.state import params_digest
-    from dpeer.trainer.viewsource import DirViewSource, View, publish_view
+    from dpeer.address import Address
+    from dpeer.trainer.viewsource import Assignment, DirViewSource, View, publish_view
 
     problems: list[str] = []
     device = torch.device("cuda", 0)
@@ -39,7 +40,7 @@ def run_check() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         spec = demo.build(JobContext("gpu0", device, {"steps": 20, "global_batch": 32, "micro_batch": 8}))
         source = DirViewSource(tmp, "gpu0")
-        publish_view(tmp, View(1, ["gpu0"], "127.0.0.1", port))
+        publish_view(tmp, Assignment(View(1, ("gpu0",), Address("127.0.0.1", port))))
         t0 = time.monotonic()
         trainer = Trainer(spec, source, "gpu0", LoopConfig(init_timeout=60.0, idle_limit=60.0))
         step = trainer.run()
@@ -53,7 +54,7 @@ def run_check() -> list[str]:
         before = params_digest(spec.model)
         for gen in (2, 3):
             t1 = time.monotonic()
-            m = gm.form(View(gen, ["gpu0"], "127.0.0.1", port + 1))
+            m = gm.form(View(gen, ("gpu0",), Address("127.0.0.1", port + 1)))
             for s in range(5):
                 idx = sampler.indices_for_step(100 * gen + s)
                 x, y = demo.collate([spec.dataset[i] for i in idx])

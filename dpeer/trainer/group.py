@@ -1,7 +1,7 @@
 """Process-group (re)formation in place, one generation at a time.
 
 A TCPStore outlives the groups: the worker of the view's first member hosts it on
-``store_host:store_port`` (bound to exactly its own configured address), the others keep one client
+``view.store`` (bound to exactly its own configured address), the others keep one client
 connection per store address. Each generation rendezvous under its own prefix (a reused prefix
 hangs, pytorch#55967), ``gen{g}`` plus a tag derived from the generation's secret, so only members
 can write the keys the group forms from; Gloo binds the configured address only. Re-forming drops every reference to the old group, destroys it and
@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from dpeer.trainer.viewsource import View
+from dpeer.view import View
 
 EXIT_RESTART = 75
 RENDEZVOUS_POLL_S = 0.002
@@ -232,8 +232,9 @@ class GroupManager:
         if prefix.compare_set("sealed", "", "go") != b"go":
             raise Superseded(f"generation {view.generation} was abandoned by a member before it formed")
 
-    def form(self, view: View, superseded: Callable[[], bool] = lambda: False) -> GroupSeat:
-        """Destroy any current group and form the one of ``view`` (this node must be a member).
+    def form(self, view: View, superseded: Callable[[], bool] = lambda: False, bind_host: str = "") -> GroupSeat:
+        """Destroy any current group and form the one of ``view`` (this node must be a member); the
+        data plane binds ``bind_host`` ("" for the store host's own rule).
 
         ``superseded`` is polled while waiting for the other members; returning True abandons
         this generation (a newer view was committed) instead of waiting out the init timeout.
@@ -243,18 +244,18 @@ class GroupManager:
         if rank is None:
             raise GroupError(f"{self.node_id} is not a member of generation {view.generation}")
         backend = self.backend
-        if self.backend == "gloo" and view.bind_host:
-            backend = _BoundGloo.on(view.bind_host)
-        elif self.backend == "gloo" and view.store_host in _LOOPBACK:
+        if self.backend == "gloo" and bind_host:
+            backend = _BoundGloo.on(bind_host)
+        elif self.backend == "gloo" and view.store.host in _LOOPBACK:
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         if self.backend == "nccl":
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         deadline = time.monotonic() + self.init_timeout
         if rank == 0:
-            store = self._host_store(view.bind_host or view.store_host, view.store_port)
+            store = self._host_store(bind_host or view.store.host, view.store.port)
         else:
-            store = self._client_store(view.store_host, view.store_port, deadline, superseded)
+            store = self._client_store(view.store.host, view.store.port, deadline, superseded)
         prefix = dist.PrefixStore(rendezvous_prefix(view), store)
         failure: GroupError | None = None
         try:
@@ -273,7 +274,7 @@ class GroupManager:
             self.destroy()
             raise failure
         heal_key = derive(view.secret, "heal", view.generation) if view.secret else b""
-        self.membership = GroupSeat(view.generation, rank, len(view.members), tuple(view.members), heal_key)
+        self.membership = GroupSeat(view.generation, rank, len(view.members), view.members, heal_key)
         self.set_timeout(self._collective_timeout)
         return self.membership
 

@@ -29,7 +29,7 @@ from dpeer.trainer.heal import HealProgress, HealSession, heal
 from dpeer.trainer.jobspec import RUN_DEFAULTS, LossReduction, T, option
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep, Reduction, Trained
-from dpeer.trainer.viewsource import View, ViewSource
+from dpeer.trainer.viewsource import Assignment, ViewSource
 
 
 STEP_TIME_WINDOW = 200
@@ -149,7 +149,7 @@ class Trainer:
         self.generation = -1
         self.step_times: list[float] = []
         self.last_loss = float("nan")
-        self._newest: View | None = None
+        self._newest = -1  # the newest generation a peek saw during this one
         self._timeout = self.cfg.init_timeout
         self._collate = spec.collate or default_collate
         self._resumed_for: tuple[int, str] = (0, "")
@@ -265,11 +265,10 @@ class Trainer:
         return blob
 
     def _peek_newest(self) -> int:
-        seen = max(self.generation, self._newest.generation if self._newest else -1)
+        seen = max(self.generation, self._newest)
         newer = self.source.wait_view(seen, 0.0)
         if newer is not None:
-            self._newest = newer
-            seen = newer.generation
+            self._newest = seen = newer.view.generation
         return seen
 
     def _adapt_timeout(self) -> None:
@@ -345,19 +344,20 @@ class Trainer:
         self._checkpoint(digest)
         return should_switch(m.generation, red.newest_seen_by_rank).switch
 
-    def _run_generation(self, view: View) -> Failure | None:
-        """Form, heal and train in ``view``; returns the failure, or None (done or switching).
+    def _run_generation(self, given: Assignment) -> Failure | None:
+        """Form, heal and train in the ``given`` view; returns the failure, or None (done or switching).
 
         Any exception ends the generation, not the worker: a collective's is transient (a peer
         died or hung), and one from the job's code is reported so the leader can tell a broken
         job (the same error at the same step again and again) from bad luck."""
-        failure = None
+        failure, view = None, given.view
         try:
             t0 = time.monotonic()
-            m = self.group.form(view, lambda: self._peek_newest() > view.generation)
+            m = self.group.form(view, lambda: self._peek_newest() > view.generation, given.bind_host)
             t_formed = time.monotonic()
             self.group.set_timeout(self.cfg.init_timeout)
-            vouched = view.checkpoint_step > 0 and self._lineage.get(view.checkpoint_step) == view.checkpoint_digest
+            vouched = (given.checkpoint_step > 0
+                       and self._lineage.get(given.checkpoint_step) == given.checkpoint_digest)
             result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
                           vouched=vouched, session=self._heal)
             self._timeout = self.cfg.init_timeout
@@ -397,18 +397,19 @@ class Trainer:
         started_at = self.step
         try:
             while self.step < self.spec.steps:
-                view = self.source.wait_view(self.generation, self.cfg.view_wait)
-                self._newest = None
-                if view is None:
+                given = self.source.wait_view(self.generation, self.cfg.view_wait)
+                self._newest = -1
+                if given is None:
                     if time.monotonic() - idle_since > self.cfg.idle_limit:
                         raise TimeoutError(f"no usable view for {self.cfg.idle_limit:.0f}s")
                     continue
+                view = given.view
                 self.generation = view.generation
                 if view.rank_of(self.node_id) is None:
                     continue
-                if not self._planned or view.checkpoint_step > self._resumed_for[0]:
-                    self._resume((view.checkpoint_step, view.checkpoint_digest))
-                failure = self._run_generation(view)
+                if not self._planned or given.checkpoint_step > self._resumed_for[0]:
+                    self._resume((given.checkpoint_step, given.checkpoint_digest))
+                failure = self._run_generation(given)
                 if failure is not None:  # the leader first: tearing the group down takes 10-20 ms
                     self.source.report_failure(f"generation {view.generation} at step {failure.step}: {failure.error}",
                                                view.generation, phase=failure.phase, step=failure.step,

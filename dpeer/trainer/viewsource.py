@@ -10,17 +10,19 @@ from __future__ import annotations
 import importlib
 from typing import Protocol, runtime_checkable
 
-from dpeer.channel.local import DirViewSource, View, publish_view, read_reports
+from dpeer.channel.local import Assignment, DirViewSource, publish_view, read_reports
+from dpeer.view import View
 
-__all__ = ["DirViewSource", "View", "ViewSource", "make_view_source", "publish_view", "read_reports"]
+__all__ = ["Assignment", "DirViewSource", "View", "ViewSource", "make_view_source", "publish_view", "read_reports"]
 
 
 @runtime_checkable
 class ViewSource(Protocol):
     """What the daemon offers the worker over its local channel."""
 
-    def wait_view(self, after_generation: int, timeout: float) -> View | None:
-        """Block up to ``timeout`` seconds for the newest committed view with a higher generation."""
+    def wait_view(self, after_generation: int, timeout: float) -> Assignment | None:
+        """Block up to ``timeout`` seconds for the newest committed view with a higher generation
+        (with where to resume and which address to bind)."""
 
     def report_failure(self, reason: str, generation: int, phase: str = "group", step: int = 0,
                        error: str = "") -> None:

@@ -1,6 +1,6 @@
 """The whole-cluster simulation over many seeds: every seed's schedule must keep every invariant.
 
-DPEER_HOUSE_SEEDS seeds per run (default 1000), spread over the CPUs; DPEER_SLOW=1 runs 100000.
+DPEER_HOUSE_SEEDS seeds per run (default 2000), spread over the CPUs; DPEER_SLOW=1 runs 100000.
 A failing seed prints the one command that replays it with the daemons' logs.
 """
 
@@ -27,7 +27,7 @@ def _one(seed: int) -> tuple[int, str | None, list[str], float]:
 def _seeds() -> int:
     if os.environ.get("DPEER_SLOW") == "1":
         return 100_000
-    return int(os.environ.get("DPEER_HOUSE_SEEDS", "1000"))
+    return int(os.environ.get("DPEER_HOUSE_SEEDS", "2000"))
 
 
 @pytest.mark.timeout(0 if os.environ.get("DPEER_SLOW") == "1" else 1800)

@@ -19,7 +19,8 @@ from typing import Any, Callable
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure
 from dpeer.daemon.supervisor import RESTART_BACKOFF, TrainStatus, WorkerEvents
-from dpeer.statemachine.state import Checkpoint, CommittedView
+from dpeer.statemachine.state import Checkpoint
+from dpeer.view import View
 
 BUILD_S, STEP_S, CKPT_EVERY, FORM_TIMEOUT_S = 0.3, 0.05, 20, 3.0
 
@@ -50,7 +51,7 @@ class SimWorker:
         self._ready_at: float | None = None
         self._restart_at: float | None = None
         self.resume_step = 0
-        self._pending: CommittedView | None = None  # a view file written while the worker built its job
+        self._pending: View | None = None  # a view file written while the worker built its job
         self.context = contextvars.Context()  # its daemon's: what it tells the daemon runs as the box's work
         self.bell: Callable[[], None] = lambda: None  # the daemon's doorbell (Daemon.ring)
         self.exited: Callable[[], None] = lambda: None  # the daemon's exit watch (Daemon.worker_exited)
@@ -94,7 +95,7 @@ class SimWorker:
             self._restart_at = now + RESTART_BACKOFF[min(self.restarts, len(RESTART_BACKOFF) - 1)]
             self.context.run(self.exited)
 
-    def publish(self, view: CommittedView, checkpoint: Checkpoint | None = None) -> None:
+    def publish(self, view: View, checkpoint: Checkpoint | None = None) -> None:
         """A committed view reaches the worker: it joins that generation when it names this box."""
         if not self.alive:
             return
@@ -109,7 +110,7 @@ class SimWorker:
         if self.ready:
             self._take(view)
 
-    def _take(self, view: CommittedView) -> None:
+    def _take(self, view: View) -> None:
         if self.node_id in view.members:
             self.gen, self.members, self.formed = view.generation, tuple(view.members), False
             self.joined_at = self.world.now()

@@ -6,8 +6,10 @@ import pytest
 
 from dpeer.daemon.checkpoints import Held, decide_checkpoint, quorum, still_pending, valid_digest
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import Checkpoint, ClusterState, CommittedView
+from dpeer.statemachine.state import Checkpoint, ClusterState
 from dpeer.trainer.decisions import plan_resume
+from dpeer.address import Address
+from dpeer.view import View
 
 A, B = "a" * 64, "b" * 64
 
@@ -15,7 +17,7 @@ A, B = "a" * 64, "b" * 64
 def state(members: int = 3, committed: int = 0, view: bool = True) -> ClusterState:
     names = tuple(f"n{i}" for i in range(1, members + 1))
     ckpt = Checkpoint(committed, A, names) if committed else None
-    return ClusterState(view=CommittedView(1, names, "h:1") if view else None, checkpoint=ckpt)
+    return ClusterState(view=View(1, names, Address.parse("h:1")) if view else None, checkpoint=ckpt)
 
 
 @pytest.mark.parametrize(

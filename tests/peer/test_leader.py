@@ -11,7 +11,9 @@ from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.timing import LEADER_PRESETS
 from dpeer.daemon.views import Observed
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, CommittedView, Member
+from dpeer.statemachine.state import ClusterState, Member
+from dpeer.address import Address
+from dpeer.view import View
 
 
 class FakeNode(SimpleNamespace):
@@ -36,7 +38,7 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
     members = {"a": Member("10.0.0.1:7100", "active", 1, 7101, True, uids["a"]),
                "b": Member("10.0.0.2:7100", "active", 2, 7201, True, uids["b"])}
     state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
-                         view=CommittedView(4, ("a", "b"), "10.0.0.1:7101"), uids=MappingProxyType(uids), epoch=1)
+                         view=View(4, ("a", "b"), Address.parse("10.0.0.1:7101")), uids=MappingProxyType(uids), epoch=1)
     node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
     return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False), node
@@ -99,7 +101,7 @@ def test_a_member_gossip_holds_dead_leaves_the_view_before_its_status_is_committ
     d = leader.decide(10.2 + leader.quiet + 0.01)
     assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
     state = node.store.state
-    node.store.state = ClusterState(members=state.members, voters=state.voters, view=CommittedView(5, ("a",), "10.0.0.1:7101"))
+    node.store.state = ClusterState(members=state.members, voters=state.voters, view=View(5, ("a",), Address.parse("10.0.0.1:7101")))
     d = leader.decide(10.2 + leader.quiet + 0.02)
     assert d is not None and d.kind is EntryKind.MEMBER_DEAD and d.payload["node_id"] == "b"
 
@@ -134,7 +136,7 @@ def test_a_box_that_cannot_build_is_kept_out_while_the_group_trains_without_it()
     state = node.store.state
     b_not_built = Member("10.0.0.2:7100", "active", 2, 7201, False, "b" * 32)
     node.store.state = ClusterState(members=MappingProxyType({**state.members, "b": b_not_built}),
-                                    voters=state.voters, view=CommittedView(4, ("a",), "10.0.0.1:7101"),
+                                    voters=state.voters, view=View(4, ("a",), Address.parse("10.0.0.1:7101")),
                                     uids=state.uids, epoch=1)
     for start in (1, 2, 3, 4):
         leader.group_failed(0, build_failed("b", start))

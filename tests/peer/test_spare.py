@@ -14,7 +14,8 @@ import pytest
 from dpeer.daemon.config import TrainingConfig
 from tests.support.worker_events import WorkerEventLog
 from dpeer.daemon.supervisor import SPARE_AFTER_S, WorkerSupervisor
-from dpeer.statemachine.state import CommittedView
+from dpeer.address import Address
+from dpeer.view import View
 
 TIMEOUT = 240.0  # a worker's start is 3-5 CPU-s of imports; the box's two cores are shared
 TRAINING = TrainingConfig(steps=100000, global_batch=16, micro_batch=8, checkpoint_every=0)
@@ -33,7 +34,7 @@ def train_alone(sup: WorkerSupervisor, generation: int) -> None:
     """Hand the current worker a one-member view once it is built and ready, and wait for a step."""
     poll_until(sup, "the worker built and waiting", lambda: sup.ready and sup.store_port > 0)
     step = sup.latest_step
-    sup.publish(CommittedView(generation, ("n1",), f"127.0.0.1:{sup.store_port}"))
+    sup.publish(View(generation, ("n1",), Address.parse(f"127.0.0.1:{sup.store_port}")))
     poll_until(sup, f"a step in generation {generation}", lambda: sup.latest_step > step)
 
 

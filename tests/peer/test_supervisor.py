@@ -14,7 +14,8 @@ from dpeer.daemon.config import TrainingConfig
 from tests.support.worker_events import WorkerEventLog
 from dpeer.daemon.supervisor import TrainStatus, WorkerSupervisor
 from dpeer.daemon.worker_health import judge_worker, missed_view
-from dpeer.statemachine.state import CommittedView
+from dpeer.address import Address
+from dpeer.view import View
 
 
 def write(data_dir: Path, *records: dict) -> None:
@@ -115,7 +116,7 @@ def test_missed_view(in_view, ready, given, missed, why) -> None:
 def test_a_view_counts_as_given_only_once_a_worker_process_was_started(tmp_path: Path) -> None:
     sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
     sup.attach(WorkerEventLog())
-    view = CommittedView(2, ("n1",), "127.0.0.1:7000")
+    view = View(2, ("n1",), Address.parse("127.0.0.1:7000"))
     sup.publish(view)
     assert sup.given_generation == 0  # no worker process yet: its start clears the file
     sup.proc = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -9,7 +9,9 @@ import pytest
 from dpeer.membership import MemberState
 from dpeer.daemon.views import Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, CommittedView, Member
+from dpeer.statemachine.state import ClusterState, Member
+from dpeer.address import Address
+from dpeer.view import View
 
 
 def state(members: dict[str, str], voters=(), learners=(), view=None, control="running") -> ClusterState:
@@ -88,7 +90,7 @@ def test_plan_voters(members, voters, learners, gossip, now, want, why) -> None:
 
 def test_training_members_keep_survivor_order_and_append_newcomers() -> None:
     s = state({"a": "active", "b": "active", "c": "active", "d": "active", "e": "dead"},
-              view=CommittedView(4, ("c", "a", "b"), "h:1"))
+              view=View(4, ("c", "a", "b"), Address.parse("h:1")))
     gossip = seen(a="alive", b="dead", c="alive", d="alive", e="alive")
     assert training_members(s, gossip).members == ["c", "a", "d"]
 
@@ -110,7 +112,7 @@ def test_training_members_keep_survivor_order_and_append_newcomers() -> None:
     ],
 )
 def test_training_members_hysteresis(gossip, failed_generation, members, why) -> None:
-    s = state({"a": "active", "b": "active", "c": "active"}, view=CommittedView(4, ("a", "b"), "h:1"))
+    s = state({"a": "active", "b": "active", "c": "active"}, view=View(4, ("a", "b"), Address.parse("h:1")))
     wanted = training_members(s, gossip, failed_generation)
     assert wanted.members == members and why in wanted.reason, wanted.reason
 
@@ -126,7 +128,7 @@ def test_training_members_hysteresis(gossip, failed_generation, members, why) ->
 def test_a_member_of_the_view_is_dropped_whatever_gossip_says_once_not_active_or_not_ready(
     status, ready, gossip, why
 ) -> None:
-    s = state({"a": "active", "b": "active"}, view=CommittedView(4, ("a", "b"), "h:1"))
+    s = state({"a": "active", "b": "active"}, view=View(4, ("a", "b"), Address.parse("h:1")))
     s = ClusterState(members=MappingProxyType({**s.members, "b": Member("h:2", status, 2, 0, ready)}),
                      view=s.view)
     wanted = training_members(s, seen(a="alive", b=gossip))
@@ -134,7 +136,7 @@ def test_a_member_of_the_view_is_dropped_whatever_gossip_says_once_not_active_or
 
 
 def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> None:
-    s = state({"a": "active", "b": "active"}, view=CommittedView(3, ("a",), "10.0.0.1:8100"))
+    s = state({"a": "active", "b": "active"}, view=View(3, ("a",), Address.parse("10.0.0.1:8100")))
     ports = {"a": 8100, "b": 8101}
     early = decide_view(s, ["a", "b"], changed_at=10.0, now=10.05, quiet=0.1, store_port_of=ports)
     assert not early.propose and "waiting" in early.reason
@@ -146,7 +148,7 @@ def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> N
 @pytest.mark.parametrize(
     "view, members, control, why",
     [
-        (CommittedView(1, ("a",), "x:1"), ["a"], "running", "already has"),
+        (View(1, ("a",), Address.parse("x:1")), ["a"], "running", "already has"),
         (None, [], "running", "no member"),
         (None, ["a"], "paused", "paused"),
     ],
@@ -182,7 +184,7 @@ def test_members_whose_worker_is_not_ready_do_not_train() -> None:
 
 
 def test_a_failed_group_gets_a_new_generation_with_the_same_members() -> None:
-    s = state({"a": "active"}, view=CommittedView(5, ("a",), "10.0.0.1:8"))
+    s = state({"a": "active"}, view=View(5, ("a",), Address.parse("10.0.0.1:8")))
     same = decide_view(s, ["a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 8})
     assert not same.propose
     refresh = decide_view(s, ["a"], 0.0, 1.0, 0.1, {"a": 8}, failed_generation=5)

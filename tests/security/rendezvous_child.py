@@ -20,17 +20,18 @@ import torch.distributed as dist
 
 from dpeer.trainer.group import GroupError, GroupManager
 from dpeer.trainer.heal import HealError, heal
-from dpeer.trainer.viewsource import View
+from dpeer.address import Address
+from dpeer.view import View
 from tests.support.heal_state import State
 
 TIMEOUT = 6.0
 
 
 def member(node: str, port: int, secret: str) -> dict:
-    view = View(7, ["a", "b"], "127.0.0.1", port, secret=secret, bind_host="127.0.0.1")
+    view = View(7, ("a", "b"), Address("127.0.0.1", port), secret=secret)
     gm = GroupManager(node, backend="gloo", init_timeout=TIMEOUT)
     try:
-        m = gm.form(view)
+        m = gm.form(view, bind_host="127.0.0.1")
     except GroupError as exc:
         return {"formed": False, "error": str(exc)}
     gm.close()
@@ -59,7 +60,7 @@ def stranger(port: int) -> dict:
 def healing(node: str, port: int, key: str) -> dict:
     """Heal b from a under `key` (each party may be given another): did b take a's state?"""
     gm = GroupManager(node, backend="gloo", init_timeout=TIMEOUT)
-    m = gm.form(View(7, ["a", "b"], "127.0.0.1", port, bind_host="127.0.0.1"))
+    m = gm.form(View(7, ("a", "b"), Address("127.0.0.1", port)), bind_host="127.0.0.1")
     torch.manual_seed(1 if node == "a" else 2)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

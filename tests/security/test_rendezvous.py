@@ -10,6 +10,7 @@ import sys
 
 from dpeer.launch.cluster import free_port_block
 from dpeer.trainer.group import rendezvous_prefix
+from dpeer.address import Address
 from dpeer.trainer.viewsource import View
 
 SECRET = "5f0c1e7a9b2d4c6e8f0a1b2c3d4e5f60"
@@ -45,10 +46,10 @@ def test_members_who_know_the_secret_form_the_group() -> None:
 
 
 def test_the_prefix_depends_on_the_secret_and_hides_it() -> None:
-    view = View(7, ["a", "b"], "127.0.0.1", 1, secret=SECRET)
-    other = View(7, ["a", "b"], "127.0.0.1", 1, secret="0" * 32)
+    view = View(7, ("a", "b"), Address("127.0.0.1", 1), secret=SECRET)
+    other = View(7, ("a", "b"), Address("127.0.0.1", 1), secret="0" * 32)
     assert rendezvous_prefix(view) != rendezvous_prefix(other) != "gen7"
-    assert rendezvous_prefix(View(7, ["a"], "h", 1)) == "gen7"
+    assert rendezvous_prefix(View(7, ("a",), Address("h", 1))) == "gen7"
     assert SECRET not in rendezvous_prefix(view) and rendezvous_prefix(view).startswith("gen7-")
 
 

@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 
-from dpeer.trainer.viewsource import View, publish_view, read_reports
+from dpeer.address import Address
+from dpeer.trainer.viewsource import Assignment, View, publish_view, read_reports
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -106,7 +107,7 @@ class Cluster:
         while not self._stop.is_set():
             with self._lock:
                 live = set(self.live)
-            desired = [n for n in self.nodes if n in live and self._ready(n)]
+            desired = tuple(n for n in self.nodes if n in live and self._ready(n))
             if self.view is None and len(desired) < len(live):
                 self._stop.wait(0.01)
                 continue
@@ -120,8 +121,8 @@ class Cluster:
             current = self.view.members if self.view else None
             if desired and (desired != current or failed):
                 gen = self.view.generation + 1 if self.view else 1
-                self.view = View(gen, desired, "127.0.0.1", self.ports[desired[0]], *self.checkpoint)
-                publish_view(self.views, self.view)
+                self.view = View(gen, desired, Address("127.0.0.1", self.ports[desired[0]]))
+                publish_view(self.views, Assignment(self.view, *self.checkpoint))
                 self.views_published.append((time.time(), self.view))
             self._stop.wait(0.01)
 

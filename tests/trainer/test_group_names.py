@@ -7,7 +7,8 @@ import pytest
 import torch.distributed as dist
 
 from dpeer.launch.cluster import free_port_block
-from dpeer.channel.local import View
+from dpeer.address import Address
+from dpeer.view import View
 from dpeer.trainer.group import GroupError, GroupManager
 
 
@@ -16,13 +17,13 @@ def test_a_failed_init_does_not_shift_the_next_groups_name() -> None:
     manager = GroupManager("a", backend="gloo", init_timeout=2.0)
     try:
         # A peer that arrives at the rendezvous but never joins init: init times out after it.
-        view = View(1, ["a", "ghost"], "127.0.0.1", port)
-        store = manager._host_store(view.store_host, view.store_port)
+        view = View(1, ("a", "ghost"), Address("127.0.0.1", port))
+        store = manager._host_store(view.store.host, view.store.port)
         dist.PrefixStore("gen1", store).add("arrived", 1)
         with pytest.raises(GroupError):
             manager.form(view)
         assert dist.distributed_c10d._world.group_count == 0
-        manager.form(View(2, ["a"], "127.0.0.1", port))
+        manager.form(View(2, ("a",), Address("127.0.0.1", port)))
         assert dist.distributed_c10d._get_default_group().group_name == "0"
     finally:
         manager.close()

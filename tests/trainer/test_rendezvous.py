@@ -12,7 +12,8 @@ import pytest
 import torch.distributed as dist
 
 from dpeer.trainer.group import GroupError, GroupManager, Superseded, bind_store_socket
-from dpeer.trainer.viewsource import View
+from dpeer.address import Address
+from dpeer.view import View
 
 
 @pytest.fixture()
@@ -21,7 +22,7 @@ def prefix() -> dist.PrefixStore:
     return dist.PrefixStore("gen7", store)
 
 
-VIEW = View(7, ["a", "b"], "127.0.0.1", 1)
+VIEW = View(7, ("a", "b"), Address("127.0.0.1", 1))
 
 
 def test_a_member_that_gave_up_makes_a_late_member_give_up_too(prefix: dist.PrefixStore) -> None:

@@ -3,7 +3,8 @@
 import pytest
 
 from dpeer.channel.local import SYSTEM
-from dpeer.trainer.viewsource import DirViewSource, View, make_view_source, publish_view, read_reports
+from dpeer.address import Address
+from dpeer.trainer.viewsource import Assignment, DirViewSource, View, make_view_source, publish_view, read_reports
 from tests.support.clocks import ManualClock
 
 
@@ -13,11 +14,11 @@ def test_wait_view_returns_newest_after_generation(tmp_path, clock):
     d = str(tmp_path)
     src = DirViewSource(d, "a", clock)
     assert src.wait_view(-1, 0.0) is None
-    publish_view(d, View(1, ["a", "b"], "127.0.0.1", 1234))
-    publish_view(d, View(3, ["b", "a"], "127.0.0.1", 1235))
+    publish_view(d, Assignment(View(1, ("a", "b"), Address("127.0.0.1", 1234))))
+    publish_view(d, Assignment(View(3, ("b", "a"), Address("127.0.0.1", 1235))))
     v = src.wait_view(-1, 0.0)
-    assert v == View(3, ["b", "a"], "127.0.0.1", 1235)
-    assert v.rank_of("a") == 1 and v.rank_of("z") is None
+    assert v == Assignment(View(3, ("b", "a"), Address("127.0.0.1", 1235)))
+    assert v.view.rank_of("a") == 1 and v.view.rank_of("z") is None
     assert src.wait_view(3, 0.0) is None
     t0 = clock.now()
     assert src.wait_view(3, 0.1) is None
@@ -56,10 +57,18 @@ def test_a_peek_sees_a_view_published_with_an_unchanged_folder_mtime_within_the_
     assert src.wait_view(-1, 0.0) is None
     views = os.path.join(d, "views")
     before = os.stat(views)
-    publish_view(d, View(1, ["a"], "127.0.0.1", 1234))
+    publish_view(d, Assignment(View(1, ("a",), Address("127.0.0.1", 1234))))
     os.utime(views, ns=(before.st_atime_ns, before.st_mtime_ns))  # as if within one mtime tick
     assert src.wait_view(-1, 0.0) is None  # trusted the mtime
     clock.advance(PEEK_RESCAN_S + 0.01)
-    assert src.wait_view(-1, 0.0) == View(1, ["a"], "127.0.0.1", 1234)
-    publish_view(d, View(2, ["a"], "127.0.0.1", 1234))
-    assert src.wait_view(1, 0.0).generation == 2  # a moved mtime is seen at once
+    assert src.wait_view(-1, 0.0) == Assignment(View(1, ("a",), Address("127.0.0.1", 1234)))
+    publish_view(d, Assignment(View(2, ("a",), Address("127.0.0.1", 1234))))
+    assert src.wait_view(1, 0.0).view.generation == 2  # a moved mtime is seen at once
+
+
+def test_an_assignment_reads_back_as_written_with_an_ipv6_store(tmp_path):
+    """The view file keeps the host and port apart (the worker's format); an IPv6 host travels bare."""
+    d = str(tmp_path)
+    given = Assignment(View(2, ("a",), Address("::1", 29500), "s" * 32), 400, "d" * 64, "::1")
+    publish_view(d, given)
+    assert DirViewSource(d, "a", ManualClock(0.0)).wait_view(1, 0.0) == given
