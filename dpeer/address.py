@@ -26,6 +26,19 @@ class Address(NamedTuple):
             raise ValueError(f"{text!r}: the port must be a number in {0 if any_port else 1}-65535")
         return cls(host, int(port))
 
+    @classmethod
+    def read(cls, text: str) -> Address:
+        """The address a committed entry or snapshot holds, as any version wrote it; never raises.
+        Text that parse() refuses still reads as the same value on every node and after a
+        snapshot's round trip: an empty host, or port 0 when the port is missing or not a number.
+        No store listens there, so a worker given it fails its group, which re-forms."""
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            host, port = text, ""
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        return cls(host, int(port) if port.isascii() and port.isdigit() else 0)
+
     def __str__(self) -> str:
         """HOST:PORT, with an IPv6 host in brackets."""
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"

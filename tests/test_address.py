@@ -31,3 +31,18 @@ def test_port_zero_only_where_the_os_picks_one() -> None:
     assert Address.parse("127.0.0.1:0", any_port=True) == ("127.0.0.1", 0)
     with pytest.raises(ValueError):
         Address.parse("127.0.0.1:0")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("10.0.0.1:7101", Address("10.0.0.1", 7101)),
+    ("[::1]:29500", Address("::1", 29500)),
+    ("::1:29500", Address("::1", 29500)),  # what code before Address wrote for an IPv6 store host
+    (":8", Address("", 8)),
+    ("[]:8", Address("", 8)),
+    ("h", Address("h", 0)),
+    ("h:x", Address("h", 0)),
+    ("", Address("", 0)),
+])
+def test_read_takes_any_committed_text_and_reads_its_own_output_back(text: str, expected: Address) -> None:
+    assert Address.read(text) == expected
+    assert Address.read(str(Address.read(text))) == expected

@@ -102,7 +102,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         self._hint: str | None = None  # the leader before a pre-vote, restored if it fails
         self._lost: str | None = None  # the leader leader_lost() named, until it or a successor is heard
         self._lost_at = -math.inf
-        self._lease_retry = 0.0  # the next wait before asking again voters that still hold its lease
+        self._lost_rounds = 0  # pre-vote rounds since that verdict (the lease retry's wait doubles per round)
         self._active_at = now
         self._election_deadline = now + self._random_timeout()
         self._heartbeat_due = self._quorum_check_due = math.inf
@@ -160,9 +160,9 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             return
         if node != self.leader:
             return
+        if self._lost != node or self._leader_contact >= self._lost_at:  # a verdict told again keeps its start
+            self._lost, self._lost_at, self._lost_rounds = node, now, 0
         self._leader_contact = -math.inf
-        self._lost, self._lost_at = node, now
-        self._lease_retry = self.cfg.heartbeat_interval * LEASE_RETRY
         self._election_deadline = min(self._election_deadline, now + successor_delay(
             self.membership.voters, self.id, node, self.cfg.election_timeout_min, self._rng.random()))
 
@@ -376,6 +376,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         if pre_vote:
             self._hint = self.leader or self._hint
             self.role, self.leader = Role.PRE_CANDIDATE, None
+            self._lost_rounds += 1
             vote_term = self.term + 1
         else:
             self.term, self.voted_for = self.term + 1, self.id
@@ -409,28 +410,36 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             self._reply(VoteResponse(m.term, True, m.pre_vote))
 
     def _on_vote_response(self, src: str, m: VoteResponse) -> None:
+        if src == self._lost and not m.granted:
+            self._lost = None  # the leader we declared lost answers: the verdict was wrong, no lease retries
+            if self.role is Role.FOLLOWER:
+                self._reset_election_timer()  # drop a retry armed before its answer came
         pre = self.role is Role.PRE_CANDIDATE
         if self.role not in (Role.PRE_CANDIDATE, Role.CANDIDATE) or m.pre_vote != pre:
             return
         if m.granted and m.term != self.term + (1 if pre else 0):
             return
         if src in self.membership.voters:
-            self._votes.setdefault(src, m.granted)
+            # Pre-vote rounds share a term, so a refusal may be a late answer to an earlier round: a
+            # grant replaces it (a grant is always sound to count; a real vote is granted once per term).
+            if m.granted or src not in self._votes:
+                self._votes[src] = m.granted
             self._tally()
             if pre and not m.granted and m.reason == LEADER_LEASE:
-                self._retry_after_lease(src)
+                self._retry_after_lease()
 
-    def _retry_after_lease(self, src: str) -> None:
+    def _retry_after_lease(self) -> None:
         """A voter refused our pre-vote because it still holds the lost leader's lease: its own
-        detector has not caught up yet (we campaign the moment ours did), so ask again soon, with
-        doubling waits, until election_timeout_min after the verdict, when every such lease has
-        run out anyway. The lost leader's own refusal proves the verdict wrong: no retry."""
-        if src == self._lost or self._leader_contact >= self._lost_at:
-            self._lost = None
-        if self._lost is None or self._now + self._lease_retry > self._lost_at + self.cfg.election_timeout_min:
+        detector has not caught up yet (we campaign the moment ours did), so ask again soon, the
+        wait doubling with each round (however many voters refused in it), until
+        election_timeout_min after the verdict, when every such lease has run out anyway. Runs after
+        the tally, so a refusal that lost the round re-arms the retry the fallback timer replaced."""
+        if self._lost is not None and self._leader_contact >= self._lost_at:
+            self._lost = None  # a leader was heard since the verdict
+        wait = self.cfg.heartbeat_interval * LEASE_RETRY * 2 ** max(0, self._lost_rounds - 1)
+        if self._lost is None or self._now + wait > self._lost_at + self.cfg.election_timeout_min:
             return
-        self._election_deadline = min(self._election_deadline, self._now + self._lease_retry)
-        self._lease_retry *= 2
+        self._election_deadline = min(self._election_deadline, self._now + wait)
 
     def _tally(self) -> None:
         voters = self.membership.voters

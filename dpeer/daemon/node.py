@@ -97,6 +97,7 @@ class Node:
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
         self.role: Role = Role.FOLLOWER
         self.leader_id: str | None = None
+        self._last_leader: str | None = None  # the newest leader this node has known (kept while none is)
         self.stopping = False
         self.invalid_messages = 0
         self.forced = self.force_refused = 0
@@ -271,11 +272,11 @@ class Node:
         role = Role(name)
         if (leader, role) != (self.leader_id, self.role):
             log.info("role %s, leader %s", role.value, leader)
-            new_leader = leader is not None and leader != self.leader_id
             self.leader_id, self.role = leader, role
             self.poke()
-            if new_leader:  # a failure report owed to the new leader, or its first view: not a chore period later
-                self.chores_now()
+            if leader is not None and leader != self._last_leader:
+                self._last_leader = leader  # a lost pre-vote restores the old one: not news
+                self.chores_now()  # a failure report owed to the new leader, or its first view: not a chore period later
         if role is not Role.LEADER:
             for fut in list(self._reads.values()):
                 if not fut.done():

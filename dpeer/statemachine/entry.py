@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 
 import msgpack
 
-from dpeer.address import Address
 from dpeer.statemachine.errors import CorruptEntry, LogGapError
 from dpeer.statemachine.meta import valid_uid
 
@@ -199,14 +198,6 @@ def _is_str(v: Any, *, nonempty: bool = False) -> bool:
     return type(v) is str and (bool(v) or not nonempty)
 
 
-def _is_address(v: Any) -> bool:
-    """HOST:PORT text (what View.store is parsed from when the entry is applied)."""
-    try:
-        return type(v) is str and bool(Address.parse(v, any_port=True))
-    except ValueError:
-        return False
-
-
 def _config_ok(p: Mapping[str, Any]) -> bool:
     """Voters and learners (disjoint), the identity (uid) of each, the cluster epoch (>= 1) and
     when a forced reconfiguration began it (unix seconds, 0.0 for a founded cluster)."""
@@ -234,7 +225,7 @@ _SCHEMAS: dict[EntryKind, Any] = {
     EntryKind.MEMBER_DEAD: lambda p: _is_str(p.get("node_id"), nonempty=True),
     EntryKind.VIEW: lambda p: _is_int(p.get("generation"), 1)
     and _is_ids(p.get("members"), nonempty=True)
-    and _is_address(p.get("store_host"))
+    and _is_str(p.get("store_host"))
     and _is_str(p.get("secret", "")),
     EntryKind.CHECKPOINT: lambda p: _is_int(p.get("step"))
     and _is_str(p.get("digest"), nonempty=True)

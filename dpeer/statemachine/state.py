@@ -197,8 +197,7 @@ def _view(w: _Work, p: dict[str, Any], index: int) -> str:
     absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
-    w.view = View(p["generation"], tuple(p["members"]), Address.parse(p["store_host"], any_port=True),
-                  p.get("secret", ""))
+    w.view = View(p["generation"], tuple(p["members"]), Address.read(p["store_host"]), p.get("secret", ""))
     return ""
 
 
@@ -314,11 +313,7 @@ def _from_dict(d: Any) -> ClusterState:
     if d["view"] is not None:
         gen, vmembers, host, secret = d["view"]
         _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
-        try:
-            store = Address.parse(host, any_port=True)
-        except ValueError as exc:
-            raise CorruptState(f"cluster state is malformed: view store address: {exc}") from None
-        view = View(gen, _ids(vmembers), store, secret)
+        view = View(gen, _ids(vmembers), Address.read(host), secret)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

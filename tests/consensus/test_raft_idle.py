@@ -156,6 +156,62 @@ def test_lease_retries_double_and_end_once_every_lease_has_run_out() -> None:
     assert net.leaders() == ["a"]
 
 
+def _pre_vote_times(net: RaftNet, nid: str, seconds: float, nodes: list[str]) -> list[float]:
+    """When node nid sent a pre-vote round, stepping the clock 1 ms at a time for `seconds`."""
+    start, asked = net.now, []
+    while net.now - start < seconds:  # bounded: each turn moves the clock
+        before = len(net.sent(nid, VoteRequest))
+        net.run(0.001, nodes=nodes)
+        if len(net.sent(nid, VoteRequest)) > before:
+            asked.append(round(net.now - start, 3))
+    return asked
+
+
+def test_the_retry_wait_doubles_per_round_however_many_voters_refused() -> None:
+    schedules = []
+    for voters in (3, 5):
+        net = _idle_net(voters)
+        names = list("abcde"[:voters])
+        net.cut |= {("a", "b"), ("b", "a")}  # the others still hear a and refuse on its lease
+        net.nodes["b"].leader_lost(net.now, "a")
+        schedules.append(_pre_vote_times(net, "b", IDLE.election_timeout_min, names[1:]))
+    assert schedules[0] == schedules[1] and len(schedules[0]) >= 4, schedules
+
+
+def test_a_late_refusal_from_an_earlier_round_does_not_hide_a_grant() -> None:
+    net = RaftNet(list("abcde"), cfg=IDLE)
+    net.elect("a")
+    net.run(IDLE.election_timeout_max + 0.5, nodes=["a"])
+    net.isolate("a")
+    b = net.nodes["b"]
+    b.leader_lost(net.now, "a")
+    net.tick("b")  # round 1: c, d and e still hold a's lease and refuse
+    held = []
+
+    def deliver(hold: bool) -> None:
+        for nid in net.nodes:
+            net.flush(nid)
+        while net.queue:
+            item = net.queue.pop(0)
+            sender, dst, uid, msg = item
+            if (sender.node_id, dst) in net.cut:
+                continue
+            if hold and sender.node_id == "d" and dst == "b" and isinstance(msg, VoteResponse):
+                held.append(item)  # d's refusal of round 1 is slow on the wire
+                continue
+            net.nodes[dst].step(net.now, sender, msg, uid)
+            net.flush(dst)
+
+    deliver(hold=True)
+    assert b.role is Role.PRE_CANDIDATE and len(held) == 1  # two refusals of five: the round goes on
+    for n in "cd":
+        net.nodes[n].leader_lost(net.now, "a")  # their detectors catch up; e's not yet
+    net.tick("b")  # round 2, the retry, in the same term
+    net.queue.insert(0, held.pop())  # round 1's late refusal from d lands before round 2's answers
+    deliver(hold=False)
+    assert b.role is Role.LEADER  # b, c and d granted round 2: a quorum of five
+
+
 def test_the_lost_leaders_own_refusal_ends_the_retries() -> None:
     net = _idle_net()
     net.nodes["b"].leader_lost(net.now, "a")  # a wrong verdict: a is alive and answers

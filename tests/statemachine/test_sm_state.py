@@ -163,3 +163,15 @@ def test_store_port_and_readiness_are_kept_through_status_changes_and_snapshots(
     assert s.members["a"].ready is False
     assert decode_state(encode_state(s)) == s
     assert decode_snapshot(s.applied_index, s.applied_term, encode_snapshot(s).data) == s
+
+
+@pytest.mark.parametrize("text", ["h:9", "[::1]:29500", "::1:29500", "h:0", ":29500", "[]:8", "", "h", "h:", "h:x1",
+                                  "h:²"])
+def test_any_committed_store_text_applies_and_survives_a_snapshot(text: str) -> None:
+    """Older code committed any string as a view's store host: every node must still apply it (the
+    same generation follows), read it as the same Address, and keep it through a snapshot."""
+    s, res = run(join("a"), (K.VIEW, {"generation": 1, "members": ["a"], "store_host": text}), view(2, "a"))
+    assert all(r.accepted for r in res), [r.reason for r in res]
+    s1, _ = run(join("a"), (K.VIEW, {"generation": 1, "members": ["a"], "store_host": text}))
+    assert decode_state(encode_state(s1)) == s1
+    assert decode_snapshot(s1.applied_index, s1.applied_term, encode_snapshot(s1).data) == s1
