@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raft_helpers import RaftNet
+from tests.support.raft_net import RaftNet
 
 from dpeer.consensus import Role
 from dpeer.consensus.messages import VoteRequest, VoteResponse

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import sys
 
-from sm_helpers import expected_entry
+from tests.support.sm_entries import expected_entry
 
 from dpeer.statemachine.store import Store
 

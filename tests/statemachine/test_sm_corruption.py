@@ -7,7 +7,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from sm_helpers import kv_entries
+from tests.support.sm_entries import kv_entries
 
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CorruptEntry, StoreFormatError

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sm_helpers import expected_entry, expected_kv
+from tests.support.sm_entries import expected_entry, expected_kv
 
 from dpeer.statemachine.store import Store
 

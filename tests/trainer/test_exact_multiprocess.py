@@ -15,7 +15,7 @@ import torch
 from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.sampler import GlobalBatchSampler
 
-from .harness import Cluster, progress_times
+from tests.support.trainer_cluster import Cluster, progress_times
 
 # Sized so that the job outlasts the faults on a loaded 2-core box: a restarted worker may need 20 s
 # to import torch and build, and the survivors keep training meanwhile.

@@ -11,7 +11,7 @@ import pytest
 from dpeer.trainer.audit import read_ledger
 from dpeer.trainer.state import list_checkpoints
 
-from .harness import Cluster
+from tests.support.trainer_cluster import Cluster
 
 OPTS = {"global_batch": 8, "micro_batch": 4, "dataset_len": 4096, "seed": 3, "hidden": 32}
 

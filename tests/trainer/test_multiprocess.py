@@ -17,7 +17,7 @@ from dpeer.trainer.sampler import GlobalBatchSampler
 
 from dpeer.trainer.audit import audit, read_ledger, read_records
 
-from .harness import Cluster, progress_times
+from tests.support.trainer_cluster import Cluster, progress_times
 
 # float64: the equivalence check compares against a world-1 run, and in float32 the rounding
 # differences of other world sizes grow chaotically past 1e-4 over thousands of steps.

@@ -13,7 +13,7 @@ from dpeer.trainer.state import list_checkpoints
 
 from dpeer.trainer.audit import read_ledger
 
-from .harness import REPO, Cluster
+from tests.support.trainer_cluster import REPO, Cluster
 
 OPTS = {"global_batch": 8, "micro_batch": 4, "dataset_len": 4096, "seed": 3}
 
