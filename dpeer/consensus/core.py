@@ -160,7 +160,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             return
         if node != self.leader:
             return
-        if self._lost != node or self._leader_contact >= self._lost_at:  # a verdict told again keeps its start
+        if self._lost != node or self._heard_since_lost():  # a verdict told again keeps its start
             self._lost, self._lost_at, self._lost_rounds = node, now, 0
         self._leader_contact = -math.inf
         self._election_deadline = min(self._election_deadline, now + successor_delay(
@@ -434,12 +434,16 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         wait doubling with each round (however many voters refused in it), until
         election_timeout_min after the verdict, when every such lease has run out anyway. Runs after
         the tally, so a refusal that lost the round re-arms the retry the fallback timer replaced."""
-        if self._lost is not None and self._leader_contact >= self._lost_at:
-            self._lost = None  # a leader was heard since the verdict
+        if self._heard_since_lost():
+            self._lost = None
         wait = self.cfg.heartbeat_interval * LEASE_RETRY * 2 ** max(0, self._lost_rounds - 1)
         if self._lost is None or self._now + wait > self._lost_at + self.cfg.election_timeout_min:
             return
         self._election_deadline = min(self._election_deadline, self._now + wait)
+
+    def _heard_since_lost(self) -> bool:
+        """A leader's message reached us after the verdict of leader_lost(): it no longer stands."""
+        return self._leader_contact >= self._lost_at
 
     def _tally(self) -> None:
         voters = self.membership.voters

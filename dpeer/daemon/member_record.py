@@ -58,7 +58,8 @@ class MemberRecordSync:
     def _targets(self, leader: str | None) -> list[str]:
         """Where an update may go, best first: the leader, the seeds, then the active members."""
         node = self.node
-        members = [m.addr for n, m in node.store.state.members.items() if n != node.id and m.status is MemberStatus.ACTIVE]
+        members = [m.addr for n, m in node.store.state.members.items()
+                   if n != node.id and m.status is MemberStatus.ACTIVE]
         return list(dict.fromkeys([a for a in [leader] if a] + self.seeds + members))
 
     async def _update(self, wanted: Record) -> None:

@@ -276,7 +276,7 @@ class Node:
             self.poke()
             if leader is not None and leader != self._last_leader:
                 self._last_leader = leader  # a lost pre-vote restores the old one: not news
-                self.chores_now()  # a failure report owed to the new leader, or its first view: not a chore period later
+                self.chores_now()  # a failure report owed to the new leader: now, not a chore period later
         if role is not Role.LEADER:
             for fut in list(self._reads.values()):
                 if not fut.done():

@@ -8,7 +8,8 @@ Contract with the daemon (nothing here imports ``dpeer.daemon``):
   ``FACTORY(ARG, node_id)`` and must return a ``viewsource.ViewSource``.
 - ``ViewSource.wait_view(after_generation, timeout)`` returns the newest committed view with a
   higher generation (a ``channel.local.Assignment``: the ``dpeer.view.View`` the log committed,
-  the checkpoint to resume from, the address to bind), or None on timeout; ``timeout=0`` is a non-blocking peek made once per step.
+  the checkpoint to resume from, the address to bind), or None on timeout; ``timeout=0`` is a
+  non-blocking peek made once per step.
   The worker builds the job before its first blocking ``wait_view``, so that first call is its
   request to join. ``report_failure(reason, generation)`` says the group of that generation failed;
   ``report_progress(step, samples, loss, params_digest)`` follows every committed step; the
