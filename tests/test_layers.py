@@ -10,7 +10,7 @@ import dpeer
 ROOT = Path(dpeer.__file__).parent
 IMPURE = {"asyncio", "grpc", "lmdb", "torch", "time", "socket", "subprocess"}
 PURE = [
-    "statemachine/entry.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
+    "statemachine/entry.py", "statemachine/payloads.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
     "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py", "view.py", "address.py",
     "daemon/views.py", "daemon/resync.py", "daemon/quorum.py", "errors.py", "daemon/checkpoints.py",
     "daemon/worker_health.py", "daemon/failures.py", "daemon/probe_rtt.py", "daemon/job_status.py", "cli/demo_events.py", "security/auth.py",
@@ -49,6 +49,15 @@ def test_only_the_store_imports_lmdb() -> None:
 
 def test_only_the_transport_and_generated_code_import_grpc() -> None:
     assert all(p.startswith(("transport/", "proto/")) for p in importers("grpc")), importers("grpc")
+
+
+def test_the_raft_core_reads_no_application_payload() -> None:
+    """Entries are opaque to consensus/: it takes the entry codec, store errors and uids from the
+    state machine, never its typed payloads or its rules (the config_change it owns, it decodes itself)."""
+    allowed = {"dpeer.statemachine.entry", "dpeer.statemachine.errors", "dpeer.statemachine.meta"}
+    for path in sorted((ROOT / "consensus").glob("*.py")):
+        used = {n for n in imports(path) if n.startswith("dpeer.statemachine")}
+        assert used <= allowed, f"consensus/{path.name} imports {sorted(used - allowed)}"
 
 
 def test_nothing_imports_the_trainer_and_the_daemon_needs_no_torch() -> None:

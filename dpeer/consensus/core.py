@@ -66,7 +66,7 @@ from dpeer.consensus.voting import (
     load_history,
     pruned_history,
 )
-from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
+from dpeer.statemachine.entry import Entry, EntryKind
 
 log = logging.getLogger(__name__)
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
@@ -201,18 +201,15 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         finally:
             self._peer = None
 
-    def propose(self, kind: EntryKind | str, payload: Mapping[str, Any]) -> ProposeResult:
-        """Append an entry as leader; config changes go through change_membership."""
+    def propose(self, kind: EntryKind, payload: Mapping[str, Any]) -> ProposeResult:
+        """Append an entry as leader; config changes go through change_membership.
+
+        The payload is opaque here: the core never reads it. What it means, and whether it is
+        well formed, is the state machine's (statemachine/payloads.py builds and checks it)."""
         if self.role is not Role.LEADER:
             return NotLeader(self.leader)
-        try:
-            kind = EntryKind(kind)
-        except ValueError:
-            return Refused(f"unknown entry kind {kind!r}")
         if kind is EntryKind.CONFIG_CHANGE:
             return Refused("use change_membership for configuration changes")
-        if not payload_ok(kind, payload):
-            return Refused(f"bad payload for {kind.value}")
         entry = self._leader_append(kind, dict(payload))
         return Proposed(entry.index, entry.term)
 

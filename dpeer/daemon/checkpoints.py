@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from dpeer.daemon.views import Decision
-from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.payloads import CheckpointTaken
 from dpeer.statemachine.state import ClusterState
 
 DIGEST_HEX = 64
@@ -45,7 +45,7 @@ def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decis
     view's members hold with one digest, as a checkpoint entry (final when it is the job's last
     step, which finishes the job); or none, with the reason."""
     if state.view is None:
-        return Decision(None, None, "no view is committed, so there is no group to hold a checkpoint")
+        return Decision(None, "no view is committed, so there is no group to hold a checkpoint")
     committed = state.checkpoint.step if state.checkpoint is not None else 0
     need = quorum(len(state.view.members))
     by_step: dict[int, dict[str, list[str]]] = {}
@@ -53,7 +53,7 @@ def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decis
         if held.step > committed:
             by_step.setdefault(held.step, {}).setdefault(held.digest, []).append(node_id)
     if not by_step:
-        return Decision(None, None, f"no report is newer than the committed checkpoint of step {committed}")
+        return Decision(None, f"no report is newer than the committed checkpoint of step {committed}")
     notes = []
     for step in sorted(by_step, reverse=True):
         digests = by_step[step]
@@ -62,13 +62,13 @@ def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decis
         for digest, holders in sorted(digests.items(), key=lambda kv: -len(kv[1])):
             if len(holders) >= need:
                 final = any(reports[n].final for n in holders)
-                payload = {"step": step, "digest": digest, "holders": sorted(holders), "final": final}
+                taken = CheckpointTaken(step, digest, tuple(sorted(holders)), final)
                 reason = f"{len(holders)} of {len(state.view.members)} members hold step {step}"
-                return Decision(EntryKind.CHECKPOINT, payload, "; ".join([reason, *notes]))
+                return Decision(taken, "; ".join([reason, *notes]))
     newest = max(by_step)
     held_by = max(len(h) for h in by_step[newest].values())
     notes.insert(0, f"step {newest} is held by {held_by} of the {need} members it needs")
-    return Decision(None, None, "; ".join(notes))
+    return Decision(None, "; ".join(notes))
 
 
 def still_pending(reports: Mapping[str, Held], committed_step: int) -> dict[str, Held]:

@@ -46,6 +46,7 @@ from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.membership import HeartbeatObserved
 from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.payloads import decode
 from dpeer.statemachine.state import ApplyResult, JobState, MemberStatus
 from dpeer.statemachine.store import Store
 
@@ -152,7 +153,7 @@ class Daemon:
             self.worker.publish_checkpoint(self.store.state.checkpoint)
         if self.worker is not None and entry.kind is EntryKind.VIEW and result.accepted:
             view = self.store.state.view
-            if view is not None and view.generation == entry.payload["generation"]:
+            if view is not None and view.generation == decode(entry.kind, entry.payload).generation:  # type: ignore[union-attr]
                 self.worker.publish(view, self.store.state.checkpoint)
 
     # -- WorkerEvents: what the worker tells us ------------------------------------------------

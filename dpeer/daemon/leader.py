@@ -10,6 +10,7 @@ voters, and last the newest checkpoint a majority of the group reported holding.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from typing import Callable
@@ -23,9 +24,9 @@ from dpeer.daemon.failures import (
 from dpeer.daemon.node import Node
 from dpeer.daemon.timing import LeaderTiming
 from dpeer.daemon.views import (
-    Decision, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
+    Decision, MembershipChange, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
 )
-from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.payloads import JobChange, MemberJoined, Payload, ViewChange
 from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState, MemberStatus
 
 log = logging.getLogger("dpeer.leader")
@@ -91,9 +92,8 @@ class LeaderChores:
         me = state.members.get(node.id)
         wanted = (MemberStatus.ACTIVE, node.addr, self.self_store_port(), self.self_ready(), node.store.uid)
         if (me is None or (me.status, me.addr, me.store_port, me.ready, me.uid) != wanted) and not self.self_leaving():
-            payload = {"node_id": node.id, "addr": node.addr, "store_port": wanted[2], "ready": wanted[3],
-                       "uid": wanted[4]}
-            return Decision(EntryKind.MEMBER_JOINED, payload, "the leader's own membership record is out of date")
+            record = MemberJoined(node.id, node.addr, wanted[2], wanted[3], wanted[4])
+            return Decision(record, "the leader's own membership record is out of date")
         if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
             self._job_seen, self.streak, self._halt = state.job, Streak(), None
             self.builds, self._kept_out = {}, {}
@@ -176,8 +176,8 @@ class LeaderChores:
             self.streak, halt, reason = verdict.streak, verdict.halt, verdict.reason
         if halt and self._halt is None and state.job.state is JobState.RUNNING:
             log.error("halting the job: %s", reason)
-            payload = {"state": JobState.FAILED.value, "error": reason, "node": report.node, "step": report.step}
-            self._halt = Decision(EntryKind.JOB, payload, f"the job cannot train: {reason}")
+            halted = JobChange(JobState.FAILED.value, reason, report.node, report.step)
+            self._halt = Decision(halted, f"the job cannot train: {reason}")
             self.node.poke()
             return
         if report.phase is not FailurePhase.GROUP and not halt:
@@ -199,16 +199,16 @@ class LeaderChores:
             self.node.chores_now()  # the next view may be due now: not at the next chore tick
 
     async def _carry_out(self, decision: Decision) -> None:
-        assert decision.kind is not None and decision.payload is not None
+        proposal = decision.proposal
+        assert proposal is not None
         try:
-            if decision.kind is EntryKind.CONFIG_CHANGE:
-                p = decision.payload
-                await self.node.change_membership(p["op"], p["node"], p.get("uid", ""), PROPOSAL_TIMEOUT)
+            if isinstance(proposal, MembershipChange):
+                await self.node.change_membership(proposal.op, proposal.node, proposal.uid, PROPOSAL_TIMEOUT)
             else:
-                await self.node.propose(decision.kind, _with_secret(decision), PROPOSAL_TIMEOUT)
-            log.info("committed %s: %s", decision.kind.value, decision.reason)
+                await self.node.propose(_with_secret(proposal), PROPOSAL_TIMEOUT)
+            log.info("committed %s: %s", proposal.KIND.value, decision.reason)
         except PeerError as exc:
-            message = f"could not commit {decision.kind.value} ({decision.reason}): {exc}"
+            message = f"could not commit {proposal.KIND.value} ({decision.reason}): {exc}"
             if message != self._last_failure:
                 log.warning("%s", message)
             self._last_failure = message
@@ -216,11 +216,10 @@ class LeaderChores:
             self.node.poke()
 
 
-def _with_secret(decision: Decision) -> dict:
+def _with_secret(proposal: Payload) -> Payload:
     """The payload to propose; a view gets a fresh random secret, which only the cluster's members
     learn (through the log, over the authenticated control plane) and from which the group derives
     its rendezvous keys and heal key (trainer/group.py), so no outsider can take part."""
-    payload = dict(decision.payload or {})
-    if decision.kind is EntryKind.VIEW:
-        payload["secret"] = secrets.token_hex(16)
-    return payload
+    if isinstance(proposal, ViewChange):
+        return dataclasses.replace(proposal, secret=secrets.token_hex(16))
+    return proposal

@@ -21,6 +21,7 @@ from dpeer.transport import codec
 from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused, Role
 from dpeer.consensus.ready import Outgoing, ProposeResult, Ready, drive
 from dpeer.consensus.messages import AppendRequest, RaftHeartbeat, SnapshotRequest
+from dpeer.consensus.voting import ChangeOp
 from dpeer.errors import BadRequest, Unavailable
 from dpeer.membership import (
     Ack,
@@ -43,6 +44,7 @@ from dpeer.daemon.views import Observed
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CommittedEntryError, CorruptState
+from dpeer.statemachine.payloads import Payload, decode
 from dpeer.statemachine.snapshot import decode_snapshot
 from dpeer.statemachine.state import ApplyResult, MemberStatus
 from dpeer.statemachine.store import Store
@@ -287,8 +289,9 @@ class Node:
         if any(entry.kind not in _QUIET_KINDS for entry, _ in done):
             self.poke()
         for entry, result in done:
-            if entry.kind is EntryKind.MEMBER_JOINED:
-                self.addrs[entry.payload["node_id"]] = entry.payload["addr"]
+            if entry.kind is EntryKind.MEMBER_JOINED and result.accepted:  # a refused entry may be malformed
+                joined = decode(entry.kind, entry.payload)
+                self.addrs[joined.node_id] = joined.addr  # type: ignore[union-attr]
             for term, fut in self._waiters.pop(entry.index, []):
                 if not fut.done():
                     fut.set_result((entry.term == term, entry, result))
@@ -304,9 +307,9 @@ class Node:
         self._applied_waiters = keep
 
     # -- commands ---------------------------------------------------------------------------
-    async def propose(self, kind: EntryKind, payload: dict[str, Any], timeout: float) -> tuple[Entry, ApplyResult]:
+    async def propose(self, payload: Payload, timeout: float) -> tuple[Entry, ApplyResult]:
         """Propose an entry as leader and wait until it is applied; Unavailable if it is not."""
-        result = self.raft.propose(kind, payload)
+        result = self.raft.propose(payload.KIND, payload.to_payload())
         return await self._wait_proposal(result, timeout)
 
     def removal_refusal(self, node: str) -> str | None:
@@ -314,7 +317,7 @@ class Node:
         refused = self.raft.removal_refusal(node)
         return refused.reason if refused is not None else None
 
-    async def change_membership(self, op: str, node: str, uid: str, timeout: float) -> tuple[Entry, ApplyResult]:
+    async def change_membership(self, op: ChangeOp, node: str, uid: str, timeout: float) -> tuple[Entry, ApplyResult]:
         """Propose one single-server configuration change (uid: the store uid of a node being
         added) and wait until it is applied."""
         return await self._wait_proposal(self.raft.change_membership(op, node, uid), timeout)

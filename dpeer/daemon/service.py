@@ -18,12 +18,14 @@ from dpeer.transport import codec
 from dpeer.channel.checkpoint_files import checkpoint_path
 from dpeer.daemon.checkpoints import Held, valid_digest
 from dpeer.consensus import Refused, Role
+from dpeer.consensus.voting import ChangeOp
 from dpeer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
 from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node import Node
 from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
-from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE, EntryKind
+from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
+from dpeer.statemachine.payloads import BadPayload, JobChange, KvDelete, KvPut, MemberJoined, MemberLeft, Payload
 from dpeer.statemachine.errors import Compacted
 from dpeer.statemachine.state import JobState, MemberStatus
 from dpeer.statemachine.meta import valid_uid
@@ -135,9 +137,9 @@ class Service:
         member = self.node.store.state.members.get(request.node_id)
         wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid)
         if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
-            payload = {"node_id": request.node_id, "addr": request.addr, "store_port": request.store_port,
-                       "ready": request.ready, "uid": request.uid}
-            await self.node.propose(EntryKind.MEMBER_JOINED, payload, COMMAND_TIMEOUT)
+            record = _built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
+                                                 request.uid))
+            await self.node.propose(record, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
 
@@ -158,7 +160,7 @@ class Service:
         removal from the configuration; neither while that removal would leave no live quorum."""
         await self._until_removable(node_id)
         if getattr(self.node.store.state.members.get(node_id), "status", None) is MemberStatus.ACTIVE:
-            await self.node.propose(EntryKind.MEMBER_LEFT, {"node_id": node_id}, COMMAND_TIMEOUT)
+            await self.node.propose(MemberLeft(node_id), COMMAND_TIMEOUT)
         await self._remove_from_configuration(node_id)
 
     async def _until_removable(self, node_id: str) -> None:
@@ -177,7 +179,7 @@ class Service:
             if node_id not in state.voters + state.learners or list(state.voters) == [node_id]:
                 return None
             try:
-                await self.node.change_membership("remove", node_id, "", COMMAND_TIMEOUT)
+                await self.node.change_membership(ChangeOp.REMOVE, node_id, "", COMMAND_TIMEOUT)
             except BadRequest as exc:  # another change is in flight (the leader's chores): wait for it
                 return str(exc)
             return None
@@ -271,8 +273,7 @@ class Service:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} characters")
 
         async def here() -> pb.KvPutReply:
-            entry, _ = await self.node.propose(EntryKind.KV_PUT, {"key": request.key, "value": request.value},
-                                               COMMAND_TIMEOUT)
+            entry, _ = await self.node.propose(KvPut(request.key, request.value), COMMAND_TIMEOUT)
             return pb.KvPutReply(committed=True, index=entry.index, leader_id=self.node.id)
 
         return await self._via_leader(here, lambda c: c.kv_put(request.key, request.value))
@@ -297,7 +298,7 @@ class Service:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters")
 
         async def here() -> pb.KvDeleteReply:
-            entry, result = await self.node.propose(EntryKind.KV_DELETE, {"key": request.key}, COMMAND_TIMEOUT)
+            entry, result = await self.node.propose(KvDelete(request.key), COMMAND_TIMEOUT)
             return pb.KvDeleteReply(committed=True, index=entry.index, leader_id=self.node.id,
                                     found=result.accepted, reason=result.reason)
 
@@ -331,7 +332,7 @@ class Service:
                                           "cluster runs a job's worker (nodes run one with --job)")
             if job.state is not JobState.FAILED:
                 return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
-            entry, result = await self.node.propose(EntryKind.JOB, {"state": JobState.RUNNING.value}, COMMAND_TIMEOUT)
+            entry, result = await self.node.propose(JobChange(JobState.RUNNING.value), COMMAND_TIMEOUT)
             if not result.accepted:
                 return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
             log.warning("the job was retried by an operator after: %s", job.error)
@@ -361,3 +362,11 @@ class Service:
                         return
         except FileNotFoundError:
             raise NotFound(f"this node holds no checkpoint of step {request.step}") from None
+
+
+def _built(build: Callable[[], Payload]) -> Payload:
+    """The payload a caller's fields make; BadRequest (naming the field) when they make none."""
+    try:
+        return build()
+    except BadPayload as exc:
+        raise BadRequest(str(exc)) from None

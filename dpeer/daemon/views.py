@@ -9,11 +9,13 @@ in the same order everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import ClassVar, Mapping, Union
 
 from dpeer.address import Address
+from dpeer.consensus.voting import ChangeOp
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.payloads import MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
 from dpeer.statemachine.state import ClusterState, JobState, Member, MemberStatus
 
 
@@ -30,21 +32,39 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """An entry to propose (kind and payload), or none; always with the reason."""
+class MembershipChange:
+    """One single-server change of the voting configuration, for the Raft core to turn into its
+    config_change entry (the uid: the store identity of a node being added)."""
 
-    kind: EntryKind | None
-    payload: Mapping[str, Any] | None
+    KIND: ClassVar[EntryKind] = EntryKind.CONFIG_CHANGE
+    op: ChangeOp
+    node: str
+    uid: str = ""
+
+
+Proposal = Union[Payload, MembershipChange]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to propose (a typed entry payload or a membership change), or nothing; always with the reason."""
+
+    proposal: Proposal | None
     reason: str
 
     @property
     def propose(self) -> bool:
         """True when there is an entry to propose."""
-        return self.kind is not None
+        return self.proposal is not None
+
+    @property
+    def kind(self) -> EntryKind | None:
+        """The kind of entry the proposal becomes, None when there is none."""
+        return None if self.proposal is None else self.proposal.KIND
 
 
 def _none(reason: str) -> Decision:
-    return Decision(None, None, reason)
+    return Decision(None, reason)
 
 
 def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> Decision:
@@ -54,27 +74,27 @@ def reconcile_members(state: ClusterState, observed: Mapping[str, Observed]) -> 
         member = state.members.get(node_id)
         status = member.status if member is not None else None
         if seen.state is MemberState.DEAD and status is MemberStatus.ACTIVE:
-            return Decision(EntryKind.MEMBER_DEAD, {"node_id": node_id}, f"{node_id} is dead by gossip")
+            return Decision(MemberDead(node_id), f"{node_id} is dead by gossip")
         if seen.state is MemberState.LEFT and status is MemberStatus.ACTIVE:
-            return Decision(EntryKind.MEMBER_LEFT, {"node_id": node_id}, f"{node_id} left")
+            return Decision(MemberLeft(node_id), f"{node_id} left")
         if seen.state is MemberState.ALIVE and member is not None and status is MemberStatus.DEAD:
-            return Decision(EntryKind.MEMBER_JOINED, _back_alive(node_id, seen.addr, member),
+            return Decision(_back_alive(node_id, seen.addr, member),
                             f"{node_id} is alive again")
     return _none("committed member statuses match gossip")
 
 
-def _back_alive(node_id: str, addr: str, member: Member) -> dict[str, Any]:
+def _back_alive(node_id: str, addr: str, member: Member) -> MemberJoined:
     """The record of a member gossip sees alive again: its store port and store identity kept,
     and not ready, since the box may have restarted and its worker may not have built the job
     yet (its daemon updates the record once it has). A record marked ready here would put a
     box without a worker in the next view, and the whole group would wait on it."""
-    return {"node_id": node_id, "addr": addr, "store_port": member.store_port, "ready": False, "uid": member.uid}
+    return MemberJoined(node_id, addr, member.store_port, False, member.uid)
 
 
 def plan_voters(
     state: ClusterState, observed: Mapping[str, Observed], now: float, grace: float, max_voters: int
 ) -> Decision:
-    """One single-server configuration change (payload {op, node, uid}): drop a leaver, drop a
+    """One single-server configuration change (a MembershipChange): drop a leaver, drop a
     member whose box came back on a new disk (its committed member record names another store uid
     than the configuration: as etcd does for a member that lost its data, the old identity goes
     and the new one joins as a learner next), admit a newcomer as a learner, promote a healthy
@@ -84,28 +104,28 @@ def plan_voters(
     status = {n: m.status for n, m in state.members.items()}
     gone = [n for n in voters + learners if status.get(n) is MemberStatus.LEFT and voters != [n]]
     if gone:
-        return _change("remove", gone[0], f"{gone[0]} left the cluster")
+        return _change(ChangeOp.REMOVE, gone[0], f"{gone[0]} left the cluster")
     for n in voters + learners:
         member, old = state.members.get(n), state.uids.get(n)
         if member is not None and old is not None and member.uid not in ("", old) and voters != [n]:
-            return _change("remove", n, f"{n} came back on a new disk (store {member.uid[:8]}, the configuration "
+            return _change(ChangeOp.REMOVE, n, f"{n} came back on a new disk (store {member.uid[:8]}, the configuration "
                            f"names {str(old)[:8]}): its old identity is removed, the new one joins as a learner")
     newcomers = sorted(n for n, s in status.items() if s is MemberStatus.ACTIVE and n not in voters + learners)
     if newcomers:
         uid = state.members[newcomers[0]].uid
-        return _change("add_learner", newcomers[0], f"{newcomers[0]} joins as a learner", uid)
+        return _change(ChangeOp.ADD_LEARNER, newcomers[0], f"{newcomers[0]} joins as a learner", uid)
     healthy = [x for x in learners if _alive(observed, x) and status.get(x) is MemberStatus.ACTIVE]
     if healthy and len(voters) < max_voters:
-        return _change("promote", healthy[0], f"promote {healthy[0]}: {len(voters)} voters of at most {max_voters}")
+        return _change(ChangeOp.PROMOTE, healthy[0], f"promote {healthy[0]}: {len(voters)} voters of at most {max_voters}")
     long_dead = [v for v in voters if _dead_for(observed, v, now) >= grace]
     if long_dead and healthy and len(voters) > 1:
-        return _change("remove", long_dead[0],
+        return _change(ChangeOp.REMOVE, long_dead[0],
                        f"voter {long_dead[0]} dead past {grace:g}s; {healthy[0]} will replace it")
     return _none("voting configuration is as wanted")
 
 
-def _change(op: str, node: str, reason: str, uid: str = "") -> Decision:
-    return Decision(EntryKind.CONFIG_CHANGE, {"op": op, "node": node, "uid": uid}, reason)
+def _change(op: ChangeOp, node: str, reason: str, uid: str = "") -> Decision:
+    return Decision(MembershipChange(op, node, uid), reason)
 
 
 def _alive(observed: Mapping[str, Observed], node_id: str) -> bool:
@@ -239,5 +259,5 @@ def decide_view(
     except ValueError as exc:  # a record no admission would take today (an older log): never crash the chores
         return _none(f"rank 0 ({rank0}) has no usable address: {exc}")
     generation = (current.generation if current is not None else 0) + 1
-    payload = {"generation": generation, "members": members, "store_host": str(Address(host, store_port_of[rank0]))}
-    return Decision(EntryKind.VIEW, payload, f"generation {generation}: {len(members)} members")
+    view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])))
+    return Decision(view, f"generation {generation}: {len(members)} members")

@@ -16,7 +16,6 @@ from typing import Any, Mapping, Sequence
 import msgpack
 
 from dpeer.statemachine.errors import CorruptEntry, LogGapError
-from dpeer.statemachine.meta import valid_uid
 
 _KEY = struct.Struct(">Q")
 _MAX_INDEX = (1 << 64) - 1
@@ -42,7 +41,6 @@ MAX_KEY, MAX_VALUE = 256, 64 * 1024
 """A kv key's most characters and a value's: the service refuses longer, the CLI before it dials."""
 
 _KINDS: dict[str, EntryKind] = {k.value: k for k in EntryKind}
-JOB_STATES: tuple[str, ...] = ("running", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,74 +174,9 @@ def _check_fields(index: Any, term: Any, kind: Any, payload: Any) -> None:
 
 
 def _check_payload_dict(payload: Any) -> None:
-    """A payload is a dict keyed by strings; its per-kind fields are checked by validate_payload."""
+    """A payload is a dict keyed by strings; what its fields mean is payloads.py's concern."""
     if type(payload) is not dict or not all(type(k) is str for k in payload):
         raise ValueError(f"payload must be a dict with str keys, got {type(payload).__name__}")
-
-
-def _is_int(v: Any, lo: int = 0) -> bool:
-    return type(v) is int and v >= lo
-
-
-def _is_ids(v: Any, *, nonempty: bool = False) -> bool:
-    return (
-        type(v) is list
-        and all(type(x) is str and x for x in v)
-        and len(set(v)) == len(v)
-        and (bool(v) or not nonempty)
-    )
-
-
-def _is_str(v: Any, *, nonempty: bool = False) -> bool:
-    return type(v) is str and (bool(v) or not nonempty)
-
-
-def _config_ok(p: Mapping[str, Any]) -> bool:
-    """Voters and learners (disjoint), the identity (uid) of each, the cluster epoch (>= 1) and
-    when a forced reconfiguration began it (unix seconds, 0.0 for a founded cluster)."""
-    voters, learners, uids = p.get("voters"), p.get("learners"), p.get("uids")
-    forced_at = p.get("forced_at", 0.0)
-    return (
-        _is_ids(voters, nonempty=True)
-        and _is_ids(learners)
-        and not set(voters) & set(learners)
-        and type(uids) is dict
-        and set(uids) == set(voters) | set(learners)
-        and all(valid_uid(u) for u in uids.values())
-        and _is_int(p.get("epoch"), 1)
-        and type(forced_at) is float and forced_at >= 0.0
-    )
-
-
-_SCHEMAS: dict[EntryKind, Any] = {
-    EntryKind.MEMBER_JOINED: lambda p: _is_str(p.get("node_id"), nonempty=True)
-    and _is_str(p.get("addr"))
-    and (type(p.get("store_port", 0)) is int and 0 <= p.get("store_port", 0) < 65536)
-    and type(p.get("ready", True)) is bool
-    and (p.get("uid", "") == "" or valid_uid(p.get("uid"))),
-    EntryKind.MEMBER_LEFT: lambda p: _is_str(p.get("node_id"), nonempty=True),
-    EntryKind.MEMBER_DEAD: lambda p: _is_str(p.get("node_id"), nonempty=True),
-    EntryKind.VIEW: lambda p: _is_int(p.get("generation"), 1)
-    and _is_ids(p.get("members"), nonempty=True)
-    and _is_str(p.get("store_host"))
-    and _is_str(p.get("secret", "")),
-    EntryKind.CHECKPOINT: lambda p: _is_int(p.get("step"))
-    and _is_str(p.get("digest"), nonempty=True)
-    and _is_ids(p.get("holders"))
-    and type(p.get("final", False)) is bool,
-    EntryKind.KV_PUT: lambda p: _is_str(p.get("key"), nonempty=True) and _is_str(p.get("value")),
-    EntryKind.KV_DELETE: lambda p: _is_str(p.get("key"), nonempty=True),
-    EntryKind.NOOP: lambda p: True,
-    EntryKind.CONFIG_CHANGE: _config_ok,
-    EntryKind.JOB: lambda p: p.get("state") in JOB_STATES
-    and _is_str(p.get("error", "")) and _is_str(p.get("node", "")) and _is_int(p.get("step", 0))
-    and _is_str(p.get("digest", "")),
-}
-
-
-def payload_ok(kind: EntryKind, payload: Mapping[str, Any]) -> bool:
-    """True when the payload has the fields its kind needs, with the right types (extras ignored)."""
-    return bool(_SCHEMAS[kind](payload))
 
 
 def check_contiguous(entries: Sequence[Entry]) -> list[Entry]:

@@ -15,9 +15,13 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple
 import msgpack
 
 from dpeer.address import Address
-from dpeer.statemachine.entry import Entry, EntryKind, payload_ok
+from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
+from dpeer.statemachine.payloads import (
+    BadPayload, CheckpointTaken, ConfigChange, JobChange, KvDelete, KvPut, MemberDead, MemberJoined, MemberLeft,
+    ViewChange, decode,
+)
 from dpeer.view import View
 
 STATE_VERSION = 1
@@ -158,89 +162,88 @@ def apply_many(
             raise ValueError(f"entry {e.index} applied out of order (applied_index {w.index})")
         if e.term < w.term:
             raise ValueError(f"entry {e.index} has term {e.term} below applied term {w.term}")
-        reason = _apply_one(w, e) if payload_ok(e.kind, e.payload) else "malformed payload"
+        try:
+            payload = decode(e.kind, e.payload)
+        except BadPayload as exc:
+            reason = f"malformed payload ({exc})"
+        else:
+            reason = _RULES[e.kind](w, payload, e.index)  # type: ignore[operator]
         w.index, w.term = e.index, e.term
         results.append(ApplyResult(e.index, e.kind, not reason, reason))
     return w.freeze(), results
 
 
-def _apply_one(w: _Work, e: Entry) -> str:
-    """Dispatch to the kind's rule; returns an empty string if accepted, else why it was not."""
-    return _RULES[e.kind](w, e.payload, e.index)
-
-
-def _joined(w: _Work, p: dict[str, Any], index: int) -> str:
-    old = w.members.get(p["node_id"])
+def _joined(w: _Work, p: MemberJoined, index: int) -> str:
+    old = w.members.get(p.node_id)
     joined = old.joined_index if old is not None and old.status is MemberStatus.ACTIVE else index
-    w.members[p["node_id"]] = Member(p["addr"], MemberStatus.ACTIVE, joined, p.get("store_port", 0), p.get("ready", True),
-                                     p.get("uid", ""))
+    w.members[p.node_id] = Member(p.addr, MemberStatus.ACTIVE, joined, p.store_port, p.ready, p.uid)
     return ""
 
 
-def _status(status: MemberStatus) -> Callable[[_Work, dict[str, Any], int], str]:
-    def rule(w: _Work, p: dict[str, Any], index: int) -> str:
-        old = w.members.get(p["node_id"])
+def _status(status: MemberStatus) -> Callable[[_Work, MemberLeft | MemberDead, int], str]:
+    def rule(w: _Work, p: MemberLeft | MemberDead, index: int) -> str:
+        old = w.members.get(p.node_id)
         if old is None:
-            return f"unknown member {p['node_id']}"
+            return f"unknown member {p.node_id}"
         if old.status is not MemberStatus.ACTIVE:
-            return f"member {p['node_id']} is already {old.status}"
-        w.members[p["node_id"]] = Member(old.addr, status, old.joined_index, old.store_port, old.ready, old.uid)
+            return f"member {p.node_id} is already {old.status}"
+        w.members[p.node_id] = Member(old.addr, status, old.joined_index, old.store_port, old.ready, old.uid)
         return ""
 
     return rule
 
 
-def _view(w: _Work, p: dict[str, Any], index: int) -> str:
+def _view(w: _Work, p: ViewChange, index: int) -> str:
     current = w.view.generation if w.view is not None else 0
-    if p["generation"] != current + 1:
-        return f"view generation {p['generation']} is not current generation {current} + 1"
-    absent = [m for m in p["members"] if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
+    if p.generation != current + 1:
+        return f"view generation {p.generation} is not current generation {current} + 1"
+    absent = [m for m in p.members if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
-    w.view = View(p["generation"], tuple(p["members"]), Address.read(p["store_host"]), p.get("secret", ""))
+    w.view = View(p.generation, p.members, Address.read(p.store_host), p.secret)
     return ""
 
 
-def _checkpoint(w: _Work, p: dict[str, Any], index: int) -> str:
-    if w.ckpt is not None and p["step"] <= w.ckpt.step:
-        return f"checkpoint step {p['step']} is not after step {w.ckpt.step}"
-    w.ckpt = Checkpoint(p["step"], p["digest"], tuple(p["holders"]), p.get("final", False))
+def _checkpoint(w: _Work, p: CheckpointTaken, index: int) -> str:
+    if w.ckpt is not None and p.step <= w.ckpt.step:
+        return f"checkpoint step {p.step} is not after step {w.ckpt.step}"
+    w.ckpt = Checkpoint(p.step, p.digest, p.holders, p.final)
     if w.ckpt.final and w.job.state is JobState.RUNNING:
-        w.job = Job(JobState.FINISHED, step=p["step"], digest=p["digest"])
+        w.job = Job(JobState.FINISHED, step=p.step, digest=p.digest)
     return ""
 
 
-def _kv_put(w: _Work, p: dict[str, Any], index: int) -> str:
-    w.kv[p["key"]] = p["value"]
+def _kv_put(w: _Work, p: KvPut, index: int) -> str:
+    w.kv[p.key] = p.value
     return ""
 
 
-def _kv_delete(w: _Work, p: dict[str, Any], index: int) -> str:
-    return "" if w.kv.pop(p["key"], None) is not None else f"no key {p['key']!r}"
+def _kv_delete(w: _Work, p: KvDelete, index: int) -> str:
+    return "" if w.kv.pop(p.key, None) is not None else f"no key {p.key!r}"
 
 
-def _job(w: _Work, p: dict[str, Any], index: int) -> str:
+def _job(w: _Work, p: JobChange, index: int) -> str:
     """failed ends a running job; running (an operator's retry) restarts a failed one. A job
     finishes with its final checkpoint (see _checkpoint), not through this entry."""
-    new, old = JobState(p["state"]), w.job.state
+    new, old = JobState(p.state), w.job.state
     if old is JobState.FINISHED:
         return "the job has already finished"
     if new is JobState.RUNNING and old is not JobState.FAILED:
         return "only a failed job can be retried"
     if new is JobState.FAILED and old is JobState.FAILED:
         return "the job has already failed"
-    w.job = Job(new, p.get("error", ""), p.get("node", ""), p.get("step", 0), p.get("digest", ""))
+    w.job = Job(new, p.error, p.node, p.step, p.digest)
     return ""
 
 
-def _config(w: _Work, p: dict[str, Any], index: int) -> str:
-    w.voters, w.learners = tuple(p["voters"]), tuple(p["learners"])
-    w.uids = MappingProxyType(dict(p["uids"]))
-    w.epoch, w.forced_at = p["epoch"], float(p.get("forced_at", 0.0))
+def _config(w: _Work, p: ConfigChange, index: int) -> str:
+    w.voters, w.learners = p.voters, p.learners
+    w.uids = MappingProxyType(dict(p.uids))
+    w.epoch, w.forced_at = p.epoch, p.forced_at
     return ""
 
 
-_RULES: dict[EntryKind, Callable[[_Work, dict[str, Any], int], str]] = {
+_RULES: dict[EntryKind, Callable[[_Work, Any, int], str]] = {
     EntryKind.MEMBER_JOINED: _joined,
     EntryKind.MEMBER_LEFT: _status(MemberStatus.LEFT),
     EntryKind.MEMBER_DEAD: _status(MemberStatus.DEAD),
@@ -252,6 +255,7 @@ _RULES: dict[EntryKind, Callable[[_Work, dict[str, Any], int], str]] = {
     EntryKind.CONFIG_CHANGE: _config,
     EntryKind.JOB: _job,
 }
+"""One rule per kind: it gets the decoded payload and returns "" when accepted, else why not."""
 
 
 def state_to_dict(s: ClusterState) -> dict[str, Any]:

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 from tests.support.raft_net import CFG, RaftNet
 
-from dpeer.consensus import Role
+from dpeer.consensus import Proposed, Role
 from dpeer.consensus.messages import AppendRequest, AppendResponse, RaftHeartbeat, SnapshotRequest, VoteRequest
 from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.state import ClusterState, apply_many
 
 
 def logs(net: RaftNet, nid: str) -> list[tuple[int, int]]:
@@ -177,3 +178,16 @@ def test_a_restarted_leader_keeps_only_what_it_persisted() -> None:
     net.elect("b")
     net.heartbeat("b")
     assert all(e.payload.get("key") != "lost" for e in net.applied["b"])
+
+
+def test_the_core_appends_a_payload_it_cannot_read_and_the_state_machine_refuses_it() -> None:
+    """The core never reads a payload: what is well formed is the state machine's to say."""
+    net = RaftNet(["a", "b", "c"])
+    net.elect("a")
+    res = net.nodes["a"].propose(EntryKind.KV_PUT, {"not": "a kv pair"})
+    assert isinstance(res, Proposed)
+    net.heartbeat("a")
+    (entry,) = [e for e in net.applied["b"] if e.index == res.index]
+    assert entry.payload == {"not": "a kv pair"}
+    _, results = apply_many(ClusterState(applied_index=res.index - 1), [entry])
+    assert not results[0].accepted and results[0].reason.startswith("malformed payload (kv_put: ")

@@ -6,6 +6,7 @@ import pytest
 
 from dpeer.daemon.checkpoints import Held, decide_checkpoint, quorum, still_pending, valid_digest
 from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.payloads import CheckpointTaken
 from dpeer.statemachine.state import Checkpoint, ClusterState
 from dpeer.trainer.decisions import plan_resume
 from dpeer.address import Address
@@ -41,7 +42,7 @@ def test_decide_checkpoint(members, committed, reports, step, holders, why) -> N
         assert not d.propose
     else:
         assert d.kind is EntryKind.CHECKPOINT
-        assert d.payload == {"step": step, "digest": reports[holders[0]].digest, "holders": holders, "final": False}
+        assert d.proposal == CheckpointTaken(step, reports[holders[0]].digest, tuple(holders), False)
 
 
 def test_no_view_no_checkpoint() -> None:

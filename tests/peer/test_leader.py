@@ -55,7 +55,7 @@ def test_a_suspect_member_stays_until_its_group_fails_then_goes_without_the_fail
     assert leader.decide(11.0) is None  # the wanted members changed: the quiet window starts
     d = leader.decide(11.0 + leader.quiet + 0.01)
     assert d is not None and d.kind is EntryKind.VIEW
-    assert d.payload["members"] == ["a"] and d.payload["generation"] == 5
+    assert d.proposal.members == ("a",) and d.proposal.generation == 5
     assert leader.quiet < leader.failure_grace  # so the drop did not wait for the failure grace
 
 
@@ -65,7 +65,7 @@ def test_a_failed_group_with_live_members_reforms_with_them_after_the_failure_gr
     leader.group_failed(4, collective_failed("allreduce failed"))
     assert leader.decide(11.0 + leader.quiet + 0.01) is None
     d = leader.decide(11.0 + leader.failure_grace)
-    assert d is not None and d.payload["members"] == ["a", "b"] and d.payload["generation"] == 5
+    assert d is not None and d.proposal.members == ("a", "b") and d.proposal.generation == 5
 
 
 def test_a_dead_member_is_declared_then_dropped_from_the_view() -> None:
@@ -80,7 +80,7 @@ def test_a_dead_member_is_declared_then_dropped_from_the_view() -> None:
                                     voters=state.voters, view=state.view)
     assert leader.decide(10.6) is None
     d = leader.decide(10.6 + leader.quiet + 0.01)
-    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+    assert d is not None and d.kind is EntryKind.VIEW and d.proposal.members == ("a",)
 
 
 def test_the_quiet_window_after_a_failure_counts_from_when_gossip_suspected_the_member() -> None:
@@ -89,7 +89,7 @@ def test_the_quiet_window_after_a_failure_counts_from_when_gossip_suspected_the_
     assert leader.decide(10.96) is None  # kept while its group works
     leader.group_failed(4, collective_failed("connection reset by peer"))
     d = leader.decide(10.95 + leader.quiet + 0.001)
-    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+    assert d is not None and d.kind is EntryKind.VIEW and d.proposal.members == ("a",)
 
 
 def test_a_member_gossip_holds_dead_leaves_the_view_before_its_status_is_committed() -> None:
@@ -99,11 +99,11 @@ def test_a_member_gossip_holds_dead_leaves_the_view_before_its_status_is_committ
     leader.decide(10.0)
     node.gossip["b"], node.since = "dead", {"b": 10.2}
     d = leader.decide(10.2 + leader.quiet + 0.01)
-    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+    assert d is not None and d.kind is EntryKind.VIEW and d.proposal.members == ("a",)
     state = node.store.state
     node.store.state = ClusterState(members=state.members, voters=state.voters, view=View(5, ("a",), Address.parse("10.0.0.1:7101")))
     d = leader.decide(10.2 + leader.quiet + 0.02)
-    assert d is not None and d.kind is EntryKind.MEMBER_DEAD and d.payload["node_id"] == "b"
+    assert d is not None and d.kind is EntryKind.MEMBER_DEAD and d.proposal.node_id == "b"
 
 
 def test_a_new_leader_dates_a_drop_from_gossip_against_the_committed_view() -> None:
@@ -112,7 +112,7 @@ def test_a_new_leader_dates_a_drop_from_gossip_against_the_committed_view() -> N
     leader, node = chores("dead")
     node.since = {"b": 10.0}
     d = leader.decide(10.0 + leader.quiet + 0.01)
-    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a"]
+    assert d is not None and d.kind is EntryKind.VIEW and d.proposal.members == ("a",)
 
 
 def test_a_new_leader_waits_the_quiet_window_for_a_newcomer() -> None:
@@ -124,7 +124,7 @@ def test_a_new_leader_waits_the_quiet_window_for_a_newcomer() -> None:
     node.gossip["c"] = "alive"
     assert leader.decide(20.0) is None
     d = leader.decide(20.0 + leader.quiet + 0.01)
-    assert d is not None and d.kind is EntryKind.VIEW and d.payload["members"] == ["a", "b", "c"]
+    assert d is not None and d.kind is EntryKind.VIEW and d.proposal.members == ("a", "b", "c")
 
 
 def build_failed(node: str, start: int) -> FailureReport:
@@ -156,8 +156,8 @@ def test_the_job_halts_when_no_box_can_build_it() -> None:
         leader.group_failed(0, build_failed("b", start))
         leader.group_failed(0, build_failed("a", start))
     d = leader.decide(30.0)
-    assert d is not None and d.kind is EntryKind.JOB and d.payload["state"] == "failed", d
-    assert "no box can build it: a, b" in d.payload["error"]
+    assert d is not None and d.kind is EntryKind.JOB and d.proposal.state == "failed", d
+    assert "no box can build it: a, b" in d.proposal.error
 
 
 def test_a_step_failing_with_a_changing_figure_halts_the_job() -> None:
@@ -166,4 +166,4 @@ def test_a_step_failing_with_a_changing_figure_halts_the_job() -> None:
         leader.group_failed(generation, FailureReport("b", FailurePhase.TRAIN, 0, f"MemoryError: {free} MiB free",
                                                       generation))
     d = leader.decide(30.0)
-    assert d is not None and d.kind is EntryKind.JOB and "3 times in a row" in d.payload["error"], d
+    assert d is not None and d.kind is EntryKind.JOB and "3 times in a row" in d.proposal.error, d

@@ -7,8 +7,10 @@ from types import MappingProxyType
 import pytest
 
 from dpeer.membership import MemberState
-from dpeer.daemon.views import Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.consensus.voting import ChangeOp
+from dpeer.daemon.views import MembershipChange, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
 from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.payloads import MemberJoined, ViewChange
 from dpeer.statemachine.state import ClusterState, Member
 from dpeer.address import Address
 from dpeer.view import View
@@ -40,7 +42,7 @@ def test_reconcile_members(members, gossip, kind, node) -> None:
     d = reconcile_members(state(members), gossip)
     assert d.kind == kind, d.reason
     if node:
-        assert d.payload["node_id"] == node and d.reason
+        assert d.proposal.node_id == node and d.reason
 
 
 def test_a_member_back_alive_keeps_its_store_and_is_not_ready_until_it_says_so() -> None:
@@ -54,7 +56,7 @@ def test_a_member_back_alive_keeps_its_store_and_is_not_ready_until_it_says_so()
     st = ClusterState(members=MappingProxyType(members), view=st.view)
     d = reconcile_members(st, seen(a="alive", b="alive"))
     assert d.kind is EntryKind.MEMBER_JOINED
-    assert d.payload == {"node_id": "b", "addr": "h:1", "store_port": 4321, "ready": False, "uid": "ab" * 16}
+    assert d.proposal == MemberJoined("b", "h:1", 4321, False, "ab" * 16)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +87,7 @@ def test_plan_voters(members, voters, learners, gossip, now, want, why) -> None:
         assert not d.propose
     else:
         assert d.kind == EntryKind.CONFIG_CHANGE
-        assert (d.payload["op"], d.payload["node"]) == want
+        assert (d.proposal.op, d.proposal.node) == want
 
 
 def test_training_members_keep_survivor_order_and_append_newcomers() -> None:
@@ -142,7 +144,7 @@ def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> N
     assert not early.propose and "waiting" in early.reason
     d = decide_view(s, ["a", "b"], changed_at=10.0, now=10.2, quiet=0.1, store_port_of=ports)
     assert d.kind == EntryKind.VIEW
-    assert d.payload == {"generation": 4, "members": ["a", "b"], "store_host": "10.0.0.1:8100"}
+    assert d.proposal == ViewChange(4, ("a", "b"), "10.0.0.1:8100")
 
 
 @pytest.mark.parametrize(
@@ -162,7 +164,7 @@ def test_decide_view_holds(view, members, control, why) -> None:
 def test_first_view_uses_rank0_host() -> None:
     s = state({"a": "active", "b": "active"})
     d = decide_view(s, ["b", "a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
-    assert d.payload["generation"] == 1 and d.payload["store_host"] == "10.0.0.2:8"
+    assert d.proposal.generation == 1 and d.proposal.store_host == "10.0.0.2:8"
 
 
 @pytest.mark.parametrize("addr, store_host", [("[fd00::2]:7100", "[fd00::2]:8"), ("[]:7100", None)])
@@ -173,7 +175,7 @@ def test_rank0s_address_gives_the_store_host_or_a_reason(addr: str, store_host: 
     if store_host is None:
         assert not d.propose and "rank 0 (b) has no usable address" in d.reason
     else:
-        assert d.payload["store_host"] == store_host
+        assert d.proposal.store_host == store_host
 
 
 def test_members_whose_worker_is_not_ready_do_not_train() -> None:
@@ -188,7 +190,7 @@ def test_a_failed_group_gets_a_new_generation_with_the_same_members() -> None:
     same = decide_view(s, ["a"], changed_at=0.0, now=1.0, quiet=0.1, store_port_of={"a": 8})
     assert not same.propose
     refresh = decide_view(s, ["a"], 0.0, 1.0, 0.1, {"a": 8}, failed_generation=5)
-    assert refresh.payload["generation"] == 6
+    assert refresh.proposal.generation == 6
     stale = decide_view(s, ["a"], 0.0, 1.0, 0.1, {"a": 8}, failed_generation=4)
     assert not stale.propose
 
@@ -237,8 +239,8 @@ def test_a_member_back_on_a_new_disk_is_removed_then_added_back_as_a_learner_wit
     before = ClusterState(members=MappingProxyType(ms), voters=("a", "b", "c"), uids=MappingProxyType(uids), epoch=1)
     gossip = seen(a="alive", b="alive", c="alive")
     d = plan_voters(before, gossip, now=0.0, grace=30.0, max_voters=5)
-    assert (d.payload["op"], d.payload["node"]) == ("remove", "b") and "new disk" in d.reason
+    assert (d.proposal.op, d.proposal.node) == ("remove", "b") and "new disk" in d.reason
     del uids["b"]
     after = ClusterState(members=MappingProxyType(ms), voters=("a", "c"), uids=MappingProxyType(uids), epoch=1)
     d = plan_voters(after, gossip, now=0.0, grace=30.0, max_voters=5)
-    assert dict(d.payload) == {"op": "add_learner", "node": "b", "uid": new}
+    assert d.proposal == MembershipChange(ChangeOp.ADD_LEARNER, "b", new)

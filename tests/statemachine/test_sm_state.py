@@ -71,7 +71,7 @@ def test_checkpoint_kv_config() -> None:
     assert s.checkpoint is not None and s.checkpoint.digest == "d1"
     assert dict(s.kv) == {"x": "1"}
     assert s.voters == ("a",) and s.learners == ("b",)
-    assert res[6].reason == "malformed payload"
+    assert res[6].reason == "malformed payload (kv_put: value missing)"
 
 
 def test_apply_refuses_out_of_order_and_term_regression() -> None:
