@@ -1,4 +1,4 @@
-"""The `dpeer` command tree: every command's flags, help and example (DESIGN.md "Interfaces")."""
+"""The `dpeer` command tree: every command's flags, help and example (docs/architecture.md "Interfaces")."""
 
 from __future__ import annotations
 

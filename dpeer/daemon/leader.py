@@ -176,7 +176,7 @@ class LeaderChores:
             self.streak, halt, reason = verdict.streak, verdict.halt, verdict.reason
         if halt and self._halt is None and state.job.state is JobState.RUNNING:
             log.error("halting the job: %s", reason)
-            halted = JobChange(JobState.FAILED.value, reason, report.node, report.step)
+            halted = JobChange(JobState.FAILED, reason, report.node, report.step)
             self._halt = Decision(halted, f"the job cannot train: {reason}")
             self.node.poke()
             return

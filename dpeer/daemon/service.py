@@ -332,7 +332,7 @@ class Service:
                                           "cluster runs a job's worker (nodes run one with --job)")
             if job.state is not JobState.FAILED:
                 return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
-            entry, result = await self.node.propose(JobChange(JobState.RUNNING.value), COMMAND_TIMEOUT)
+            entry, result = await self.node.propose(JobChange(JobState.RUNNING), COMMAND_TIMEOUT)
             if not result.accepted:
                 return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
             log.warning("the job was retried by an operator after: %s", job.error)

@@ -11,14 +11,24 @@ Pure: no lmdb, asyncio, grpc, torch or clock.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar, Mapping, Union
 
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.meta import valid_uid
 
-JOB_STATES: tuple[str, ...] = ("running", "failed")
-"""The job states an entry may set; "finished" follows from the final checkpoint instead."""
+
+
+class JobState(enum.StrEnum):
+    """The committed state of the cluster's job: training goes on, halted as broken, or done."""
+
+    RUNNING = "running"
+    FAILED = "failed"
+    FINISHED = "finished"
+
+
+_SETTABLE = (JobState.RUNNING, JobState.FAILED)  # "finished" follows from the final checkpoint instead
 
 
 class BadPayload(ValueError):
@@ -59,7 +69,8 @@ class _Record:
         out = {}
         for f in fields(self):  # type: ignore[arg-type]
             v = getattr(self, f.name)
-            out[f.name] = list(v) if type(v) is tuple else dict(v) if isinstance(v, Mapping) else v
+            out[f.name] = (list(v) if type(v) is tuple else dict(v) if isinstance(v, Mapping)
+                           else v.value if isinstance(v, enum.Enum) else v)
         return out
 
     @classmethod
@@ -182,7 +193,7 @@ class JobChange(_Record):
     """The job halted as broken (failed: why, on which box, at which step) or retried (running)."""
 
     KIND: ClassVar[EntryKind] = EntryKind.JOB
-    state: str
+    state: JobState
     error: str = ""
     node: str = ""
     step: int = 0
@@ -190,7 +201,8 @@ class JobChange(_Record):
 
     def __post_init__(self) -> None:
         k = self.KIND
-        _need(self.state in JOB_STATES, k, f"state must be one of {', '.join(JOB_STATES)}")
+        _need(self.state in _SETTABLE, k, f"state must be one of {', '.join(_SETTABLE)}")
+        object.__setattr__(self, "state", JobState(self.state))  # the log's string read back as the enum
         _need(_is_str(self.error) and _is_str(self.node) and _is_str(self.digest), k,
               "error, node and digest must be strings")
         _need(_is_int(self.step), k, "step must be an int >= 0")

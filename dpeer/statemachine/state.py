@@ -19,7 +19,7 @@ from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
 from dpeer.statemachine.payloads import (
-    BadPayload, CheckpointTaken, ConfigChange, JobChange, KvDelete, KvPut, MemberDead, MemberJoined, MemberLeft,
+    BadPayload, CheckpointTaken, ConfigChange, JobChange, JobState, KvDelete, KvPut, MemberDead, MemberJoined, MemberLeft,
     ViewChange, decode,
 )
 from dpeer.view import View
@@ -65,14 +65,6 @@ class Checkpoint:
     digest: str
     holders: tuple[str, ...]
     final: bool = False
-
-
-class JobState(enum.StrEnum):
-    """The committed state of the cluster's job: training goes on, halted as broken, or done."""
-
-    RUNNING = "running"
-    FAILED = "failed"
-    FINISHED = "finished"
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +217,7 @@ def _kv_delete(w: _Work, p: KvDelete, index: int) -> str:
 def _job(w: _Work, p: JobChange, index: int) -> str:
     """failed ends a running job; running (an operator's retry) restarts a failed one. A job
     finishes with its final checkpoint (see _checkpoint), not through this entry."""
-    new, old = JobState(p.state), w.job.state
+    new, old = p.state, w.job.state
     if old is JobState.FINISHED:
         return "the job has already finished"
     if new is JobState.RUNNING and old is not JobState.FAILED:

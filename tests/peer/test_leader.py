@@ -11,7 +11,7 @@ from dpeer.daemon.leader import LeaderChores
 from dpeer.daemon.timing import LEADER_PRESETS
 from dpeer.daemon.views import Observed
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.state import ClusterState, Member
+from dpeer.statemachine.state import ClusterState, JobState, Member
 from dpeer.address import Address
 from dpeer.view import View
 
@@ -156,7 +156,7 @@ def test_the_job_halts_when_no_box_can_build_it() -> None:
         leader.group_failed(0, build_failed("b", start))
         leader.group_failed(0, build_failed("a", start))
     d = leader.decide(30.0)
-    assert d is not None and d.kind is EntryKind.JOB and d.proposal.state == "failed", d
+    assert d is not None and d.kind is EntryKind.JOB and d.proposal.state is JobState.FAILED, d
     assert "no box can build it: a, b" in d.proposal.error
 
 

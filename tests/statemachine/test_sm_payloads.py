@@ -7,7 +7,7 @@ import pytest
 
 from dpeer.statemachine.entry import EntryKind, pack_payload, unpack_payload
 from dpeer.statemachine.payloads import (
-    BadPayload, CheckpointTaken, ConfigChange, JobChange, KvPut, MemberJoined, Noop, ViewChange, decode,
+    BadPayload, CheckpointTaken, ConfigChange, JobChange, JobState, KvPut, MemberJoined, Noop, ViewChange, decode,
 )
 
 U1, U2 = "1" * 32, "2" * 32
@@ -38,6 +38,9 @@ U1, U2 = "1" * 32, "2" * 32
     (EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", "uid": U1}, True),
     (EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", "uid": "nope"}, False),
     (EntryKind.NOOP, {}, True),
+    (EntryKind.JOB, {"state": "failed", "error": "boom", "node": "a", "step": 3}, True),
+    (EntryKind.JOB, {"state": "finished"}, False),  # only the final checkpoint finishes a job
+    (EntryKind.JOB, {"state": "running", "step": -1}, False),
 ])
 def test_payload_schemas(kind: EntryKind, payload: dict, ok: bool) -> None:
     if ok:
@@ -71,13 +74,18 @@ def test_absent_optional_fields_take_defaults_and_extra_keys_are_ignored() -> No
     assert decode(EntryKind.NOOP, {"anything": 1}) == Noop()
 
 
+def test_a_job_state_reads_back_as_the_enum() -> None:
+    assert decode(EntryKind.JOB, {"state": "failed"}).state is JobState.FAILED
+    assert JobChange(JobState.RUNNING).to_payload()["state"] == "running"
+
+
 def test_a_missing_required_field_names_the_kind() -> None:
     with pytest.raises(BadPayload, match="^kv_put: value missing$"):
         decode(EntryKind.KV_PUT, {"key": "k"})
 
 
 @pytest.mark.parametrize("build", [
-    lambda: KvPut("", "v"), lambda: JobChange("finished"), lambda: ViewChange(1, ["a"], "h:1"),
+    lambda: KvPut("", "v"), lambda: JobChange(JobState.FINISHED), lambda: ViewChange(1, ["a"], "h:1"),
     lambda: MemberJoined("a", "h:1", store_port=70000), lambda: CheckpointTaken(1, "d", ("a", "a")),
 ])
 def test_a_proposer_cannot_build_a_malformed_payload(build) -> None:
