@@ -71,6 +71,11 @@ class BenchState:
 
         return st.receive_targets(header, self.model, self.opt)
 
+    def digest_order(self, header: dict, targets: list) -> list | None:
+        from dpeer.trainer import state as st
+
+        return st.digest_order(header, targets, self.model)
+
     def load(self, parts) -> None:  # noqa: ANN001
         from dpeer.trainer import state as st
 

@@ -15,7 +15,8 @@ Integrity: the model's bytes are covered by the final check, every rank allgathe
 parameter digest (sha256 of parameters and buffers), which must all be equal; every other byte
 (optimizer state and the rest) travels in pieces that carry the donor's checksum
 (heal_transfer._check), checked on arrival. A full sha256 of the whole state on both sides, as
-before, cost more than the copy itself.
+before, cost more than the copy itself. A receiver whose model tensors are received in place hashes
+each as soon as its pieces have landed, while the optimizer's still travel (heal_digest).
 
 Resumption: a receiver writes into its live tensors, so from its first receive until the digests
 agree its state is torn: it then reports step -1 (it never donates nor wins a lineage) and keeps the
@@ -37,6 +38,7 @@ import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan, plan_heal
 from dpeer.trainer import heal_transfer
+from dpeer.trainer.heal_digest import DigestCancelled, EarlyDigest
 from dpeer.trainer.heal_transfer import Layout, Transfer, TransferError, assigned_pieces
 from dpeer.trainer.state import StateError, StateParts, model_tensor_indices, tensor_bytes
 
@@ -61,6 +63,10 @@ class Healable(Protocol):
 
     def digest(self) -> str:
         """The parameters' (and buffers') digest."""
+
+    def digest_order(self, header: dict, targets: list[torch.Tensor]) -> list[int] | None:
+        """The header's tensors that digest() hashes, in its order, when all are received in place
+        into ``targets`` (so the receiver hashes them as they land); None when not."""
 
 
 @dataclass(frozen=True)
@@ -225,37 +231,56 @@ def heal(
             p = session.partial = _Partial(source, specs, state.targets(header), set())
         transfer.targets, transfer.done = p.targets, p.done
         resumed = sum(layout.piece_range(j)[1] - layout.piece_range(j)[0] for j in p.done)
-    kept = _gather_kept(transfer.done, layout.n_pieces, world, device) if any_torn else [set()] * world
-    posted = _post(rank, plan, layout, transfer, kept, chunks)
-    if speculative:
-        try:
-            mine, digests = _gather_lineages(state, rank, at_max, world, device)
-        except RuntimeError as exc:
-            _finish(transfer, posted, session, t0, failed=exc)
-        if is_receiver and session.partial is not None:  # the pieces' lineage, known now (a resumption needs it)
-            session.partial.source = (plan.max_step, digests[primary])
-        if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
+    order = state.digest_order(header, transfer.targets) if is_receiver and transfer.targets is not None else None
+    early = EarlyDigest(layout, transfer.targets, order, transfer.done) if order and transfer.targets else None
+    try:
+        kept = _gather_kept(transfer.done, layout.n_pieces, world, device) if any_torn else [set()] * world
+        posted = _post(rank, plan, layout, transfer, kept, chunks)
+        if speculative:
             try:
-                _finish(transfer, posted, session, t0, failed=HealError("two lineages at the top step"))
-            except HealError:
-                pass
-            if is_receiver and session.partial is not None:
-                session.partial.done.clear()  # the pieces may be another lineage's: take none of them
-            return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session)  # torn now: planned first
-    _finish(transfer, posted, session, t0)
-    if is_receiver:
-        try:
-            state.load(StateParts(header, transfer.targets or []))
-        except (StateError, RuntimeError, KeyError, ValueError) as exc:
-            transfer.done.clear()
-            raise HealError(f"received state rejected: {exc}") from None
-    all_digests = gather_digests(state.digest() if is_receiver or not mine else mine, world, device)
-    if is_receiver and all_digests[rank] == all_digests[primary]:
-        session.partial = None
-    elif is_receiver and session.partial is not None:
-        session.partial.done.clear()  # whole pieces and a wrong result: something else is wrong, fetch all again
+                mine, digests = _gather_lineages(state, rank, at_max, world, device)
+            except RuntimeError as exc:
+                _finish(transfer, posted, session, t0, failed=exc)
+            if is_receiver and session.partial is not None:  # the pieces' lineage, known now (a resumption needs it)
+                session.partial.source = (plan.max_step, digests[primary])
+            if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
+                try:
+                    _finish(transfer, posted, session, t0, failed=HealError("two lineages at the top step"))
+                except HealError:
+                    pass
+                if is_receiver and session.partial is not None:
+                    session.partial.done.clear()  # the pieces may be another lineage's: take none of them
+                if early is not None:
+                    early.cancel()
+                return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session)  # torn now: planned first
+        _finish(transfer, posted, session, t0, early)
+        if is_receiver:
+            try:
+                state.load(StateParts(header, transfer.targets or []))
+            except (StateError, RuntimeError, KeyError, ValueError) as exc:
+                transfer.done.clear()
+                raise HealError(f"received state rejected: {exc}") from None
+            mine = _received_digest(state, early)
+        all_digests = gather_digests(mine or state.digest(), world, device)
+        if is_receiver and all_digests[rank] == all_digests[primary]:
+            session.partial = None
+        elif is_receiver and session.partial is not None:
+            session.partial.done.clear()  # whole pieces and a wrong result: something else is wrong, fetch all again
+    finally:
+        if early is not None:
+            early.cancel()
     _check_equal(all_digests)
     return HealResult(plan, is_receiver, transfer.sent, transfer.received, time.monotonic() - t0, resumed)
+
+
+def _received_digest(state: Healable, early: EarlyDigest | None) -> str:
+    """The receiver's parameter digest after the load: hashed as the pieces landed when it could be."""
+    if early is not None:
+        try:
+            return early.result()
+        except DigestCancelled:  # not expected once every piece landed; the full hash is as good, only later
+            pass
+    return state.digest()
 
 
 def _gather_kept(done: set[int], n_pieces: int, world: int, device: torch.device) -> list[set[int]]:
@@ -302,7 +327,7 @@ def _post(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: l
 
 
 def _finish(transfer: Transfer, posted: _Posted, session: HealSession, t0: float,
-            failed: Exception | None = None) -> None:
+            early: EarlyDigest | None = None, failed: Exception | None = None) -> None:
     """Wait for this rank's pieces; a receiver checks each as it lands and reports progress. On a
     failure (``failed``: one found elsewhere) every posted operation is drained and whatever arrived
     whole is kept, then HealError."""
@@ -313,6 +338,8 @@ def _finish(transfer: Transfer, posted: _Posted, session: HealSession, t0: float
         last = t0
         for j in posted.order:
             transfer.finish_piece(j, *posted.receives[j])
+            if early is not None:
+                early.landed_piece(j)
             now = time.monotonic()
             if session.on_progress is not None and now - t0 > PROGRESS_AFTER_S and now - last >= PROGRESS_AFTER_S:
                 last = now

@@ -187,6 +187,10 @@ class Trainer:
         s = self.spec
         return st.receive_targets(header, s.model, s.optimizer, s.scheduler, s.scaler)
 
+    def digest_order(self, header: dict, targets: list[torch.Tensor]) -> list[int] | None:
+        """Which received tensors digest() hashes, in its order, when all are received in place."""
+        return st.digest_order(header, targets, self.spec.model)
+
     def load(self, parts: st.StateParts) -> None:
         """Replace the training state with received ``parts``."""
         s = self.spec

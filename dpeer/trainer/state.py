@@ -380,6 +380,33 @@ def params_digest(model: torch.nn.Module) -> str:
     ``buffers()`` order (BatchNorm running statistics included), so replicas whose buffers drifted
     apart are seen too (equal on every replica). A model without buffers digests as before."""
     h = hashlib.sha256()
-    for t in (*model.parameters(), *model.buffers()):
-        h.update(byte_view(_as_bytes_view(t)))
+    for t in _digested(model):
+        digest_update(h, t)
     return h.hexdigest()
+
+
+def _digested(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
+    return (*model.parameters(), *model.buffers())
+
+
+def digest_update(h: Any, t: torch.Tensor) -> None:
+    """Feed one tensor's raw bytes to ``h`` as params_digest does."""
+    h.update(byte_view(_as_bytes_view(t)))
+
+
+def digest_order(header: dict[str, Any], targets: list[torch.Tensor], model: torch.nn.Module) -> list[int] | None:
+    """The indices in ``header`` of the tensors params_digest hashes, in its order, when each of them
+    is received in place (its target is the model's own CPU tensor): hashing those targets as they
+    land then gives params_digest(model) after the load, which leaves them as they are. None when
+    one is not (a non-persistent buffer, another device, a tensor received into scratch space)."""
+    placed = {}
+    for i in model_tensor_indices(header):
+        t = targets[i]
+        placed[(t.data_ptr(), t.dtype, tuple(t.shape))] = i
+    order = []
+    for t in _digested(model):
+        i = placed.get((t.data_ptr(), t.dtype, tuple(t.shape)))
+        if i is None or t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        order.append(i)
+    return order

@@ -19,6 +19,9 @@ class State:
     def targets(self, header: dict) -> list[torch.Tensor]:
         return st.receive_targets(header, self.model, self.opt)
 
+    def digest_order(self, header: dict, targets: list[torch.Tensor]) -> list[int] | None:
+        return st.digest_order(header, targets, self.model)
+
     def load(self, parts: st.StateParts) -> None:
         self.step = st.restore_parts(parts, self.model, self.opt)[0]
 
