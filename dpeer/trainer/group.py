@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from dpeer.trainer import gloo_cut
 from dpeer.view import View
 
 EXIT_RESTART = 75
@@ -153,6 +154,7 @@ class GroupManager:
         self._bound = store_socket  # bound at start (bind_store_socket); used when a view names its port
         self._clients: dict[tuple[str, int], dist.TCPStore] = {}
         self._collective_timeout = init_timeout
+        self._pairs: gloo_cut.GroupSockets | None = None  # the current Gloo group's connections
 
     @property
     def device(self) -> torch.device:
@@ -260,6 +262,7 @@ class GroupManager:
         failure: GroupError | None = None
         try:
             self._rendezvous(prefix, view, superseded, deadline)
+            before = set(gloo_cut.socket_inodes()) if self.backend == "gloo" else set()
             dist.init_process_group(
                 backend, store=prefix, rank=rank, world_size=len(view.members),
                 timeout=dt.timedelta(seconds=self.init_timeout),
@@ -273,6 +276,9 @@ class GroupManager:
         if failure is not None:
             self.destroy()
             raise failure
+        if self.backend == "gloo":
+            ports = {view.store.port} | {port for _, port in (*self._clients, *self._hosted)}
+            self._pairs = gloo_cut.GroupSockets.established(before, ports)
         heal_key = derive(view.secret, "heal", view.generation) if view.secret else b""
         self.membership = GroupSeat(view.generation, rank, len(view.members), view.members, heal_key)
         self.set_timeout(self._collective_timeout)
@@ -283,6 +289,13 @@ class GroupManager:
         self._collective_timeout = seconds
         if dist.is_initialized():
             dist.distributed_c10d._set_pg_timeout(dt.timedelta(seconds=seconds))
+
+    def cut(self) -> int:
+        """Fail the current Gloo group's pending operations now, here and on its peers (Gloo has
+        no abort: its connections are shut down, gloo_cut); returns how many were. Safe from
+        another thread while a collective runs; the group must then be destroyed as after any failure."""
+        pairs = self._pairs
+        return pairs.cut() if pairs is not None else 0
 
     def _abort_nccl_or_exit(self) -> None:
         done = threading.Event()
@@ -300,7 +313,7 @@ class GroupManager:
 
         Call ``gc.freeze()`` once the job is built, so this collection only scans young objects.
         """
-        self.membership = None
+        self.membership, self._pairs = None, None
         if not dist.is_initialized():
             _reset_group_names()
             return

@@ -16,12 +16,13 @@ import math
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol, Sequence, TextIO
 
 import torch
 
 from dpeer.trainer import state as st
+from dpeer.trainer.collective_watch import CollectiveWatch, patience
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
@@ -158,6 +159,8 @@ class Trainer:
         self._digest_next = False
         self._lineage: dict[int, str] = {}  # checkpoint step -> parameter digest, along this replica's lineage
         self._heal = HealSession(self._heal_progress)  # a torn state from an interrupted heal, resumed by the next
+        self._cut: tuple[int, float, int] | None = None  # the watch's last cut: generation, overdue s, connections
+        self.watch: CollectiveWatch | None = None  # started by run() for a Gloo group
         if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
             self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device,
                                                            self._collate)
@@ -209,6 +212,10 @@ class Trainer:
         self._lineage = {int(k): str(v) for k, v in header.get("lineage", [])}
         if header.get("params_digest"):
             self._remember(self.step, header["params_digest"])
+
+    def _on_cut(self, generation: int, overdue: float, connections: int) -> None:
+        """The watch cut this generation's overdue collective (its thread): the failure it causes says so."""
+        self._cut = (generation, overdue, connections)
 
     def _heal_progress(self, p: HealProgress) -> None:
         """A long heal's progress: a report record, and a line in the daemon's log (the worker's stderr)."""
@@ -326,7 +333,14 @@ class Trainer:
         spec = self.spec
         t0 = time.monotonic()
         self._record_trained(self.stepper.compute(self.step, m.rank, m.world), m)
-        red = self.stepper.reduce(self._peek_newest(), m.rank, m.world)
+        newest = self._peek_newest()
+        if self.watch is not None:
+            self.watch.arm(m.generation, patience(self.step_times))
+        try:
+            red = self.stepper.reduce(newest, m.rank, m.world)
+        finally:
+            if self.watch is not None:
+                self.watch.disarm()
         if spec.scaler is not None:
             spec.scaler.step(spec.optimizer)
             spec.scaler.update()
@@ -383,8 +397,12 @@ class Trainer:
         except Exception as exc:  # noqa: BLE001 - every failure is reported; the traceback is dropped here
             t_caught = time.time()
             failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
+            cut, self._cut = self._cut if self._cut is not None and self._cut[0] == view.generation else None, None
+            if cut is not None:
+                failure = replace(failure, error=f"cut after {cut[1]:.2f}s in the collective, a newer view being "
+                                  f"committed ({cut[2]} connections shut): {failure.error}"[:300])
             self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught,
-                        phase=failure.phase, error=failure.error)
+                        phase=failure.phase, error=failure.error, cut_after_s=cut[1] if cut else None)
         return failure
 
     def run(self) -> int:
@@ -399,6 +417,9 @@ class Trainer:
         gc.freeze()
         idle_since = time.monotonic()
         started_at = self.step
+        if self.group.backend == "gloo":
+            self.watch = CollectiveWatch(lambda gen: self.source.wait_view(gen, 0.0) is not None, self.group.cut,
+                                         self._on_cut)
         try:
             while self.step < self.spec.steps:
                 given = self.source.wait_view(self.generation, self.cfg.view_wait)
@@ -426,6 +447,8 @@ class Trainer:
             if started_at == self.step:  # resumed at the last step (a box back after the end)
                 self.source.report_progress(self.step, self.sampler.cursor_after(self.step), math.nan, self.digest())
         finally:
+            if self.watch is not None:
+                self.watch.close()
             self.group.close()
             if self._ledger is not None:
                 self._ledger.close()

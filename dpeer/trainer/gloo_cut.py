@@ -1,0 +1,88 @@
+"""Failing a Gloo group's pending operations at once, since Gloo has no abort.
+
+A Gloo group's connections are this process's own TCP sockets. Shutting them down makes every
+pending send and receive of the group fail at once with "Connection closed by peer", here and on
+the peers, instead of at the collective timeout; the group is then destroyed and re-formed as after
+any failure. The group's sockets are told apart by when they appeared: those established while
+the group was initialised, less the rendezvous store's (the store outlives groups), are its pairs.
+Listening sockets are never touched (Gloo's listener aborts the process when its socket is shut).
+
+Linux only (it reads /proc/self); elsewhere ``established`` finds nothing and a cut does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+_ESTABLISHED = "01"
+
+
+def socket_inodes() -> dict[int, int]:
+    """Every socket this process holds: inode -> file descriptor."""
+    out = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out[int(link[8:-1])] = int(fd)
+    return out
+
+
+def tcp_sockets() -> dict[int, tuple[int, int, str]]:
+    """This process's network namespace's TCP sockets: inode -> (local port, remote port, state)."""
+    out = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9:
+                local, remote = fields[1].rsplit(":", 1)[1], fields[2].rsplit(":", 1)[1]
+                out[int(fields[9])] = (int(local, 16), int(remote, 16), fields[3])
+    return out
+
+
+@dataclass(frozen=True)
+class GroupSockets:
+    """The established TCP connections of one group: inode -> the descriptor they had."""
+
+    sockets: dict[int, int]
+
+    @classmethod
+    def established(cls, before: set[int], store_ports: set[int]) -> GroupSockets:
+        """The connections established since ``before`` (socket_inodes' keys taken just before the
+        group's init), less any to or from one of ``store_ports``."""
+        tcp, held = tcp_sockets(), socket_inodes()
+        mine = {inode: fd for inode, fd in held.items() if inode not in before and inode in tcp
+                and tcp[inode][2] == _ESTABLISHED and not {tcp[inode][0], tcp[inode][1]} & store_ports}
+        return cls(mine)
+
+    def cut(self) -> int:
+        """Shut down every connection still held under its descriptor; returns how many."""
+        held, cut = socket_inodes(), 0
+        for inode, fd in self.sockets.items():
+            if held.get(inode) != fd:  # closed since (and the number perhaps reused): not ours any more
+                continue
+            try:
+                sock = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+                cut += 1
+            except OSError:
+                pass
+            finally:
+                sock.close()  # closes the duplicate only; Gloo's descriptor stays open and shut
+        return cut
