@@ -66,7 +66,7 @@ from dpeer.consensus.voting import (
     load_history,
     pruned_history,
 )
-from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.entry import Entry, EntryKind, entry_to_wire
 
 log = logging.getLogger(__name__)
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
@@ -208,8 +208,14 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         well formed, is the state machine's (statemachine/payloads.py builds and checks it)."""
         if self.role is not Role.LEADER:
             return NotLeader(self.leader)
+        if not isinstance(kind, EntryKind):
+            return Refused(f"unknown entry kind {kind!r}")
         if kind is EntryKind.CONFIG_CHANGE:
             return Refused("use change_membership for configuration changes")
+        try:
+            entry_to_wire(Entry(self.log.last_index() + 1, self.term, kind, dict(payload)))
+        except (ValueError, TypeError, OverflowError) as exc:  # not a dict of str keys or not msgpack-able
+            return Refused(f"the payload cannot be stored: {exc}")
         entry = self._leader_append(kind, dict(payload))
         return Proposed(entry.index, entry.term)
 

@@ -385,6 +385,12 @@ def params_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def _overlapping(tensors: list[torch.Tensor]) -> bool:
+    """Whether any two non-empty tensors share a byte of memory."""
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors if t.numel())
+    return any(b_start < a_end for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+
+
 def _digested(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
     return (*model.parameters(), *model.buffers())
 
@@ -398,7 +404,11 @@ def digest_order(header: dict[str, Any], targets: list[torch.Tensor], model: tor
     """The indices in ``header`` of the tensors params_digest hashes, in its order, when each of them
     is received in place (its target is the model's own CPU tensor): hashing those targets as they
     land then gives params_digest(model) after the load, which leaves them as they are. None when
-    one is not (a non-persistent buffer, another device, a tensor received into scratch space)."""
+    one is not (a non-persistent buffer, another device, a tensor received into scratch space), and
+    when two targets share memory (tied weights, views of one buffer): a later piece of one would
+    change bytes already hashed for the other."""
+    if _overlapping(targets):
+        return None
     placed = {}
     for i in model_tensor_indices(header):
         t = targets[i]

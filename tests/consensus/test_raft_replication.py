@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from tests.support.raft_net import CFG, RaftNet
 
-from dpeer.consensus import Proposed, Role
+from dpeer.consensus import Proposed, Refused, Role
 from dpeer.consensus.messages import AppendRequest, AppendResponse, RaftHeartbeat, SnapshotRequest, VoteRequest
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.state import ClusterState, apply_many
@@ -191,3 +191,17 @@ def test_the_core_appends_a_payload_it_cannot_read_and_the_state_machine_refuses
     assert entry.payload == {"not": "a kv pair"}
     _, results = apply_many(ClusterState(applied_index=res.index - 1), [entry])
     assert not results[0].accepted and results[0].reason.startswith("malformed payload (kv_put: ")
+
+
+@pytest.mark.parametrize("kind,payload", [
+    ("config_change", {}),  # a kind by its string: never past the config-change guard
+    (EntryKind.KV_PUT, {"key": object()}),  # nothing msgpack can store
+    (EntryKind.KV_PUT, {1: "int key"}),
+    (EntryKind.KV_PUT, {"n": 2**70}),
+])
+def test_a_proposal_the_log_cannot_hold_is_refused_and_nothing_is_appended(kind, payload) -> None:
+    net = RaftNet(["a", "b", "c"])
+    net.elect("a")
+    last = net.nodes["a"].log.last_index()
+    assert isinstance(net.nodes["a"].propose(kind, payload), Refused)
+    assert net.nodes["a"].log.last_index() == last

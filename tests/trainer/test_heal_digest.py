@@ -78,3 +78,14 @@ def test_a_missing_piece_is_refused_not_waited_for_and_cancel_ends_the_thread() 
     stopped = EarlyDigest(layout, targets, st.digest_order(header, targets, model), set())
     stopped.cancel()
     assert not stopped._thread.is_alive()
+
+
+def test_no_order_when_two_targets_share_memory() -> None:
+    """Tied weights: one storage under two names; a late piece of one would change bytes hashed for the other."""
+    torch.manual_seed(0)
+    emb, head = torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.Sequential(emb, head)
+    opt = torch.optim.Adam(model.parameters())
+    header = st.capture_parts(model, opt).header
+    assert st.digest_order(header, st.receive_targets(header, model, opt), model) is None
