@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan, plan_heal
 from dpeer.trainer import heal_transfer
-from dpeer.trainer.heal_digest import DigestCancelled, EarlyDigest
+from dpeer.trainer.heal_digest import DigestCancelled, DigestLater, EarlyDigest
 from dpeer.trainer.heal_transfer import Layout, Transfer, TransferError, assigned_pieces
 from dpeer.trainer.state import StateError, StateParts, model_tensor_indices, tensor_bytes
 
@@ -236,6 +236,7 @@ def heal(
     try:
         kept = _gather_kept(transfer.done, layout.n_pieces, world, device) if any_torn else [set()] * world
         posted = _post(rank, plan, layout, transfer, kept, chunks)
+        later = DigestLater(state.digest) if is_donor and not mine and not speculative else None
         if speculative:
             try:
                 mine, digests = _gather_lineages(state, rank, at_max, world, device)
@@ -261,6 +262,8 @@ def heal(
                 transfer.done.clear()
                 raise HealError(f"received state rejected: {exc}") from None
             mine = _received_digest(state, early)
+        elif later is not None:
+            mine = later.result()
         all_digests = gather_digests(mine or state.digest(), world, device)
         if is_receiver and all_digests[rank] == all_digests[primary]:
             session.partial = None
