@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 PERIOD_S = 0.01  # how often the watch asks for a newer view while a collective is overdue
-IDLE_S = 0.025  # how often it looks whether the collective running now is overdue
+IDLE_S = 0.05  # how often it looks whether the collective running now is overdue (20 wakeups a second)
 PATIENCE_FLOOR_S = 0.05  # a collective is overdue after at least this long
 PATIENCE_STEPS = 4  # ... and at least this many typical step times
 
