@@ -130,6 +130,29 @@ def should_switch(current_generation: int, newest_seen_by_rank: list[int]) -> Sw
     return SwitchDecision(False, current_generation, f"generation {current_generation} is the newest seen")
 
 
+@dataclass(frozen=True)
+class CutDecision:
+    """Whether an overdue collective is given up (collective_watch), and why."""
+
+    cut: bool
+    reason: str
+
+
+def should_cut(members: tuple[str, ...], newer_members: tuple[str, ...] | None) -> CutDecision:
+    """An overdue collective of a group of ``members`` is given up once a newer committed view
+    drops one of them or re-forms the same members (their group failed): nobody will complete it.
+    A newer view that only adds members is a planned switch, which the step's allreduce makes at
+    a step boundary: a collective slowed down (a newcomer's start-up taking the CPU) goes on."""
+    if newer_members is None:
+        return CutDecision(False, "no newer view is committed")
+    dropped = sorted(set(members) - set(newer_members))
+    if dropped:
+        return CutDecision(True, f"the newer view drops {', '.join(dropped)}")
+    if set(newer_members) == set(members):
+        return CutDecision(True, "the newer view re-forms the same members: their group failed")
+    return CutDecision(False, "the newer view only adds members: a planned switch")
+
+
 def collective_timeout(
     step_times: list[float],
     floor: float = 2.0,

@@ -25,12 +25,12 @@ def test_patience_is_a_few_typical_steps_and_never_below_the_floor() -> None:
 
 
 class Probe:
-    """A view source's answer and the cuts the watch made."""
+    """A view source's answer (the newer view's members, None: no newer view) and the cuts made."""
 
-    def __init__(self, newer: bool) -> None:
+    def __init__(self, newer: tuple[str, ...] | None) -> None:
         self.newer, self.asked, self.cut = newer, threading.Event(), threading.Event()
 
-    def ask(self, generation: int) -> bool:
+    def ask(self, generation: int) -> tuple[str, ...] | None:
         self.asked.set()
         return self.newer
 
@@ -39,26 +39,26 @@ class Probe:
         return 2
 
 
-def test_an_overdue_collective_is_cut_once_a_newer_view_exists() -> None:
-    probe, seen = Probe(newer=True), []
-    watch = CollectiveWatch(probe.ask, probe.do_cut, lambda gen, s, n: seen.append((gen, n)))
+def test_an_overdue_collective_is_cut_once_a_newer_view_drops_a_member() -> None:
+    probe, seen = Probe(newer=("a",)), []
+    watch = CollectiveWatch(probe.ask, probe.do_cut, lambda gen, s, n, why: seen.append((gen, n, why)))
     try:
-        watch.arm(3, 0.05)
+        watch.arm(3, ("a", "b"), 0.05)
         assert probe.cut.wait(10)
     finally:
         watch.close()
-    assert watch.cuts == 1 and seen == [(3, 2)]
+    assert watch.cuts == 1 and seen == [(3, 2, "the newer view drops b")]
 
 
-def test_no_cut_without_a_newer_view_nor_once_disarmed() -> None:
-    probe = Probe(newer=False)
+@pytest.mark.parametrize("newer", [None, ("a", "b", "c")])
+def test_no_cut_without_a_newer_view_or_for_a_join_nor_once_disarmed(newer) -> None:
+    probe = Probe(newer=newer)
     watch = CollectiveWatch(probe.ask, probe.do_cut)
     try:
-        watch.arm(3, 0.05)
-        assert probe.asked.wait(10)  # overdue and asked: no newer view, so no cut
+        watch.arm(3, ("a", "b"), 0.05)
+        assert probe.asked.wait(10)  # overdue and asked: no newer view, or one that only adds c: no cut
         watch.disarm()
-        probe.newer = True
-        watch.close()
+        probe.newer = ("a",)
     finally:
         watch.close()
     assert not probe.cut.is_set() and watch.cuts == 0
@@ -73,8 +73,8 @@ def _member(node: str, port: int, results: mp.Queue, go: mp.Event) -> None:
         manager.form(View(1, ("a", "b"), Address("127.0.0.1", port)))
         manager.set_timeout(60.0)
         if node == "a":
-            watch = CollectiveWatch(lambda gen: True, manager.cut)
-            watch.arm(1, 0.05)
+            watch = CollectiveWatch(lambda gen: ("a",), manager.cut)  # a view without b: b is gone
+            watch.arm(1, ("a", "b"), 0.05)
             t0 = time.monotonic()
             try:
                 dist.all_reduce(torch.ones(4))

@@ -1,6 +1,6 @@
 import pytest
 
-from dpeer.trainer.decisions import collective_timeout, pick_lineage, plan_heal, should_switch
+from dpeer.trainer.decisions import collective_timeout, pick_lineage, plan_heal, should_cut, should_switch
 
 
 def _covers(ranges, n):
@@ -125,3 +125,15 @@ def test_collective_timeout_uses_p99_of_window():
     assert seconds == pytest.approx(2.0)
     seconds, _ = collective_timeout(times + [0.01] * 200, floor=0.0, mult=2.0, window=200)
     assert seconds == pytest.approx(0.02)
+
+
+@pytest.mark.parametrize("members,newer,cut,reason", [
+    (("a", "b", "c"), None, False, "no newer view"),
+    (("a", "b", "c"), ("a", "b"), True, "drops c"),
+    (("a", "b", "c"), ("a", "b", "d"), True, "drops c"),  # a replacement: c is still gone
+    (("a", "b"), ("b", "a"), True, "same members"),  # re-formed in another rank order: their group failed
+    (("a", "b"), ("a", "b", "c"), False, "only adds"),  # a join: the allreduce switches at a step boundary
+])
+def test_should_cut_table(members, newer, cut, reason):
+    d = should_cut(members, newer)
+    assert d.cut is cut and reason in d.reason
