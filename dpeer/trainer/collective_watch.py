@@ -9,13 +9,14 @@ re-forms the same ones (decisions.should_cut). So while a step's collective runs
 (every IDLE_S, then every PERIOD_S once it is overdue): once the collective has run ``patience``
 seconds and such a view is committed, it cuts the group (GroupManager.cut), the collective fails at
 once, and the worker reports it and re-forms in the newer view as after any failure. A view that
-only adds members is a planned switch and never cuts, however slow the collective.
+only adds members is most often a planned switch: it cuts only far past the patience.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from dpeer.trainer.decisions import should_cut
@@ -37,21 +38,22 @@ class CollectiveWatch:
     """A thread that cuts an overdue collective once a newer view says nobody will complete it
     (decisions.should_cut)."""
 
-    def __init__(self, newer: Callable[[int], tuple[str, ...] | None], cut: Callable[[], int],
-                 on_cut: Callable[[int, float, int, str], None] = lambda generation, seconds, cut, why: None) -> None:
-        """``newer(generation)``: the members of the newest committed view after it, None if none;
-        ``cut`` fails the current group's pending operations; ``on_cut(generation, seconds the
-        collective had run, connections cut, why)`` reports it (called on the watch's thread)."""
-        self._newer, self._cut, self._on_cut = newer, cut, on_cut
-        self._armed: tuple[int, tuple[str, ...], float, float] | None = None  # generation, members, start, patience
+    def __init__(self, newer: Callable[[int], tuple[str, ...] | None],
+                 on_cut: Callable[[int, float, str], None] = lambda generation, seconds, why: None) -> None:
+        """``newer(generation)``: the members of the newest committed view after it, None if none
+        (it may raise: a view file read half-way is no newer view yet); ``on_cut(generation,
+        seconds the collective had run, why)`` records a cut before it is made (the watch's thread)."""
+        self._newer, self._on_cut = newer, on_cut
+        self._armed: _Armed | None = None
         self._stop = threading.Event()
         self.cuts = 0
         self._thread = threading.Thread(target=self._run, name="dpeer-collective-watch", daemon=True)
         self._thread.start()
 
-    def arm(self, generation: int, members: tuple[str, ...], patience_s: float) -> None:
-        """A collective of ``generation`` (its ``members``) starts now (the worker's main thread)."""
-        self._armed = (generation, members, time.monotonic(), patience_s)
+    def arm(self, generation: int, members: tuple[str, ...], patience_s: float, cut: Callable[[], int]) -> None:
+        """A collective of ``generation`` (its ``members``) starts now (the worker's main thread);
+        ``cut`` fails that very group's pending operations (never a later group's)."""
+        self._armed = _Armed(generation, members, time.monotonic(), patience_s, cut)
 
     def disarm(self) -> None:
         """The collective returned or raised."""
@@ -68,14 +70,26 @@ class CollectiveWatch:
             wait, armed = IDLE_S, self._armed
             if armed is None:
                 continue
-            generation, members, started, patience_s = armed
-            overdue = time.monotonic() - started
-            if overdue < patience_s:
+            overdue = time.monotonic() - armed.started
+            if overdue < armed.patience:
                 continue
             wait = PERIOD_S
-            decision = should_cut(members, self._newer(generation))
+            try:
+                newer = self._newer(armed.generation)
+            except (OSError, ValueError, KeyError, TypeError):  # a view being written: look again
+                continue
+            decision = should_cut(armed.members, newer, overdue, armed.patience)
             if not decision.cut or self._armed is not armed:
                 continue
-            cut = self._cut()
+            self._on_cut(armed.generation, overdue, decision.reason)
+            armed.cut()
             self._armed, self.cuts = None, self.cuts + 1
-            self._on_cut(generation, overdue, cut, decision.reason)
+
+
+@dataclass(frozen=True)
+class _Armed:
+    generation: int
+    members: tuple[str, ...]
+    started: float
+    patience: float
+    cut: Callable[[], int]

@@ -130,6 +130,9 @@ def should_switch(current_generation: int, newest_seen_by_rank: list[int]) -> Sw
     return SwitchDecision(False, current_generation, f"generation {current_generation} is the newest seen")
 
 
+JOIN_PATIENCE = 8  # a collective stuck this many patiences past a join's view is given up too
+
+
 @dataclass(frozen=True)
 class CutDecision:
     """Whether an overdue collective is given up (collective_watch), and why."""
@@ -138,11 +141,14 @@ class CutDecision:
     reason: str
 
 
-def should_cut(members: tuple[str, ...], newer_members: tuple[str, ...] | None) -> CutDecision:
+def should_cut(members: tuple[str, ...], newer_members: tuple[str, ...] | None, overdue: float = 0.0,
+               patience: float = 0.0) -> CutDecision:
     """An overdue collective of a group of ``members`` is given up once a newer committed view
     drops one of them or re-forms the same members (their group failed): nobody will complete it.
-    A newer view that only adds members is a planned switch, which the step's allreduce makes at
-    a step boundary: a collective slowed down (a newcomer's start-up taking the CPU) goes on."""
+    A newer view that only adds members is most often a planned switch, which the step's allreduce
+    makes at a step boundary, so a collective slowed down (a newcomer's start-up taking the CPU)
+    goes on; but a failed group re-formed with a newcomer looks the same, so past JOIN_PATIENCE
+    times its patience such a collective is given up too."""
     if newer_members is None:
         return CutDecision(False, "no newer view is committed")
     dropped = sorted(set(members) - set(newer_members))
@@ -150,6 +156,8 @@ def should_cut(members: tuple[str, ...], newer_members: tuple[str, ...] | None) 
         return CutDecision(True, f"the newer view drops {', '.join(dropped)}")
     if set(newer_members) == set(members):
         return CutDecision(True, "the newer view re-forms the same members: their group failed")
+    if overdue >= JOIN_PATIENCE * patience > 0:
+        return CutDecision(True, f"the newer view adds members and the collective is {overdue:.2f}s overdue")
     return CutDecision(False, "the newer view only adds members: a planned switch")
 
 

@@ -69,20 +69,26 @@ class GroupSockets:
         return cls(mine)
 
     def cut(self) -> int:
-        """Shut down every connection still held under its descriptor; returns how many."""
-        held, cut = socket_inodes(), 0
+        """Shut down every connection still held under its descriptor; returns how many. Each
+        descriptor is duplicated first and shut only if the duplicate is still that connection
+        (its inode): a number closed and reused since (a new store connection, a new group's
+        listener) is left alone."""
+        cut = 0
         for inode, fd in self.sockets.items():
-            if held.get(inode) != fd:  # closed since (and the number perhaps reused): not ours any more
+            try:
+                dup = os.dup(fd)
+            except OSError:  # closed since
                 continue
             try:
-                sock = socket.socket(fileno=os.dup(fd))
-            except OSError:
-                continue
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-                cut += 1
+                if os.fstat(dup).st_ino != inode:
+                    continue
+                with socket.socket(fileno=dup) as sock:  # closing it closes the duplicate only
+                    dup = -1
+                    sock.shutdown(socket.SHUT_RDWR)
+                    cut += 1
             except OSError:
                 pass
             finally:
-                sock.close()  # closes the duplicate only; Gloo's descriptor stays open and shut
+                if dup >= 0:
+                    os.close(dup)
         return cut

@@ -290,12 +290,13 @@ class GroupManager:
         if dist.is_initialized():
             dist.distributed_c10d._set_pg_timeout(dt.timedelta(seconds=seconds))
 
-    def cut(self) -> int:
-        """Fail the current Gloo group's pending operations now, here and on its peers (Gloo has
-        no abort: its connections are shut down, gloo_cut); returns how many were. Safe from
+    def cutter(self) -> Callable[[], int]:
+        """What fails the current Gloo group's pending operations, here and on its peers, when
+        called (Gloo has no abort: its connections are shut down, gloo_cut), returning how many
+        were; bound to this group, so a call that comes late never touches the next one. Safe from
         another thread while a collective runs; the group must then be destroyed as after any failure."""
         pairs = self._pairs
-        return pairs.cut() if pairs is not None else 0
+        return pairs.cut if pairs is not None else (lambda: 0)
 
     def _abort_nccl_or_exit(self) -> None:
         done = threading.Event()

@@ -159,7 +159,7 @@ class Trainer:
         self._digest_next = False
         self._lineage: dict[int, str] = {}  # checkpoint step -> parameter digest, along this replica's lineage
         self._heal = HealSession(self._heal_progress)  # a torn state from an interrupted heal, resumed by the next
-        self._cut: tuple[int, float, int, str] | None = None  # the watch's last cut: generation, overdue s, shut, why
+        self._cut: tuple[int, float, str] | None = None  # the watch's last cut: generation, overdue s, why
         self.watch: CollectiveWatch | None = None  # started by run() for a Gloo group
         if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
             self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device,
@@ -218,9 +218,9 @@ class Trainer:
         newer = self.source.wait_view(generation, 0.0)
         return None if newer is None else tuple(newer.view.members)
 
-    def _on_cut(self, generation: int, overdue: float, connections: int, why: str) -> None:
-        """The watch cut this generation's overdue collective (its thread): the failure it causes says so."""
-        self._cut = (generation, overdue, connections, why)
+    def _on_cut(self, generation: int, overdue: float, why: str) -> None:
+        """The watch cuts this generation's overdue collective (its thread): the failure it causes says so."""
+        self._cut = (generation, overdue, why)
 
     def _heal_progress(self, p: HealProgress) -> None:
         """A long heal's progress: a report record, and a line in the daemon's log (the worker's stderr)."""
@@ -340,7 +340,7 @@ class Trainer:
         self._record_trained(self.stepper.compute(self.step, m.rank, m.world), m)
         newest = self._peek_newest()
         if self.watch is not None:
-            self.watch.arm(m.generation, m.members, patience(self.step_times))
+            self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
         try:
             red = self.stepper.reduce(newest, m.rank, m.world)
         finally:
@@ -404,8 +404,8 @@ class Trainer:
             failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
             cut, self._cut = self._cut if self._cut is not None and self._cut[0] == view.generation else None, None
             if cut is not None:
-                failure = replace(failure, error=f"cut after {cut[1]:.2f}s in the collective ({cut[3]}; {cut[2]} "
-                                  f"connections shut): {failure.error}"[:300])
+                failure = replace(failure, error=f"cut after {cut[1]:.2f}s in the collective ({cut[2]}): "
+                                  f"{failure.error}"[:300])
             self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught,
                         phase=failure.phase, error=failure.error, cut_after_s=cut[1] if cut else None)
         return failure
@@ -423,7 +423,7 @@ class Trainer:
         idle_since = time.monotonic()
         started_at = self.step
         if self.group.backend == "gloo":
-            self.watch = CollectiveWatch(self._newer_members, self.group.cut, self._on_cut)
+            self.watch = CollectiveWatch(self._newer_members, self._on_cut)
         try:
             while self.step < self.spec.steps:
                 given = self.source.wait_view(self.generation, self.cfg.view_wait)

@@ -41,27 +41,57 @@ class Probe:
 
 def test_an_overdue_collective_is_cut_once_a_newer_view_drops_a_member() -> None:
     probe, seen = Probe(newer=("a",)), []
-    watch = CollectiveWatch(probe.ask, probe.do_cut, lambda gen, s, n, why: seen.append((gen, n, why)))
+    watch = CollectiveWatch(probe.ask, lambda gen, s, why: seen.append((gen, why, probe.cut.is_set())))
     try:
-        watch.arm(3, ("a", "b"), 0.05)
+        watch.arm(3, ("a", "b"), 0.05, probe.do_cut)
         assert probe.cut.wait(10)
     finally:
         watch.close()
-    assert watch.cuts == 1 and seen == [(3, 2, "the newer view drops b")]
+    assert watch.cuts == 1 and seen == [(3, "the newer view drops b", False)]  # recorded before the cut
 
 
-@pytest.mark.parametrize("newer", [None, ("a", "b", "c")])
-def test_no_cut_without_a_newer_view_or_for_a_join_nor_once_disarmed(newer) -> None:
+@pytest.mark.parametrize("newer,patience_s", [(None, 0.05), (("a", "b", "c"), 1.0)])
+def test_no_cut_without_a_newer_view_or_at_a_joins_patience_nor_once_disarmed(newer, patience_s) -> None:
     probe = Probe(newer=newer)
-    watch = CollectiveWatch(probe.ask, probe.do_cut)
+    watch = CollectiveWatch(probe.ask)
     try:
-        watch.arm(3, ("a", "b"), 0.05)
-        assert probe.asked.wait(10)  # overdue and asked: no newer view, or one that only adds c: no cut
+        watch.arm(3, ("a", "b"), patience_s, probe.do_cut)
+        assert probe.asked.wait(30)  # overdue and asked: no newer view, or one that only adds c: no cut yet
         watch.disarm()
         probe.newer = ("a",)
     finally:
         watch.close()
     assert not probe.cut.is_set() and watch.cuts == 0
+
+
+def test_a_collective_stuck_far_past_a_joins_view_is_cut_too() -> None:
+    """A failed group re-formed with a newcomer looks like a join: only far past patience is it cut."""
+    probe, seen = Probe(newer=("a", "b", "c")), []
+    watch = CollectiveWatch(probe.ask, lambda gen, s, why: seen.append(s))
+    try:
+        watch.arm(3, ("a", "b"), 0.05, probe.do_cut)
+        assert probe.cut.wait(30)
+    finally:
+        watch.close()
+    assert seen[0] >= 8 * 0.05
+
+
+def test_a_view_source_that_raises_does_not_end_the_watch() -> None:
+    answers = iter([OSError("view file half written"), ("a",)])
+
+    def ask(generation: int) -> tuple[str, ...]:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    probe = Probe(newer=None)
+    watch = CollectiveWatch(ask)
+    try:
+        watch.arm(3, ("a", "b"), 0.05, probe.do_cut)
+        assert probe.cut.wait(30)
+    finally:
+        watch.close()
 
 
 def _member(node: str, port: int, results: mp.Queue, go: mp.Event) -> None:
@@ -73,8 +103,8 @@ def _member(node: str, port: int, results: mp.Queue, go: mp.Event) -> None:
         manager.form(View(1, ("a", "b"), Address("127.0.0.1", port)))
         manager.set_timeout(60.0)
         if node == "a":
-            watch = CollectiveWatch(lambda gen: ("a",), manager.cut)  # a view without b: b is gone
-            watch.arm(1, ("a", "b"), 0.05)
+            watch = CollectiveWatch(lambda gen: ("a",))  # a view without b: b is gone
+            watch.arm(1, ("a", "b"), 0.05, manager.cutter())
             t0 = time.monotonic()
             try:
                 dist.all_reduce(torch.ones(4))

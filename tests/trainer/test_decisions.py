@@ -137,3 +137,8 @@ def test_collective_timeout_uses_p99_of_window():
 def test_should_cut_table(members, newer, cut, reason):
     d = should_cut(members, newer)
     assert d.cut is cut and reason in d.reason
+
+
+@pytest.mark.parametrize("overdue,cut", [(0.3, False), (0.8, True)])
+def test_should_cut_a_joins_collective_only_far_past_its_patience(overdue, cut):
+    assert should_cut(("a", "b"), ("a", "b", "c"), overdue, 0.1).cut is cut
