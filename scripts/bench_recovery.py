@@ -90,6 +90,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pinned", action="store_true",
                     help="only the steady state, world size 2, each box pinned to its own core (cores 0 and 1)")
+    ap.add_argument("--reduction", choices=["exact", "fast"], default="exact",
+                    help="dpeer's gradient sums: exact (the daemon's default, fixed point) or fast (float sums, "
+                         "as torchrun's job does)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="alternating rounds (default 30, quick 10; pinned 120, quick 40)")
     args = ap.parse_args()
@@ -117,22 +120,25 @@ def main() -> int:
     what = (f"pinned steady state, {rounds} rounds" if args.pinned else
             f"{trials_tr} torchrun / {trials_dp} dpeer kills, window {window:.0f}s")
     log(f"{platform.node()} {os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"{what}, checkpoint every {args.ckpt_every} steps; dir {root}")
+        f"{what}, checkpoint every {args.ckpt_every} steps, dpeer reduction {args.reduction}; dir {root}")
     results: dict[str, Any] = {"trials": [trials_tr, trials_dp], "window": window, "ckpt_every": args.ckpt_every,
+                               "reduction": args.reduction,
                                "rdzv_conf": RDZV_CONF, "date": time.strftime("%Y-%m-%d %H:%M")}
     tr_side = dp_side = None
     try:
         if args.pinned:
             tr_side = TorchrunSide(root, args.ckpt_every, PIN_NODES, PIN_CORES)
-            dp_side = DpeerSide(root, args.ckpt_every, "dpeer-pinned", nodes=PIN_NODES, cores=PIN_CORES)
-            results["pinned"] = {}
+            dp_side = DpeerSide(root, args.ckpt_every, "dpeer-pinned", nodes=PIN_NODES, cores=PIN_CORES,
+                                reduction=args.reduction)
+            results["pinned"] = {"reduction": args.reduction}
             run_pinned(tr_side, dp_side, rounds, log, results["pinned"])
         else:
             if args.only is None:
                 tr_side = TorchrunSide(root, args.ckpt_every)
-                dp_side = DpeerSide(root, args.ckpt_every, "dpeer-steady")
+                dp_side = DpeerSide(root, args.ckpt_every, "dpeer-steady", reduction=args.reduction)
                 d1_side = DpeerSide(root, args.ckpt_every, "dpeer-digest1", digest_every=1,
-                                    base_port=free_port_block(3, start=dp_side.node("n3").port + 2))
+                                    base_port=free_port_block(3, start=dp_side.node("n3").port + 2),
+                                    reduction=args.reduction)
                 results["alternating"] = {}
                 try:
                     run_alternating({"torchrun": tr_side, "dpeer": dp_side, "dpeer digest_every=1": d1_side}, rounds,
@@ -146,7 +152,7 @@ def main() -> int:
                 run_torchrun(tr_side, trials_tr, window, log, results["torchrun"])
                 tr_side.stop_all()
             if args.only in (None, "dpeer"):
-                dp_side = DpeerSide(root, args.ckpt_every)
+                dp_side = DpeerSide(root, args.ckpt_every, reduction=args.reduction)
                 results["dpeer"] = {}
                 run_dpeer(dp_side, trials_dp, window, log, results["dpeer"])
                 dp_side.cluster.stop_all()

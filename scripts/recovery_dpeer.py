@@ -37,9 +37,10 @@ class DpeerSide:
     name = "dpeer"
 
     def __init__(self, root: Path, ckpt_every: int, sub: str = "dpeer", digest_every: int | None = None,
-                 base_port: int | None = None, nodes: list[str] = NODES, cores: dict[str, int] | None = None) -> None:
+                 base_port: int | None = None, nodes: list[str] = NODES, cores: dict[str, int] | None = None,
+                 reduction: str = "exact") -> None:
         config = {"training": {"steps": STEPS, "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
-                               "seed": SEED, "lr": LR, "checkpoint_every": ckpt_every}}
+                               "seed": SEED, "lr": LR, "checkpoint_every": ckpt_every, "reduction": reduction}}
         if digest_every is not None:
             config["training"]["digest_every"] = digest_every
         self.nodes = nodes

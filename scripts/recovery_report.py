@@ -80,7 +80,8 @@ def pinned_summary(p: dict) -> str:
     ci = median_ci(p["ratio"])
     ci_text = f", 95% bootstrap CI of the median {ci[0]:.3f}-{ci[1]:.3f}" if ci else ""
     rows = [
-        (f"steady step (n1), pinned, alternating {p['window']} s windows, {len(p['ratio'])} rounds",
+        (f"steady step (n1), pinned, dpeer {p.get('reduction', 'exact')} reduction (torchrun: float sums), "
+         f"alternating {p['window']} s windows, {len(p['ratio'])} rounds",
          fmt_ms(med(steps["torchrun"])), fmt_ms(med(steps["dpeer"])),
          f"median of per-round ratios {spread(p['ratio'])}{ci_text} (target < 1.03)"),
         ("mean-step ratio", "", "", spread(p["mean_ratio"])),
