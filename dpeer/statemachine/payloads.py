@@ -105,10 +105,9 @@ class MemberJoined(_Record):
 
 
 @dataclass(frozen=True, slots=True)
-class MemberLeft(_Record):
-    """A member left on purpose."""
+class _MemberEnded(_Record):
+    """A member's membership ended: which node."""
 
-    KIND: ClassVar[EntryKind] = EntryKind.MEMBER_LEFT
     node_id: str
 
     def __post_init__(self) -> None:
@@ -116,14 +115,17 @@ class MemberLeft(_Record):
 
 
 @dataclass(frozen=True, slots=True)
-class MemberDead(_Record):
+class MemberLeft(_MemberEnded):
+    """A member left on purpose."""
+
+    KIND: ClassVar[EntryKind] = EntryKind.MEMBER_LEFT
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDead(_MemberEnded):
     """A member was declared dead by gossip."""
 
     KIND: ClassVar[EntryKind] = EntryKind.MEMBER_DEAD
-    node_id: str
-
-    def __post_init__(self) -> None:
-        _need(_is_str(self.node_id, nonempty=True), self.KIND, "node_id must be a non-empty string")
 
 
 @dataclass(frozen=True, slots=True)

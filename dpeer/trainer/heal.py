@@ -30,6 +30,7 @@ import hashlib
 import hmac
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -38,11 +39,12 @@ import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan, plan_heal
 from dpeer.trainer import heal_transfer
-from dpeer.trainer.heal_digest import DigestCancelled, DigestLater, EarlyDigest
+from dpeer.trainer.heal_digest import DigestCancelled, EarlyDigest
 from dpeer.trainer.heal_transfer import Layout, Transfer, TransferError, assigned_pieces
 from dpeer.trainer.state import StateError, StateParts, model_tensor_indices, tensor_bytes
 
 PROGRESS_AFTER_S = 1.0  # a transfer that lasts longer reports its progress, about once a second
+_hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpeer-heal-donor-digest")
 
 
 class HealError(RuntimeError):
@@ -232,11 +234,12 @@ def heal(
         transfer.targets, transfer.done = p.targets, p.done
         resumed = sum(layout.piece_range(j)[1] - layout.piece_range(j)[0] for j in p.done)
     order = state.digest_order(header, transfer.targets) if is_receiver and transfer.targets is not None else None
-    early = EarlyDigest(layout, transfer.targets, order, transfer.done) if order and transfer.targets else None
+    early = EarlyDigest(layout, transfer.targets, order, transfer.done) if order else None  # type: ignore[arg-type]
     try:
         kept = _gather_kept(transfer.done, layout.n_pieces, world, device) if any_torn else [set()] * world
         posted = _post(rank, plan, layout, transfer, kept, chunks)
-        later = DigestLater(state.digest) if is_donor and not mine and not speculative else None
+        # a lone donor's digest, needed only for the closing comparison: hashed while its pieces travel
+        later = _hashing.submit(state.digest) if is_donor and not mine and not speculative else None
         if speculative:
             try:
                 mine, digests = _gather_lineages(state, rank, at_max, world, device)

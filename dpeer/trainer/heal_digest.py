@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Callable
 
 import torch
 
@@ -85,25 +84,3 @@ def _pieces_of(layout: Layout, tensor: int) -> set[int]:
         return set()
     return set(range(off // layout.piece_bytes, (off + size - 1) // layout.piece_bytes + 1))
 
-
-class DigestLater:
-    """A donor's parameter digest, hashed on a thread while its pieces are on the wire (its tensors
-    do not change during the heal), for the comparison that ends it."""
-
-    def __init__(self, digest: Callable[[], str]) -> None:
-        self._digest, self._value, self._failure = digest, "", None
-        self._thread = threading.Thread(target=self._run, name="dpeer-heal-donor-digest", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._value = self._digest()
-        except BaseException as exc:  # noqa: BLE001 - raised again by result()
-            self._failure = exc
-
-    def result(self) -> str:
-        """The digest (waits for the thread); raises what the digest raised."""
-        self._thread.join()
-        if self._failure is not None:
-            raise self._failure
-        return self._value
