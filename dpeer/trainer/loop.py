@@ -34,6 +34,7 @@ from dpeer.trainer.viewsource import Assignment, ViewSource
 
 
 STEP_TIME_WINDOW = 200
+ADAPT_EVERY = 8  # steps between re-computations of the adaptive timeout (a sort of the window: ~5 us)
 LINEAGE_KEPT = 8  # checkpoint digests a replica remembers of its lineage (for the heal's tie-break)
 
 
@@ -358,7 +359,8 @@ class Trainer:
         self.step_times.append(time.monotonic() - t0)
         if len(self.step_times) > 2 * STEP_TIME_WINDOW:
             del self.step_times[:-STEP_TIME_WINDOW]
-        self._adapt_timeout()
+        if self.step % ADAPT_EVERY == 0:
+            self._adapt_timeout()
         digested = self._digest_next or self.step % self.cfg.digest_every == 0 or self.step == spec.steps
         self._digest_next = False
         digest = self.digest() if digested else ""

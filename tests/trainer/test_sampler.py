@@ -44,6 +44,16 @@ def test_indices_are_deterministic_and_seeded():
     assert a.cursor_after(3) == 96
 
 
+def test_the_stream_is_the_one_earlier_releases_drew() -> None:
+    """Pinned outputs: a run resumed by a newer dpeer (or audited by one) must draw the very
+    samples the older one did, so a rewrite of the permutation for speed may not change them."""
+    s = GlobalBatchSampler(40960, 16, 7)
+    assert s.indices_for_step(0) == [2167, 12285, 10665, 31829, 27176, 16264, 21639, 13851,
+                                     23, 12610, 23920, 37889, 4273, 22086, 11363, 25822]
+    assert s.indices_for_step(2559)[:4] == [6373, 6546, 16418, 29740]
+    assert GlobalBatchSampler(1000, 7, 3).indices_for_step(142) == [947, 161, 628, 148, 237, 881, 404]
+
+
 @pytest.mark.parametrize("batch", [1, 2, 7, 16, 33])
 def test_shards_partition_any_world(batch):
     indices = GlobalBatchSampler(500, batch, seed=3).indices_for_step(2)
