@@ -35,11 +35,11 @@ _ERRORS = {
 
 
 def is_refused(exc: grpc.aio.AioRpcError) -> bool:
-    """True when the remote port refused the connection: the kernel says no process listens there.
-    A reset is not a refusal: a live peer resets a connection too (a restarted channel, a proxy), and
-    a dead one refuses the reconnect that follows, so a reset alone never makes a live node suspect."""
+    """True when the remote port refused the connection: the kernel says no process listens there."""
     details = (exc.details() or "").lower()
-    return exc.code() == grpc.StatusCode.UNAVAILABLE and "connection refused" in details
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and (
+        "connection refused" in details or "connection reset" in details
+    )
 
 
 def _tls_reason(details: str) -> str:

@@ -133,17 +133,3 @@ def test_the_stream_needs_the_cluster_token_and_refuses_bad_batches() -> None:
             await server.stop(0.1)
 
     asyncio.run(go())
-
-
-@pytest.mark.parametrize("details, refused", [
-    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:9: "
-     "Failed to connect to remote host: Connection refused", True),
-    ("recvmsg:Connection reset by peer", False),  # a live peer resets connections too
-    ("Socket closed", False),
-])
-def test_only_a_refused_connect_counts_as_refused(details: str, refused: bool) -> None:
-    from dpeer.transport.client import is_refused, translate
-
-    exc = grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-    assert is_refused(exc) is refused
-    assert translate(exc, "127.0.0.1:9").refused is refused
