@@ -338,7 +338,7 @@ class Membership(Dissemination):
     def _alive(self, now: float, node_id: str, addr: str, incarnation: int) -> None:
         if node_id == self.node_id:
             if incarnation > self.incarnation and not self._leaving:
-                self._refute(now, incarnation, None, [])
+                self._refute(now, incarnation, None, False, [])
             return
         member = self._table.get(node_id)
         if member is None:
@@ -365,7 +365,7 @@ class Membership(Dissemination):
         sender: str | None,
         out: list[Datagram],
     ) -> None:
-        if self._about_me(now, node_id, incarnation, sender, out):
+        if self._about_me(now, node_id, incarnation, sender, refused, out):
             return
         member = self._table.get(node_id)
         if member is None or incarnation < member.incarnation or member.state not in LIVE:
@@ -382,16 +382,18 @@ class Membership(Dissemination):
         self._effects.append(MemberSuspect(node_id, incarnation, here))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         self._queue.push(update)
-        if origin == self.node_id and not refused:
+        if origin == self.node_id:
+            # tell the suspect itself: a live one refutes at once (a reset can come from a live peer,
+            # and the refused timer is too short to wait for gossip); a dead one refuses at no cost
             out.append((member.addr, Gossip(self._hb(now), (update,))))
 
-    def _about_me(self, now: float, node_id: str, incarnation: int, sender: str | None,
+    def _about_me(self, now: float, node_id: str, incarnation: int, sender: str | None, refused: bool,
                   out: list[Datagram]) -> bool:
         """True when a suspect, dead or left rumour is about this node, which refutes it (unless leaving)."""
         if node_id != self.node_id:
             return False
         if incarnation >= self.incarnation and not self._leaving:
-            self._refute(now, incarnation, sender, out)
+            self._refute(now, incarnation, sender, refused, out)
         return True
 
     def _new_suspicion(self, now: float, origin: str, refused: bool) -> Suspicion:
@@ -433,7 +435,7 @@ class Membership(Dissemination):
         sender: str | None,
         out: list[Datagram],
     ) -> None:
-        if self._about_me(now, node_id, incarnation, sender, out):
+        if self._about_me(now, node_id, incarnation, sender, False, out):
             return
         member = self._table.get(node_id)
         state = LEFT if left else DEAD
@@ -446,13 +448,18 @@ class Membership(Dissemination):
         self._effects.append(effect(node_id, incarnation))
         self._queue.push(Update(state, node_id, member.addr, incarnation, origin))
 
-    def _refute(self, now: float, accused: int, sender: str | None, out: list[Datagram]) -> None:
+    def _refute(self, now: float, accused: int, sender: str | None, refused: bool, out: list[Datagram]) -> None:
+        """Outbid an accusation with a higher incarnation. A refused one runs on a 0.2 s timer that
+        gossip cannot outrun, so its refutation goes straight to every live member (rare, O(N) once)."""
         self.incarnation = max(self.incarnation + 1, accused + 1)
         self._awareness.apply(1)
         update = self._self_update()
         self._queue.push(update)
+        gossip = Gossip(self._hb(now), (update,))
+        targets = {m.addr for m in self._table if m.state in LIVE} if refused else set()
         if sender is not None and sender != self.addr:
-            out.append((sender, Gossip(self._hb(now), (update,))))
+            targets.add(sender)
+        out.extend((addr, gossip) for addr in sorted(targets))
 
     def _add(self, now: float, member: MemberRow) -> None:
         self._table.add(member)

@@ -170,11 +170,28 @@ def test_duplicate_confirmation_does_not_count() -> None:
 def test_refused_connection_suspects_then_kills_quickly() -> None:
     m = core()
     out = m.unreachable(2.0, addr("c"))
-    assert m.state_of("c") is SUSPECT and out == []
+    assert m.state_of("c") is SUSPECT
+    assert out == [(addr("c"), Gossip(m._hb(2.0), (Update(SUSPECT, "c", addr("c"), 0, "a", refused=True),)))]
     m.tick(2.0 + lan().refused_suspicion_timeout - 0.01)
     assert m.state_of("c") is SUSPECT
     m.tick(2.0 + lan().refused_suspicion_timeout)
     assert m.state_of("c") is DEAD
+
+
+def test_a_refused_suspicion_is_refuted_straight_to_every_live_member() -> None:
+    # its 0.2 s timer is shorter than gossip takes to spread the refutation
+    m = core(peers=4)
+    m.receive(1.0, Gossip(hb("c"), (Update(DEAD, "e", addr("e"), 0, "c"),)))
+    out = m.receive(1.1, Gossip(hb("b"), (Update(SUSPECT, "a", addr("a"), 0, "b", refused=True),)))
+    refutations = [(dst, msg) for dst, msg in out if isinstance(msg, Gossip) and msg.updates[0].node_id == "a"]
+    assert m.incarnation == 1 and all(msg.updates[0].state is ALIVE for _, msg in refutations)
+    assert sorted(dst for dst, _ in refutations) == [addr("b"), addr("c"), addr("d")]  # not the dead e
+
+
+def test_a_probe_suspicion_is_refuted_to_its_sender_only() -> None:
+    m = core(peers=4)
+    out = m.receive(1.1, Gossip(hb("b"), (Update(SUSPECT, "a", addr("a"), 0, "b"),)))
+    assert m.incarnation == 1 and [dst for dst, _ in out] == [addr("b")]
 
 
 def test_refused_evidence_travels_with_the_suspicion() -> None:
