@@ -449,8 +449,8 @@ class Membership(Dissemination):
         self._queue.push(Update(state, node_id, member.addr, incarnation, origin))
 
     def _refute(self, now: float, accused: int, sender: str | None, refused: bool, out: list[Datagram]) -> None:
-        """Outbid an accusation with a higher incarnation. A refused one runs on a 0.2 s timer that
-        gossip cannot outrun, so its refutation goes straight to every live member (rare, O(N) once)."""
+        """Outbid an accusation with a higher incarnation. A refused one runs on the short refused timer,
+        which gossip cannot outrun, so its refutation goes straight to every live member (rare, O(N) once)."""
         self.incarnation = max(self.incarnation + 1, accused + 1)
         self._awareness.apply(1)
         update = self._self_update()
