@@ -4,8 +4,8 @@ and so do ranks at that step whose parameters belong to another lineage than the
 Every rank allgathers its step; the ranks at the highest step allgather their parameter digests
 too (two lineages are possible) and all compute the same ``plan_heal``. When ranks are behind,
 the pieces start before the digests are known, on the plan that the top ranks hold one lineage,
-and the digests, computed while the pieces travel, confirm it (a fork: the pieces are dropped and
-the heal runs again, planned first). The first donor broadcasts the state header (step, RNG states,
+and the digests, computed and exchanged while the pieces travel and the receiver checks them,
+confirm it (a fork: the pieces are dropped and the heal runs again, planned first). The first donor broadcasts the state header (step, RNG states,
 optimizer hyper-parameters, tensor specs), HMAC-tagged with the generation's key. The tensors
 travel in pieces (heal_transfer), each donor sending a different share, from the donors' live
 tensors straight into the receiver's own parameters and optimizer state: nothing is flattened,
@@ -240,24 +240,24 @@ def heal(
         posted = _post(rank, plan, layout, transfer, kept, chunks)
         # a lone donor's digest, needed only for the closing comparison: hashed while its pieces travel
         later = _hashing.submit(state.digest) if is_donor and not mine and not speculative else None
-        if speculative:
+        if speculative:  # the top ranks' digests travel while the receiver checks its pieces as they land
+            mine, lineages = _post_lineages(state, rank, at_max, world, device)
             try:
-                mine, digests = _gather_lineages(state, rank, at_max, world, device)
-            except RuntimeError as exc:
-                _finish(transfer, posted, session, t0, failed=exc)
-            if is_receiver and session.partial is not None:  # the pieces' lineage, known now (a resumption needs it)
-                session.partial.source = (plan.max_step, digests[primary])
+                _finish(transfer, posted, session, t0, early)
+            except HealError:
+                _note_source(session, plan, primary, lineages, is_receiver)  # resumable if the digests came
+                raise
+            digests = _note_source(session, plan, primary, lineages, is_receiver)
+            if digests is None:
+                raise HealError("the top ranks' digests never arrived; the pieces stay, their lineage unknown")
             if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
-                try:
-                    _finish(transfer, posted, session, t0, failed=HealError("two lineages at the top step"))
-                except HealError:
-                    pass
                 if is_receiver and session.partial is not None:
                     session.partial.done.clear()  # the pieces may be another lineage's: take none of them
                 if early is not None:
                     early.cancel()
                 return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session)  # torn now: planned first
-        _finish(transfer, posted, session, t0, early)
+        else:
+            _finish(transfer, posted, session, t0, early)
         if is_receiver:
             try:
                 state.load(StateParts(header, transfer.targets or []))
@@ -302,9 +302,37 @@ def _gather_kept(done: set[int], n_pieces: int, world: int, device: torch.device
 def _gather_lineages(state: Healable, rank: int, at_max: list[int], world: int,
                      device: torch.device) -> tuple[str, dict[int, str]]:
     """This rank's digest (ranks at the top step only) and every top rank's, for the lineage pick."""
+    mine, lineages = _post_lineages(state, rank, at_max, world, device)
+    return mine, lineages()
+
+
+def _post_lineages(state: Healable, rank: int, at_max: list[int], world: int,
+                   device: torch.device) -> tuple[str, Callable[[], dict[int, str]]]:
+    """This rank's digest (ranks at the top step only, hashed now) and a wait for every top rank's:
+    the allgather runs on the group's own threads, so a receiver checks its pieces meanwhile."""
     mine = state.digest() if rank in at_max else ""
-    words = _allgather_ints(_digest_words(mine), world, device)
-    return mine, {r: _words_digest(w) if r in at_max else "" for r, w in enumerate(words)}
+    words = torch.tensor(_digest_words(mine), dtype=torch.int64, device=device)
+    out = [torch.zeros_like(words) for _ in range(world)]
+    work = dist.all_gather(out, words, async_op=True)
+
+    def lineages() -> dict[int, str]:
+        work.wait()
+        return {r: _words_digest([int(v) for v in t.tolist()]) if r in at_max else "" for r, t in enumerate(out)}
+
+    return mine, lineages
+
+
+def _note_source(session: HealSession, plan: HealPlan, primary: int, lineages: Callable[[], dict[int, str]],
+                 is_receiver: bool) -> dict[int, str] | None:
+    """The top ranks' digests, or None when their exchange failed; a receiver records its pieces'
+    lineage (a resumption needs it: pieces of an unknown lineage are fetched again)."""
+    try:
+        digests = lineages()
+    except RuntimeError:
+        return None
+    if is_receiver and session.partial is not None:
+        session.partial.source = (plan.max_step, digests[primary])
+    return digests
 
 
 @dataclass

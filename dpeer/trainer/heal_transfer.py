@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan
-from dpeer.trainer.sampler import shard_bounds
 from dpeer.trainer.state import byte_view
 
 PIECE_BYTES = 32 << 20  # big enough that a message's fixed cost vanishes, small enough to resume and show progress
@@ -105,14 +104,15 @@ def _check(views: list[torch.Tensor]) -> int:
 
 
 def assigned_pieces(plan: HealPlan, receiver: int, missing: list[int], chunks: int) -> list[tuple[int, list[int]]]:
-    """(donor, pieces) for one receiver: its missing pieces cut into ``chunks`` contiguous parts,
-    which plan.assignment spreads over the donors (so each donor sends a different share)."""
+    """(donor, pieces) for one receiver: chunk ``c`` of ``chunks`` is every ``chunks``-th missing
+    piece from the c-th, and plan.assignment spreads the chunks over the donors. Strided, not
+    contiguous, so every donor sends its share of the model (the stream's head) first and the
+    receiver can hash the model while the optimizer state still travels (heal_digest)."""
     out = []
     for donor, first, end in plan.assignment[receiver]:
-        lo = shard_bounds(len(missing), first, chunks)[0]
-        hi = shard_bounds(len(missing), end - 1, chunks)[1]
-        if lo < hi:
-            out.append((donor, missing[lo:hi]))
+        pieces = sorted(j for c in range(first, end) for j in missing[c::chunks])
+        if pieces:
+            out.append((donor, pieces))
     return out
 
 

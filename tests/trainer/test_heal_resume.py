@@ -64,14 +64,23 @@ def resume_rank(rank: int, ports: tuple[int, int], out: Any, doomed: Any) -> Non
             return sent
 
         gathered = threading.Event()
-        real_gather = heal_module._gather_lineages
+        real_post = heal_module._post_lineages
 
-        def gather(*args: Any) -> Any:
-            result = real_gather(*args)
-            gathered.set()
-            return result
+        def post(*args: Any) -> Any:  # the digests' exchange runs beside the sends: note when it ends
+            mine, lineages = real_post(*args)
+            once = threading.Lock()
+            box: list = []
 
-        heal_module._gather_lineages = gather
+            def waited() -> Any:
+                with once:
+                    if not box:
+                        box.append(lineages())
+                return box[0]
+
+            threading.Thread(target=lambda: (waited(), gathered.set()), daemon=True).start()
+            return mine, waited
+
+        heal_module._post_lineages = post
         threading.Thread(target=sender, daemon=True).start()
         ht.dist = types.SimpleNamespace(isend=isend, irecv=dist.irecv)
     model, opt = build(1 if rank else 2, stepped=rank > 0, width=1536)

@@ -32,6 +32,8 @@ def test_each_receiver_gets_every_missing_piece_once_spread_over_the_donors() ->
     shares = ht.assigned_pieces(plan, 0, missing, 3)
     assert sorted(j for _, pieces in shares for j in pieces) == missing
     assert len({d for d, _ in shares}) == 3
+    assert sorted(pieces[0] for _, pieces in shares) == missing[:3]  # every donor starts at the stream's head (the model)
+    assert all(pieces == sorted(pieces) for _, pieces in shares)
 
 
 def test_the_checksum_sees_a_changed_word_and_a_moved_block() -> None:
