@@ -5,8 +5,9 @@ Every rank allgathers its step; the ranks at the highest step allgather their pa
 too (two lineages are possible) and all compute the same ``plan_heal``. When ranks are behind,
 the pieces start before the digests are known, on the plan that the top ranks hold one lineage,
 and the digests, computed and exchanged while the pieces travel and the receiver checks them,
-confirm it (a fork: the pieces are dropped and the heal runs again, planned first). The first donor broadcasts the state header (step, RNG states,
-optimizer hyper-parameters, tensor specs), HMAC-tagged with the generation's key. The tensors
+confirm it (a fork: the pieces are dropped and the heal runs again, planned first). The first
+donor broadcasts the state header (step, RNG states, optimizer hyper-parameters, tensor specs),
+HMAC-tagged with the generation's key. The tensors
 travel in pieces (heal_transfer), each donor sending a different share, from the donors' live
 tensors straight into the receiver's own parameters and optimizer state: nothing is flattened,
 pickled or staged on the way.
@@ -249,7 +250,7 @@ def heal(
                 raise
             digests = _note_source(session, plan, primary, lineages, is_receiver)
             if digests is None:
-                raise HealError("the top ranks' digests never arrived; the pieces stay, their lineage unknown")
+                raise HealError("the top ranks' digests never arrived; the pieces' lineage is unknown, so the next heal fetches them again")
             if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
                 if is_receiver and session.partial is not None:
                     session.partial.done.clear()  # the pieces may be another lineage's: take none of them
@@ -361,14 +362,11 @@ def _post(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: l
 
 
 def _finish(transfer: Transfer, posted: _Posted, session: HealSession, t0: float,
-            early: EarlyDigest | None = None, failed: Exception | None = None) -> None:
+            early: EarlyDigest | None = None) -> None:
     """Wait for this rank's pieces; a receiver checks each as it lands and reports progress. On a
-    failure (``failed``: one found elsewhere) every posted operation is drained and whatever arrived
-    whole is kept, then HealError."""
+    failure every posted operation is drained and whatever arrived whole is kept, then HealError."""
     layout = transfer.layout
     try:
-        if failed is not None:
-            raise failed
         last = t0
         for j in posted.order:
             transfer.finish_piece(j, *posted.receives[j])
