@@ -250,7 +250,8 @@ def heal(
                 raise
             digests = _note_source(session, plan, primary, lineages, is_receiver)
             if digests is None:
-                raise HealError("the top ranks' digests never arrived; the pieces' lineage is unknown, so the next heal fetches them again")
+                raise HealError("the top ranks' digests never arrived; the pieces' lineage is unknown, "
+                                "so the next heal fetches them again")
             if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
                 if is_receiver and session.partial is not None:
                     session.partial.done.clear()  # the pieces may be another lineage's: take none of them
