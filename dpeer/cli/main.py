@@ -109,6 +109,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
     if train:
         print(f"train step {train['step']}  samples {train['samples']}  loss {train['loss']}")
+    if doc.get("control") == "paused":
+        print("training is paused (an operator's `dpeer job pause`); `dpeer job resume` trains on")
     no_leader = doc.get("no_leader")
     if no_leader:
         print(f"no leader for {no_leader['since_s']:.0f}s: {no_leader['reason']}")
@@ -260,12 +262,15 @@ def _remove_dead(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
-    """`job retry`: commit the job as running again; exit 1 when it was not failed."""
-    reply = _run(args, lambda c: c.job_control("retry"))
+    """`job retry|pause|resume`: commit the job as running again, or pause or resume training;
+    exit 1 when refused (not failed, already paused, already running)."""
+    action = args.job_command
+    reply = _run(args, lambda c: c.job_control(action))
+    done = {"retry": "retried", "pause": "paused", "resume": "resumed"}[action]
     if not reply.accepted:
-        print(f"dpeer: not retried: {reply.reason}", file=sys.stderr)
+        print(f"dpeer: not {done}: {reply.reason}", file=sys.stderr)
         return EXIT_NO
-    _emit(args, {"retried": True, "reason": reply.reason, "index": reply.index},
+    _emit(args, {done: True, "reason": reply.reason, "index": reply.index},
           f"{reply.reason} (committed at index {reply.index})")
     return EXIT_OK
 

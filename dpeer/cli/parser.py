@@ -37,6 +37,8 @@ EXAMPLES = {
     "config show": "dpeer config show --config dpeer.yaml --preset edge",
     "job": "dpeer job retry --addr 127.0.0.1:7101",
     "job retry": "dpeer job retry --addr 127.0.0.1:7101",
+    "job pause": "dpeer job pause --addr 127.0.0.1:7101",
+    "job resume": "dpeer job resume --addr 127.0.0.1:7101",
     "config check": "dpeer config check /etc/dpeer/dpeer.yaml",
     "certs": "dpeer certs create-ca --dir pki\n  dpeer certs create-node n1 --host 10.0.0.1 --dir pki\n"
     "  dpeer certs create-client alice --operator --dir pki",
@@ -165,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     retry = _sub(jobs, "retry", "train again after the leader halted the job as broken (fix the cause first)",
                  "job retry")
     _client_flags(retry)
+    pause = _sub(jobs, "pause", "stop training at the next step: every worker waits, holding its state (exit 0 once "
+                 "committed)", "job pause")
+    _client_flags(pause)
+    resume = _sub(jobs, "resume", "train on from the step a pause stopped at", "job resume")
+    _client_flags(resume)
     log = _sub(subs, "log", "print a node's committed entries: index, term, kind and the sha256 of each entry's "
                "canonical bytes, to compare two nodes' committed prefixes")
     _client_flags(log, "one JSON object per line: {index, term, kind, hash}")

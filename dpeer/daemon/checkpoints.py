@@ -44,8 +44,8 @@ def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decis
     """The newest step newer than the committed checkpoint that a majority of the current
     view's members hold with one digest, as a checkpoint entry (final when it is the job's last
     step, which finishes the job); or none, with the reason."""
-    if state.view is None:
-        return Decision(None, "no view is committed, so there is no group to hold a checkpoint")
+    if state.view is None or not state.view.members:
+        return Decision(None, "no group trains (no view, or training is paused), so none holds a checkpoint")
     committed = state.checkpoint.step if state.checkpoint is not None else 0
     need = quorum(len(state.view.members))
     by_step: dict[int, dict[str, list[str]]] = {}

@@ -25,7 +25,9 @@ from dpeer.daemon.node import Node
 from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
-from dpeer.statemachine.payloads import BadPayload, JobChange, KvDelete, KvPut, MemberJoined, MemberLeft, Payload
+from dpeer.statemachine.payloads import (
+    BadPayload, ControlChange, ControlMode, JobChange, KvDelete, KvPut, MemberJoined, MemberLeft, Payload,
+)
 from dpeer.statemachine.errors import Compacted
 from dpeer.statemachine.state import JobState, MemberStatus
 from dpeer.statemachine.meta import valid_uid
@@ -318,27 +320,60 @@ class Service:
         return await self._via_leader(here, lambda c: c.kv_list(request.prefix))
 
     async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
-        """`retry`: commit the job as running again after the leader halted it as failed."""
-        if request.action != "retry":
-            raise BadRequest("the job action must be 'retry'")
+        """`retry`: commit the job as running again after the leader halted it as failed; `pause`:
+        every worker stops at one step boundary and waits, holding its state; `resume`: train on."""
+        modes = {"pause": ControlMode.PAUSED, "resume": ControlMode.RUNNING}
+        if request.action != "retry" and request.action not in modes:
+            raise BadRequest("the job action must be one of retry, pause, resume")
 
         async def here() -> pb.JobControlReply:
-            state = self.node.store.state
-            job = state.job
-            if (job.state is JobState.RUNNING and self._status().get("job") is None
-                    and not any(m.store_port for m in state.members.values())):
-                # this leader runs no job, and no member's record carries the store port a job's worker binds
-                return pb.JobControlReply(accepted=False, reason="there is no job to retry: no member of this "
-                                          "cluster runs a job's worker (nodes run one with --job)")
-            if job.state is not JobState.FAILED:
-                return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
-            entry, result = await self.node.propose(JobChange(JobState.RUNNING), COMMAND_TIMEOUT)
-            if not result.accepted:
-                return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
-            log.warning("the job was retried by an operator after: %s", job.error)
-            return pb.JobControlReply(accepted=True, reason=f"retrying after: {job.error}", index=entry.index)
+            if request.action == "retry":
+                return await self._retry_job()
+            return await self._control(modes[request.action])
 
         return await self._via_leader(here, lambda c: c.job_control(request.action))
+
+    def _no_job(self, action: str) -> pb.JobControlReply | None:
+        """A refusal when no member runs a job's worker: this leader runs none, and no member's
+        record carries the store port a job's worker binds."""
+        state = self.node.store.state
+        if (state.job.state is JobState.RUNNING and self._status().get("job") is None
+                and not any(m.store_port for m in state.members.values())):
+            return pb.JobControlReply(accepted=False, reason=f"there is no job to {action}: no member of this "
+                                      "cluster runs a job's worker (nodes run one with --job)")
+        return None
+
+    async def _retry_job(self) -> pb.JobControlReply:
+        """Commit a failed job as running again."""
+        job = self.node.store.state.job
+        if (refused := self._no_job("retry")) is not None:
+            return refused
+        if job.state is not JobState.FAILED:
+            return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
+        entry, result = await self.node.propose(JobChange(JobState.RUNNING), COMMAND_TIMEOUT)
+        if not result.accepted:
+            return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
+        log.warning("the job was retried by an operator after: %s", job.error)
+        return pb.JobControlReply(accepted=True, reason=f"retrying after: {job.error}", index=entry.index)
+
+    async def _control(self, mode: ControlMode) -> pb.JobControlReply:
+        """Commit a pause or a resume; the leader's next view ends the group or forms it again."""
+        state, pausing = self.node.store.state, mode is ControlMode.PAUSED
+        if (refused := self._no_job("pause" if pausing else "resume")) is not None:
+            return refused
+        if state.control is mode:
+            return pb.JobControlReply(accepted=False, reason=f"training is already {mode.value}")
+        if pausing and state.job.state is not JobState.RUNNING:
+            return pb.JobControlReply(accepted=False, reason=f"the job is {state.job.state.value}: nothing trains")
+        entry, result = await self.node.propose(ControlChange(mode), COMMAND_TIMEOUT)
+        if not result.accepted:
+            return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
+        self.node.poke()
+        self.node.chores_now()  # the leader's next view (empty, or the group again) is due now
+        log.warning("training was %s by an operator", "paused" if pausing else "resumed")
+        reason = ("training is paused: every worker stops at its next step and holds its state until "
+                  "`dpeer job resume`" if pausing else "training resumes from the step it paused at")
+        return pb.JobControlReply(accepted=True, reason=reason, index=entry.index)
 
     async def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
         """A checkpoint file this node holds, in chunks (a box that returns after the job ended

@@ -149,6 +149,7 @@ class WorkerSupervisor:
         self.spare = WarmSpare() if training.spare_worker else None
         self.spare_takeovers = 0
         self.heal: dict[str, Any] | None = None  # the newest progress of a heal under way (long ones only)
+        self.paused_at: int | None = None  # the step the worker holds at while training is paused
         self._crashes = 0  # worker exits in a row without a committed step between them
         self._trained_at: float | None = None  # when the current worker first reported a committed step
 
@@ -159,7 +160,7 @@ class WorkerSupervisor:
                 "groups_formed": self.reforms, "store_port": self.store_port, "halted": self.halted or None,
                 "fenced": self.fenced, "last_formed": self.last_formed,
                 "spare_pid": self.spare.proc.pid if self.spare is not None and self.spare.proc is not None else None,
-                "spare_takeovers": self.spare_takeovers, "heal": self.heal}
+                "spare_takeovers": self.spare_takeovers, "heal": self.heal, "paused_at": self.paused_at}
 
     @property
     def running(self) -> bool:
@@ -208,6 +209,7 @@ class WorkerSupervisor:
         self._last_report = self._stopped_since = None
         self.latest_step = 0
         self.given_generation = 0
+        self.paused_at = None
         self.store_port = 0
         self.starts += 1
         log.info("started worker pid %d for job %s%s", self.proc.pid, self.job, " (the warm spare)" if spare else "")
@@ -307,7 +309,7 @@ class WorkerSupervisor:
         elif kind == "heal_progress":
             self.heal = {k: record.get(k) for k in ("gen", "done_bytes", "total_bytes", "seconds", "donors")}
         elif kind == "formed":
-            self.heal = None
+            self.heal, self.paused_at = None, None
             self.reforms += 1
             self.last_formed = {k: record.get(k) for k in ("gen", "world", "rank", "step", "healed", "heal_bytes",
                                                            "seconds", "heal_s", "t")}
@@ -323,6 +325,10 @@ class WorkerSupervisor:
             log.error("the job could not be built on this box (%d time%s in a row): %s", repeats,
                       "" if repeats == 1 else "s", report.error)
             self._tell().worker_failed(0, report)
+        elif kind == "paused":
+            self.paused_at = int(record.get("step", 0))
+            log.info("worker stopped at step %s (generation %s): training is paused; it holds its state until resumed",
+                     record.get("step"), record.get("gen"))
         elif kind == "checkpoint":
             log.info("worker wrote the checkpoint of step %s (sha256 %s)", record.get("step"), record.get("digest"))
             step, digest = record.get("step"), record.get("params_digest")

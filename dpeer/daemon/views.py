@@ -15,8 +15,9 @@ from dpeer.address import Address
 from dpeer.consensus.voting import ChangeOp
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.payloads import MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
+from dpeer.statemachine.payloads import ControlMode, MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
 from dpeer.statemachine.state import ClusterState, JobState, Member, MemberStatus
+from dpeer.view import View
 
 
 _AWAY = (MemberState.SUSPECT, MemberState.DEAD)
@@ -245,12 +246,12 @@ def decide_view(
         return _none(f"the job failed ({state.job.error}); `dpeer job retry` once it is fixed")
     if state.job.state is JobState.FINISHED:
         return _none(f"the job finished at step {state.job.step}")
+    if state.control is ControlMode.PAUSED:
+        return _pause(current)
     if current is not None and list(current.members) == members and not failed:
         return _none(f"generation {current.generation} already has these members")
     if not members:
         return _none("no member is ready to train")
-    if state.control != "running":
-        return _none(f"training is {state.control}")
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
     rank0 = members[0]
@@ -261,3 +262,13 @@ def decide_view(
     generation = (current.generation if current is not None else 0) + 1
     view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])))
     return Decision(view, f"generation {generation}: {len(members)} members")
+
+
+def _pause(current: View | None) -> Decision:
+    """While paused: end a training group with an empty view (its workers stop at one step
+    boundary they agree on and wait, holding their state), else nothing until resumed."""
+    if current is None or not current.members:
+        return _none("training is paused; `dpeer job resume` starts it again")
+    generation = current.generation + 1
+    return Decision(ViewChange(generation, (), ""),
+                    f"generation {generation}: training is paused, so no member trains")

@@ -35,6 +35,7 @@ class EntryKind(enum.StrEnum):
     NOOP = "noop"
     CONFIG_CHANGE = "config_change"
     JOB = "job"
+    CONTROL = "control"
 
 
 MAX_KEY, MAX_VALUE = 256, 64 * 1024

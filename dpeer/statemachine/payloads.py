@@ -31,6 +31,13 @@ class JobState(enum.StrEnum):
 _SETTABLE = (JobState.RUNNING, JobState.FAILED)  # "finished" follows from the final checkpoint instead
 
 
+class ControlMode(enum.StrEnum):
+    """An operator's committed say on training: running, or paused (no group trains until resumed)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+
+
 class BadPayload(ValueError):
     """A payload lacks a field its kind needs or holds one of the wrong type; the text says which."""
 
@@ -131,7 +138,8 @@ class MemberDead(_MemberEnded):
 @dataclass(frozen=True, slots=True)
 class ViewChange(_Record):
     """The next training view: its generation, members in rank order, the rank-0 store's host:port
-    text, and the secret the group derives its rendezvous and heal keys from."""
+    text, and the secret the group derives its rendezvous and heal keys from. A view with no members
+    (only while training is paused) ends the current group at its next step boundary."""
 
     KIND: ClassVar[EntryKind] = EntryKind.VIEW
     generation: int
@@ -142,7 +150,7 @@ class ViewChange(_Record):
     def __post_init__(self) -> None:
         k = self.KIND
         _need(_is_int(self.generation, 1), k, "generation must be an int >= 1")
-        _need(_is_ids(self.members, nonempty=True), k, "members must be distinct non-empty ids, at least one")
+        _need(_is_ids(self.members), k, "members must be distinct non-empty ids")
         _need(_is_str(self.store_host), k, "store_host must be a string")
         _need(_is_str(self.secret), k, "secret must be a string")
 
@@ -211,6 +219,18 @@ class JobChange(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class ControlChange(_Record):
+    """An operator paused training (the leader then ends the group with an empty view) or resumed it."""
+
+    KIND: ClassVar[EntryKind] = EntryKind.CONTROL
+    mode: ControlMode
+
+    def __post_init__(self) -> None:
+        _need(self.mode in tuple(ControlMode), self.KIND, f"mode must be one of {', '.join(ControlMode)}")
+        object.__setattr__(self, "mode", ControlMode(self.mode))
+
+
+@dataclass(frozen=True, slots=True)
 class Noop(_Record):
     """A new leader's first entry: it commits the leader's term; it records nothing."""
 
@@ -242,11 +262,11 @@ class ConfigChange(_Record):
 
 
 Payload = Union[MemberJoined, MemberLeft, MemberDead, ViewChange, CheckpointTaken, KvPut, KvDelete, JobChange,
-                Noop, ConfigChange]
+                ControlChange, Noop, ConfigChange]
 
 _TYPES: dict[EntryKind, type[_Record]] = {
     t.KIND: t for t in (MemberJoined, MemberLeft, MemberDead, ViewChange, CheckpointTaken, KvPut, KvDelete,
-                        JobChange, Noop, ConfigChange)
+                        JobChange, ControlChange, Noop, ConfigChange)
 }
 
 

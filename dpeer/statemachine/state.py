@@ -19,13 +19,12 @@ from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
 from dpeer.statemachine.payloads import (
-    BadPayload, CheckpointTaken, ConfigChange, JobChange, JobState, KvDelete, KvPut, MemberDead, MemberJoined, MemberLeft,
-    ViewChange, decode,
+    BadPayload, CheckpointTaken, ConfigChange, ControlChange, ControlMode, JobChange, JobState, KvDelete, KvPut, MemberDead,
+    MemberJoined, MemberLeft, ViewChange, decode,
 )
 from dpeer.view import View
 
 STATE_VERSION = 1
-CONTROL_MODES = ("running", "paused", "draining")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -96,7 +95,7 @@ class ClusterState:
     view: View | None = None
     checkpoint: Checkpoint | None = None
     kv: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
-    control: str = "running"
+    control: ControlMode = ControlMode.RUNNING
     job: Job = RUNNING_JOB
     uids: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     epoch: int = 0
@@ -192,6 +191,11 @@ def _view(w: _Work, p: ViewChange, index: int) -> str:
     absent = [m for m in p.members if getattr(w.members.get(m), "status", None) is not MemberStatus.ACTIVE]
     if absent:
         return f"view names members that are not active: {absent}"
+    paused = w.control is ControlMode.PAUSED
+    if paused and p.members:
+        return "training is paused: a view may only end the group (name no members)"
+    if not paused and not p.members:
+        return "a view without members only ends a group while training is paused"
     w.view = View(p.generation, p.members, Address.read(p.store_host), p.secret)
     return ""
 
@@ -228,6 +232,16 @@ def _job(w: _Work, p: JobChange, index: int) -> str:
     return ""
 
 
+def _control(w: _Work, p: ControlChange, index: int) -> str:
+    """An operator's pause or resume; the leader follows a pause with an empty view (see _view)."""
+    if w.job.state is JobState.FINISHED:
+        return "the job has already finished"
+    if p.mode is w.control:
+        return f"training is already {p.mode}"
+    w.control = p.mode
+    return ""
+
+
 def _config(w: _Work, p: ConfigChange, index: int) -> str:
     w.voters, w.learners = p.voters, p.learners
     w.uids = MappingProxyType(dict(p.uids))
@@ -246,6 +260,7 @@ _RULES: dict[EntryKind, Callable[[_Work, Any, int], str]] = {
     EntryKind.NOOP: lambda w, p, i: "",
     EntryKind.CONFIG_CHANGE: _config,
     EntryKind.JOB: _job,
+    EntryKind.CONTROL: _control,
 }
 """One rule per kind: it gets the decoded payload and returns "" when accepted, else why not."""
 
@@ -266,7 +281,7 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         if s.checkpoint is None
         else [s.checkpoint.step, s.checkpoint.digest, list(s.checkpoint.holders), s.checkpoint.final],
         "kv": dict(s.kv),
-        "control": s.control,
+        "control": s.control.value,
         "job": [s.job.state.value, s.job.error, s.job.node, s.job.step, s.job.digest],
         "uids": dict(s.uids),
         "epoch": s.epoch,
@@ -317,7 +332,7 @@ def _from_dict(d: Any) -> ClusterState:
         ckpt = Checkpoint(step, digest, _ids(holders), final)
     kv = d["kv"]
     _need(type(kv) is dict and all(type(k) is str and type(v) is str for k, v in kv.items()), "kv")
-    _need(d["control"] in CONTROL_MODES, "control mode")
+    _need(d["control"] in tuple(ControlMode), "control mode")
     voters, learners, uids = _ids(d["voters"]), _ids(d["learners"]), d["uids"]
     _need(type(uids) is dict and set(uids) == set(voters) | set(learners)
           and all(valid_uid(u) for u in uids.values()), "uids")
@@ -325,7 +340,7 @@ def _from_dict(d: Any) -> ClusterState:
     _need(type(epoch) is int and epoch >= 0 and type(forced_at) is float and forced_at >= 0, "epoch/forced_at")
     return ClusterState(
         idx, term, MappingProxyType(members), voters, learners,
-        view, ckpt, MappingProxyType(dict(kv)), d["control"], _job_from(d["job"]), MappingProxyType(dict(uids)), epoch, forced_at,
+        view, ckpt, MappingProxyType(dict(kv)), ControlMode(d["control"]), _job_from(d["job"]), MappingProxyType(dict(uids)), epoch, forced_at,
     )
 
 

@@ -148,15 +148,19 @@ def should_cut(members: tuple[str, ...], newer_members: tuple[str, ...] | None, 
     A newer view that only adds members is most often a planned switch, which the step's allreduce
     makes at a step boundary, so a collective slowed down (a newcomer's start-up taking the CPU)
     goes on; but a failed group re-formed with a newcomer looks the same, so past JOIN_PATIENCE
-    times its patience such a collective is given up too."""
+    times its patience such a collective is given up too. An empty newer view (training paused)
+    is a planned switch as well."""
     if newer_members is None:
         return CutDecision(False, "no newer view is committed")
+    far_overdue = overdue >= JOIN_PATIENCE * patience > 0
+    if not newer_members and not far_overdue:
+        return CutDecision(False, "the newer view pauses training: the step's allreduce ends the group")
     dropped = sorted(set(members) - set(newer_members))
     if dropped:
         return CutDecision(True, f"the newer view drops {', '.join(dropped)}")
     if set(newer_members) == set(members):
         return CutDecision(True, "the newer view re-forms the same members: their group failed")
-    if overdue >= JOIN_PATIENCE * patience > 0:
+    if far_overdue:
         return CutDecision(True, f"the newer view adds members and the collective is {overdue:.2f}s overdue")
     return CutDecision(False, "the newer view only adds members: a planned switch")
 

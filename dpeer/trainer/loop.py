@@ -236,6 +236,13 @@ class Trainer:
         for old in sorted(self._lineage)[:-LINEAGE_KEPT]:
             del self._lineage[old]
 
+    def _report_pause(self) -> None:
+        """Training is paused: say at which step, with that step's digest once this worker holds a
+        trained or resumed state, so every box's status shows where its replica holds."""
+        self._event("paused", gen=self.generation, step=self.step)
+        if self._planned:
+            self.source.report_progress(self.step, self.sampler.cursor_after(self.step), self.last_loss, self.digest())
+
     def digest(self) -> str:
         """Digest of the model's parameters and buffers."""
         return st.params_digest(self.spec.model)
@@ -423,6 +430,7 @@ class Trainer:
         gc.collect(1)
         gc.freeze()
         idle_since = time.monotonic()
+        paused = False
         started_at = self.step
         if self.group.backend == "gloo":
             self.watch = CollectiveWatch(self._newer_members, self._on_cut)
@@ -431,11 +439,14 @@ class Trainer:
                 given = self.source.wait_view(self.generation, self.cfg.view_wait)
                 self._newest = -1
                 if given is None:
-                    if time.monotonic() - idle_since > self.cfg.idle_limit:
+                    if time.monotonic() - idle_since > self.cfg.idle_limit and not paused:
                         raise TimeoutError(f"no usable view for {self.cfg.idle_limit:.0f}s")
                     continue
                 view = given.view
                 self.generation = view.generation
+                paused = not view.members  # an operator paused training: wait, however long, holding the state
+                if paused:
+                    self._report_pause()
                 if view.rank_of(self.node_id) is None:
                     continue
                 if not self._planned or given.checkpoint_step > self._resumed_for[0]:

@@ -45,13 +45,14 @@ def test_a_token_cluster_driven_through_environment_variables_with_json_everywhe
     assert refused.returncode == 1 and "refused" in one_sentence(refused.stderr)
 
     deleted = cli("kv", "delete", "team", "--json", env=env)
-    again, gone, retry, log = cli_many([
-        ["kv", "delete", "never-set"], ["kv", "get", "team"], ["job", "retry", "--json"], ["log", "--json", "--to", "2"]],
-        env=env)
+    again, gone, retry, pause, log = cli_many([
+        ["kv", "delete", "never-set"], ["kv", "get", "team"], ["job", "retry", "--json"], ["job", "pause"],
+        ["log", "--json", "--to", "2"]], env=env)
     assert deleted.returncode == 0 and json.loads(deleted.stdout)["found"] is True, deleted.stderr
     assert again.returncode == 1 and again.stdout == "" and "not set" in one_sentence(again.stderr)
     assert gone.returncode == 1 and "not set" in one_sentence(gone.stderr)
     assert retry.returncode == 1 and "there is no job to retry" in one_sentence(retry.stderr)
+    assert pause.returncode == 1 and "there is no job to pause" in one_sentence(pause.stderr), pause
     assert all(json.loads(line)["index"] in (1, 2) for line in log.stdout.splitlines()), log.stderr
     assert json.loads(cli("kv", "list", "--json", env=env).stdout) == {"owner": "ann"}
     left = cli("leave", "--json", env=env)

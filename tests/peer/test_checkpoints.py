@@ -48,6 +48,9 @@ def test_decide_checkpoint(members, committed, reports, step, holders, why) -> N
 def test_no_view_no_checkpoint() -> None:
     d = decide_checkpoint(state(view=False), {"n1": Held(100, A)})
     assert not d.propose and "no view" in d.reason
+    paused = ClusterState(view=View(2, (), Address.read("")))
+    d = decide_checkpoint(paused, {"n1": Held(100, A)})  # quorum(0) is 1: one report must not commit
+    assert not d.propose and "paused" in d.reason
 
 
 def test_quorum_and_pending_and_digest_shape() -> None:

@@ -10,16 +10,16 @@ from dpeer.membership import MemberState
 from dpeer.consensus.voting import ChangeOp
 from dpeer.daemon.views import MembershipChange, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
 from dpeer.statemachine.entry import EntryKind
-from dpeer.statemachine.payloads import MemberJoined, ViewChange
+from dpeer.statemachine.payloads import ControlMode, MemberJoined, ViewChange
 from dpeer.statemachine.state import ClusterState, Member
 from dpeer.address import Address
 from dpeer.view import View
 
 
-def state(members: dict[str, str], voters=(), learners=(), view=None, control="running") -> ClusterState:
+def state(members: dict[str, str], voters=(), learners=(), view=None, control: str = "running") -> ClusterState:
     ms = {n: Member(f"10.0.0.{i}:7100", status, i) for i, (n, status) in enumerate(sorted(members.items()), 1)}
     return ClusterState(members=MappingProxyType(ms), voters=tuple(voters), learners=tuple(learners),
-                        view=view, control=control)
+                        view=view, control=ControlMode(control))
 
 
 def seen(**states: str) -> dict[str, Observed]:
@@ -159,6 +159,24 @@ def test_decide_view_holds(view, members, control, why) -> None:
     s = state({"a": "active"}, view=view, control=control)
     d = decide_view(s, members, changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 1})
     assert not d.propose and why in d.reason
+
+
+def test_a_pause_ends_the_training_group_with_an_empty_view_then_proposes_nothing() -> None:
+    training = state({"a": "active", "b": "active"}, view=View(4, ("b", "a"), Address.parse("10.0.0.2:8")),
+                     control="paused")
+    stop = decide_view(training, ["b", "a"], changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
+    assert stop.proposal == ViewChange(5, (), "") and "paused" in stop.reason
+    stopped = state({"a": "active", "b": "active"}, view=View(5, (), Address.read("")), control="paused")
+    held = decide_view(stopped, ["a", "b"], changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
+    assert not held.propose and "dpeer job resume" in held.reason
+
+
+def test_a_resume_after_a_pause_forms_every_ready_member_again() -> None:
+    s = state({"a": "active", "b": "active"}, view=View(5, (), Address.read("")))
+    wanted = training_members(s, seen(a="alive", b="alive"))
+    assert wanted.members == ["a", "b"]
+    d = decide_view(s, wanted.members, changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
+    assert d.proposal == ViewChange(6, ("a", "b"), "10.0.0.1:9")
 
 
 def test_first_view_uses_rank0_host() -> None:

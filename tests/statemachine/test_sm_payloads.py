@@ -7,7 +7,7 @@ import pytest
 
 from dpeer.statemachine.entry import EntryKind, pack_payload, unpack_payload
 from dpeer.statemachine.payloads import (
-    BadPayload, CheckpointTaken, ConfigChange, JobChange, JobState, KvPut, MemberJoined, Noop, ViewChange, decode,
+    BadPayload, CheckpointTaken, ConfigChange, ControlChange, ControlMode, JobChange, JobState, KvPut, MemberJoined, Noop, ViewChange, decode,
 )
 
 U1, U2 = "1" * 32, "2" * 32
@@ -77,6 +77,14 @@ def test_absent_optional_fields_take_defaults_and_extra_keys_are_ignored() -> No
 def test_a_job_state_reads_back_as_the_enum() -> None:
     assert decode(EntryKind.JOB, {"state": "failed"}).state is JobState.FAILED
     assert JobChange(JobState.RUNNING).to_payload()["state"] == "running"
+
+
+def test_a_control_mode_reads_back_as_the_enum_and_an_unknown_one_is_refused() -> None:
+    assert decode(EntryKind.CONTROL, {"mode": "paused"}).mode is ControlMode.PAUSED
+    assert ControlChange(ControlMode.RUNNING).to_payload() == {"mode": "running"}
+    for bad in ("draining", "", 1, None, ["paused"]):
+        with pytest.raises(BadPayload, match="^control: mode must be one of running, paused$"):
+            decode(EntryKind.CONTROL, {"mode": bad})
 
 
 def test_a_missing_required_field_names_the_kind() -> None:

@@ -57,6 +57,29 @@ def test_one_view_per_generation() -> None:
     assert s.applied_index == 6
 
 
+def control(mode: str) -> tuple[EntryKind, dict]:
+    return K.CONTROL, {"mode": mode}
+
+
+def test_a_pause_admits_only_an_empty_view_and_a_resume_only_a_full_one() -> None:
+    s, res = run(join("a"), view(1, "a"), view(2), control("paused"), view(2, "a"), view(2), control("paused"),
+                 control("running"), view(3), view(3, "a"), control("draining"))
+    assert [r.accepted for r in res] == [True, True, False, True, False, True, False, True, False, True, False]
+    assert "only ends a group while training is paused" in res[2].reason
+    assert "training is paused" in res[4].reason and "already paused" in res[6].reason
+    assert "malformed payload" in res[10].reason
+    assert s.control == "running" and s.view.generation == 3 and s.view.members == ("a",)
+    paused, _ = apply_many(s, [Entry(12, 1, K.CONTROL, {"mode": "paused"})])
+    assert state_from_dict(state_to_dict(paused)).control is paused.control
+    assert state_from_dict(state_to_dict(paused)) == paused
+
+
+def test_a_finished_job_cannot_be_paused() -> None:
+    s, res = run(join("a"), view(1, "a"), (K.CHECKPOINT, {"step": 5, "digest": "d", "holders": ["a"], "final": True}),
+                 control("paused"))
+    assert not res[3].accepted and "already finished" in res[3].reason and s.control == "running"
+
+
 def test_view_must_name_active_members() -> None:
     s, res = run(join("a"), (K.MEMBER_DEAD, {"node_id": "a"}), view(1, "a"))
     assert not res[2].accepted and s.view is None

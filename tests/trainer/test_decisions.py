@@ -133,6 +133,7 @@ def test_collective_timeout_uses_p99_of_window():
     (("a", "b", "c"), ("a", "b", "d"), True, "drops c"),  # a replacement: c is still gone
     (("a", "b"), ("b", "a"), True, "same members"),  # re-formed in another rank order: their group failed
     (("a", "b"), ("a", "b", "c"), False, "only adds"),  # a join: the allreduce switches at a step boundary
+    (("a", "b"), (), False, "pauses training"),  # an operator's pause: it too ends at a step boundary
 ])
 def test_should_cut_table(members, newer, cut, reason):
     d = should_cut(members, newer)
@@ -142,3 +143,4 @@ def test_should_cut_table(members, newer, cut, reason):
 @pytest.mark.parametrize("overdue,cut", [(0.3, False), (0.8, True)])
 def test_should_cut_a_joins_collective_only_far_past_its_patience(overdue, cut):
     assert should_cut(("a", "b"), ("a", "b", "c"), overdue, 0.1).cut is cut
+    assert should_cut(("a", "b"), (), overdue, 0.1).cut is cut  # a pause: a switch at a step boundary too
