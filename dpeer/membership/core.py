@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import heapq
 import random
-from dataclasses import dataclass
-from enum import Enum
 from typing import Iterable
 
 from dpeer.membership.awareness import Awareness
@@ -25,6 +23,8 @@ from dpeer.membership.effects import (
     MemberLeft,
     MemberSuspect,
 )
+from dpeer.membership.probing import Probing, Timer, Probe, Relay
+from dpeer.membership.refutation import Fanout, FanoutCap, refutation_targets
 from dpeer.membership.messages import (
     Ack,
     Gossip,
@@ -44,31 +44,7 @@ from dpeer.membership.suspicion import Suspicion, suspicion_timeout
 ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
 
 
-class _Timer(Enum):
-    """What a timer in the core's heap is for (its key: a probe or relay seq, or a node id)."""
-
-    SUSPICION = "suspicion"
-    RELAY = "relay"
-    PROBE_TIMEOUT = "probe_timeout"  # no ack yet: ask others to probe indirectly
-    PROBE_DEADLINE = "probe_deadline"  # the probe period ended: suspect an unacked target
-
-
-@dataclass(slots=True)
-class _Probe:
-    seq: int
-    target: str
-    acked: bool = False
-    expected_nacks: int = 0
-    nacks: int = 0
-
-
-@dataclass(slots=True)
-class _Relay:
-    origin_addr: str
-    origin_seq: int
-
-
-class Membership(Dissemination):
+class Membership(Dissemination, Probing):
     """One node's view of the cluster: probes, suspicion, refutation, gossip and anti-entropy."""
 
     def __init__(
@@ -91,11 +67,12 @@ class Membership(Dissemination):
         self._queue = BroadcastQueue()
         self._awareness = Awareness(config.awareness_max_multiplier)
         self._effects: list[Effect] = []
-        self._timers: list[tuple[float, int, _Timer, object]] = []
+        self._timers: list[tuple[float, int, Timer, object]] = []
         self._seq = 0
-        self._probe: _Probe | None = None
-        self._relays: dict[int, _Relay] = {}
+        self._probe: Probe | None = None
+        self._relays: dict[int, Relay] = {}
         self._order = ProbeOrder(rng)
+        self._fanout = FanoutCap(config.refused_suspicion_timeout)
         self._seeds: tuple[str, ...] = ()
         self._leaving = False
         self._next_probe = now + rng.uniform(0, config.probe_interval)
@@ -220,97 +197,22 @@ class Membership(Dissemination):
         """Lifeguard's local health score (0 is healthy)."""
         return self._awareness.score
 
-    # -- probing --------------------------------------------------------------------------
-    def _probe_round(self, now: float, out: list[Datagram]) -> None:
-        if self._leaving:
-            self._next_probe = NEVER
-            return
-        self._next_probe = now + self._awareness.scale(self.config.probe_interval)
-        target = self._order.next(self._table, now, self.config.reap_after)
-        if target is None:
-            return
-        seq = self._next_seq()
-        self._probe = _Probe(seq, target.node_id)
-        updates = self._piggyback()
-        if target.state is SUSPECT:
-            updates = (self._update_about(target), *updates[: self.config.max_piggyback - 1])
-        out.append((target.addr, Ping(seq, target.node_id, self._hb(now), updates)))
-        timeout = min(self._awareness.scale(self.config.probe_timeout), self._next_probe - now)
-        self._timer(now + timeout, _Timer.PROBE_TIMEOUT, seq)
-        self._timer(self._next_probe, _Timer.PROBE_DEADLINE, seq)
-
-    def _drop_stale_timers(self) -> None:
-        while self._timers and self._stale(self._timers[0][2], self._timers[0][3]):
-            heapq.heappop(self._timers)
-
-    def _stale(self, kind: _Timer, key: object) -> bool:
-        """True when the timer's firing would do nothing (see _on_timer)."""
-        if kind is _Timer.RELAY:
-            return key not in self._relays
-        if kind in (_Timer.PROBE_TIMEOUT, _Timer.PROBE_DEADLINE):
-            probe = self._probe
-            return probe is None or probe.seq != key or probe.acked
-        return False
-
-    def _on_timer(self, now: float, kind: _Timer, key: object, out: list[Datagram]) -> None:
-        if kind is _Timer.SUSPICION:
+    def _on_timer(self, now: float, kind: Timer, key: object, out: list[Datagram]) -> None:
+        if kind is Timer.SUSPICION:
             self._suspicion_expired(now, str(key))
-        elif kind is _Timer.RELAY:
+        elif kind is Timer.REFUTE_BROADCAST:
+            self._fanout.release(now)
+            if not self._leaving:  # a leaving node spreads its `left`, never an alive refutation
+                self._broadcast_self(now, None, True, out)
+        elif kind is Timer.RELAY:
             relay = self._relays.pop(key, None)  # type: ignore[call-overload]
             if relay is not None:
                 out.append((relay.origin_addr, Nack(relay.origin_seq, self._hb(now))))
         elif self._probe is not None and self._probe.seq == key:
-            if kind is _Timer.PROBE_TIMEOUT:
+            if kind is Timer.PROBE_TIMEOUT:
                 self._indirect_probe(now, self._probe, out)
             else:
                 self._probe_failed(now, self._probe, out)
-
-    def _indirect_probe(self, now: float, probe: _Probe, out: list[Datagram]) -> None:
-        target = self._table.get(probe.target)
-        if probe.acked or target is None or target.state not in LIVE:
-            return
-        relays = self._table.sample(
-            self._rng, self.config.indirect_checks, lambda m: m.state is ALIVE and m.node_id != probe.target
-        )
-        probe.expected_nacks = len(relays)
-        hb = self._hb(now)
-        for relay in relays:
-            out.append((relay.addr, PingReq(probe.seq, target.node_id, target.addr, hb, self._piggyback())))
-
-    def _probe_failed(self, now: float, probe: _Probe, out: list[Datagram]) -> None:
-        self._probe = None
-        if probe.acked:
-            return
-        missed = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
-        self._awareness.apply(missed)
-        target = self._table.get(probe.target)
-        if target is not None and target.state in LIVE:
-            self._suspect(now, target.node_id, target.incarnation, self.node_id, False, None, out)
-
-    def _on_ping(self, now: float, msg: Ping, out: list[Datagram]) -> None:
-        if msg.target == self.node_id:
-            out.append((msg.hb.addr, Ack(msg.seq, self._hb(now), self._piggyback())))
-
-    def _on_ack(self, now: float, msg: Ack, out: list[Datagram]) -> None:
-        probe = self._probe
-        if probe is not None and probe.seq == msg.seq and probe.target == msg.hb.node_id:
-            if not probe.acked:
-                probe.acked = True
-                self._awareness.apply(-1)
-            return
-        relay = self._relays.pop(msg.seq, None)
-        if relay is not None:
-            out.append((relay.origin_addr, Ack(relay.origin_seq, msg.hb, self._piggyback())))
-
-    def _on_ping_req(self, now: float, msg: PingReq, out: list[Datagram]) -> None:
-        seq = self._next_seq()
-        self._relays[seq] = _Relay(msg.hb.addr, msg.seq)
-        out.append((msg.target_addr, Ping(seq, msg.target, self._hb(now), self._piggyback())))
-        self._timer(now + self.config.probe_timeout, _Timer.RELAY, seq)
-
-    def _on_nack(self, msg: Nack) -> None:
-        if self._probe is not None and self._probe.seq == msg.seq:
-            self._probe.nacks += 1
 
     # -- membership updates (memberlist's aliveNode / suspectNode / deadNode) ---------------
     def _observe(self, now: float, hb: Heartbeat, out: list[Datagram]) -> None:
@@ -378,7 +280,7 @@ class Membership(Dissemination):
         self._table.set_state(member, SUSPECT, now)
         member.suspicion = self._new_suspicion(now, origin, refused)
         member.suspicion.refused_here = here
-        self._timer(member.suspicion.deadline, _Timer.SUSPICION, node_id)
+        self._timer(member.suspicion.deadline, Timer.SUSPICION, node_id)
         self._effects.append(MemberSuspect(node_id, incarnation, here))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         self._queue.push(update)
@@ -416,7 +318,7 @@ class Membership(Dissemination):
             suspicion.refused_here = True
             self._effects.append(MemberSuspect(member.node_id, member.incarnation, True))
         if changed:
-            self._timer(suspicion.deadline, _Timer.SUSPICION, member.node_id)
+            self._timer(suspicion.deadline, Timer.SUSPICION, member.node_id)
             self._queue.push(Update(SUSPECT, member.node_id, member.addr, member.incarnation, origin, refused))
 
     def _suspicion_expired(self, now: float, node_id: str) -> None:
@@ -449,17 +351,22 @@ class Membership(Dissemination):
         self._queue.push(Update(state, node_id, member.addr, incarnation, origin))
 
     def _refute(self, now: float, accused: int, sender: str | None, refused: bool, out: list[Datagram]) -> None:
-        """Outbid an accusation with a higher incarnation. A refused one runs on the short refused timer,
-        which gossip cannot outrun, so its refutation goes straight to every live member (rare, O(N) once)."""
+        """Outbid an accusation with a higher incarnation, answering its sender. A refused one runs on
+        the short refused timer, which gossip cannot outrun, so the refutation also goes straight to
+        every live member, at most once per the fan-out cap's spacing (refutation.FanoutCap)."""
         self.incarnation = max(self.incarnation + 1, accused + 1)
         self._awareness.apply(1)
-        update = self._self_update()
-        self._queue.push(update)
-        gossip = Gossip(self._hb(now), (update,))
-        targets = {m.addr for m in self._table if m.state in LIVE} if refused else set()
-        if sender is not None and sender != self.addr:
-            targets.add(sender)
-        out.extend((addr, gossip) for addr in sorted(targets))
+        self._queue.push(self._self_update())
+        fanout = self._fanout.claim(now) if refused else None
+        if fanout is Fanout.HOLD:
+            self._timer(self._fanout.due, Timer.REFUTE_BROADCAST, None)
+        self._broadcast_self(now, sender, fanout is Fanout.NOW, out)
+
+    def _broadcast_self(self, now: float, sender: str | None, everyone: bool, out: list[Datagram]) -> None:
+        """Send our current incarnation to the sender, and to every live member when ``everyone``."""
+        live = {m.addr for m in self._table if m.state in LIVE} if everyone else set()
+        gossip = Gossip(self._hb(now), (self._self_update(),))
+        out.extend((a, gossip) for a in refutation_targets(live, sender, self.addr))
 
     def _add(self, now: float, member: MemberRow) -> None:
         self._table.add(member)
@@ -499,11 +406,3 @@ class Membership(Dissemination):
 
     def _update_about(self, member: MemberRow) -> Update:
         return Update(member.state, member.node_id, member.addr, member.incarnation, self.node_id)
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
-
-    def _timer(self, when: float, kind: _Timer, key: object) -> None:
-        self._seq += 1
-        heapq.heappush(self._timers, (when, self._seq, kind, key))
