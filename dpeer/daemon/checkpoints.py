@@ -15,7 +15,7 @@ from typing import Mapping
 
 from dpeer.daemon.views import Decision
 from dpeer.statemachine.payloads import CheckpointTaken
-from dpeer.statemachine.state import ClusterState
+from dpeer.statemachine.state import ClusterState, MemberStatus
 
 DIGEST_HEX = 64
 
@@ -40,14 +40,27 @@ def quorum(group_size: int) -> int:
     return group_size // 2 + 1
 
 
+def judging_group(state: ClusterState) -> tuple[str, ...]:
+    """Whose majority a checkpoint needs: the current view's members; while training is paused (an
+    empty view), every active member that runs the job's worker (its record carries the worker's
+    store port), the group a resume would form, so a checkpoint written as the pause landed (the
+    job's final one included) is still recorded."""
+    if state.view is None:
+        return ()
+    if state.view.members:
+        return state.view.members
+    return tuple(sorted(n for n, m in state.members.items() if m.status is MemberStatus.ACTIVE and m.store_port))
+
+
 def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decision:
-    """The newest step newer than the committed checkpoint that a majority of the current
-    view's members hold with one digest, as a checkpoint entry (final when it is the job's last
+    """The newest step newer than the committed checkpoint that a majority of the judging
+    group (judging_group) holds with one digest, as a checkpoint entry (final when it is the job's last
     step, which finishes the job); or none, with the reason."""
-    if state.view is None or not state.view.members:
-        return Decision(None, "no group trains (no view, or training is paused), so none holds a checkpoint")
+    group = judging_group(state)
+    if not group:
+        return Decision(None, "no group holds a checkpoint: no view is committed yet, or no member runs the job")
     committed = state.checkpoint.step if state.checkpoint is not None else 0
-    need = quorum(len(state.view.members))
+    need = quorum(len(group))
     by_step: dict[int, dict[str, list[str]]] = {}
     for node_id, held in reports.items():
         if held.step > committed:
@@ -63,7 +76,7 @@ def decide_checkpoint(state: ClusterState, reports: Mapping[str, Held]) -> Decis
             if len(holders) >= need:
                 final = any(reports[n].final for n in holders)
                 taken = CheckpointTaken(step, digest, tuple(sorted(holders)), final)
-                reason = f"{len(holders)} of {len(state.view.members)} members hold step {step}"
+                reason = f"{len(holders)} of {len(group)} members hold step {step}"
                 return Decision(taken, "; ".join([reason, *notes]))
     newest = max(by_step)
     held_by = max(len(h) for h in by_step[newest].values())

@@ -211,6 +211,15 @@ class Daemon:
             self._next_missed_report = now + MISSED_VIEW_REPORT_EVERY
             self._send_failure(*self._failed)
 
+    def _hand_pause(self) -> None:
+        """Views are handed to the worker as they commit, so one started while training is paused
+        (a restart, a crash, a retry) is handed the pause's empty view here, or it would wait for a
+        view until its idle limit."""
+        assert self.worker is not None
+        view, worker = self.store.state.view, self.worker
+        if view is not None and not view.members and worker.running and worker.given_generation < view.generation:
+            worker.publish(view, self.store.state.checkpoint)
+
     def checkpoint_written(self, held: Held) -> None:
         """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""
         if self._held is None or held.step > self._held.step:
@@ -364,6 +373,7 @@ class Daemon:
             self._fence(now)
             self.worker.poll(now)
             self._report_missed_view(now)
+            self._hand_pause()
             self._report_checkpoint(now)
             self._take_final_state(now)
         self.record(now, self.leaving)

@@ -220,6 +220,8 @@ class WorkerSupervisor:
         """Hand a committed view to the worker, with the newest committed checkpoint to resume from."""
         step, digest = (checkpoint.step, checkpoint.digest) if checkpoint is not None else (0, "")
         publish_view(str(self.dir), Assignment(view, step, digest, self.store_bind[0]))
+        if view.members:
+            self.paused_at = None  # training resumed, with or without this box
         if self.proc is not None:
             self.given_generation = view.generation
 
@@ -299,10 +301,7 @@ class WorkerSupervisor:
             self.latest_step = max(self.latest_step, int(record["step"]))
             if self.last_failure is not None and self.latest_step > self.last_failure.report.step:
                 self.last_failure = None
-            if record.get("digest"):  # the status pairs a step with the digest of that very step
-                loss = float(record["loss"])
-                self.train = TrainStatus(int(record["step"]), int(record["samples"]),
-                                         loss if math.isfinite(loss) else None, str(record["digest"]))
+            self._note_train(record)
             if self._failed_at is not None:
                 self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
                 self._failed_at = None
@@ -327,6 +326,7 @@ class WorkerSupervisor:
             self._tell().worker_failed(0, report)
         elif kind == "paused":
             self.paused_at = int(record.get("step", 0))
+            self._note_train(record)
             log.info("worker stopped at step %s (generation %s): training is paused; it holds its state until resumed",
                      record.get("step"), record.get("gen"))
         elif kind == "checkpoint":
@@ -334,6 +334,14 @@ class WorkerSupervisor:
             step, digest = record.get("step"), record.get("params_digest")
             if type(step) is int and step > 0 and isinstance(digest, str):
                 self._tell().checkpoint_written(Held(step, digest, record.get("final") is True))
+
+    def _note_train(self, record: dict[str, Any]) -> None:
+        """The status's train fields from a record that carries a digest: the status pairs a step
+        with the digest of that very step."""
+        if record.get("digest"):
+            loss = float(record["loss"])
+            self.train = TrainStatus(int(record["step"]), int(record["samples"]),
+                                     loss if math.isfinite(loss) else None, str(record["digest"]))
 
     def _report(self, generation: int, report: FailureReport) -> None:
         """Note a failure of the group or of a step (the status shows a step's with its repeat

@@ -248,10 +248,10 @@ def decide_view(
         return _none(f"the job finished at step {state.job.step}")
     if state.control is ControlMode.PAUSED:
         return _pause(current)
-    if current is not None and list(current.members) == members and not failed:
-        return _none(f"generation {current.generation} already has these members")
     if not members:
         return _none("no member is ready to train")
+    if current is not None and list(current.members) == members and not failed:
+        return _none(f"generation {current.generation} already has these members")
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
     rank0 = members[0]
@@ -266,9 +266,10 @@ def decide_view(
 
 def _pause(current: View | None) -> Decision:
     """While paused: end a training group with an empty view (its workers stop at one step
-    boundary they agree on and wait, holding their state), else nothing until resumed."""
-    if current is None or not current.members:
+    boundary they agree on and wait, holding their state; with no group yet, the empty view tells
+    the workers they are paused), else nothing until resumed."""
+    if current is not None and not current.members:
         return _none("training is paused; `dpeer job resume` starts it again")
-    generation = current.generation + 1
+    generation = (current.generation if current is not None else 0) + 1
     return Decision(ViewChange(generation, (), ""),
                     f"generation {generation}: training is paused, so no member trains")

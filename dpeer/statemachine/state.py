@@ -206,6 +206,7 @@ def _checkpoint(w: _Work, p: CheckpointTaken, index: int) -> str:
     w.ckpt = Checkpoint(p.step, p.digest, p.holders, p.final)
     if w.ckpt.final and w.job.state is JobState.RUNNING:
         w.job = Job(JobState.FINISHED, step=p.step, digest=p.digest)
+        w.control = ControlMode.RUNNING  # a pause that raced the last step ends with the job
     return ""
 
 

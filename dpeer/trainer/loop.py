@@ -238,10 +238,10 @@ class Trainer:
 
     def _report_pause(self) -> None:
         """Training is paused: say at which step, with that step's digest once this worker holds a
-        trained or resumed state, so every box's status shows where its replica holds."""
-        self._event("paused", gen=self.generation, step=self.step)
-        if self._planned:
-            self.source.report_progress(self.step, self.sampler.cursor_after(self.step), self.last_loss, self.digest())
+        trained or resumed state, so every box's status shows where its replica holds (not as
+        progress: no step was committed)."""
+        self._event("paused", gen=self.generation, step=self.step, samples=self.sampler.cursor_after(self.step),
+                    loss=self.last_loss, digest=self.digest() if self._planned else "")
 
     def digest(self) -> str:
         """Digest of the model's parameters and buffers."""
@@ -444,7 +444,9 @@ class Trainer:
                     continue
                 view = given.view
                 self.generation = view.generation
-                paused = not view.members  # an operator paused training: wait, however long, holding the state
+                was_paused, paused = paused, not view.members  # an operator's pause: wait, however long
+                if paused or was_paused:
+                    idle_since = time.monotonic()  # the idle limit counts from the pause's end, not before it
                 if paused:
                     self._report_pause()
                 if view.rank_of(self.node_id) is None:

@@ -1,14 +1,18 @@
 """`dpeer job pause` and `dpeer job resume` through real daemons training the demo job.
 
 A pause is committed, then the leader ends the group with an empty view: every worker stops at
-the same step, keeps its process and its state, and no group forms while paused. A resume forms
-the group again from that step; the run audits clean (no sample skipped or repeated) and ends on
-the model of a run that never paused.
+the same step, keeps its process and its state, and no group forms while paused. A worker that
+crashes while paused is replaced by one that is told of the pause too (views are otherwise handed
+only as they commit). A resume forms the group again from that step, the new worker healed from
+its peer; the run audits clean (no sample skipped or repeated) and ends on the model of a run that
+never paused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 from tests.support.cluster import run
 from tests.support.daemons import cli
@@ -48,6 +52,13 @@ def test_a_paused_cluster_holds_its_step_and_resumes_to_the_clean_run_model(make
         assert all(paused(docs[n]) for n in nodes), docs
         assert steps_of(docs, nodes) == held and len(set(held.values())) == 1, (held, steps_of(docs, nodes))
         assert {n: docs[n]["worker"]["pid"] for n in nodes} == pids, "a pause keeps the worker processes"
+        os.kill(pids["n2"], signal.SIGKILL)  # a worker our daemon started, by its pid
+
+        def replaced(d: dict) -> bool:
+            worker = (d["n2"] or {}).get("worker") or {}
+            return worker.get("pid") not in (None, pids["n2"]) and worker.get("paused_at") is not None
+        docs = await cluster.wait_for(replaced, TIMEOUT, "n2's new worker told of the pause")
+        assert docs["n2"]["group"] is None and paused(docs["n1"]), docs
         resume = cli("job", "resume", "--addr", cluster.node("n1").addr)
         assert resume.returncode == 0, resume
         await training(cluster, nodes, 2, past=held["n1"])

@@ -7,7 +7,7 @@ import pytest
 from dpeer.daemon.checkpoints import Held, decide_checkpoint, quorum, still_pending, valid_digest
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import CheckpointTaken
-from dpeer.statemachine.state import Checkpoint, ClusterState
+from dpeer.statemachine.state import Checkpoint, ClusterState, Member, MemberStatus
 from dpeer.trainer.decisions import plan_resume
 from dpeer.address import Address
 from dpeer.view import View
@@ -47,10 +47,29 @@ def test_decide_checkpoint(members, committed, reports, step, holders, why) -> N
 
 def test_no_view_no_checkpoint() -> None:
     d = decide_checkpoint(state(view=False), {"n1": Held(100, A)})
-    assert not d.propose and "no view" in d.reason
-    paused = ClusterState(view=View(2, (), Address.read("")))
-    d = decide_checkpoint(paused, {"n1": Held(100, A)})  # quorum(0) is 1: one report must not commit
-    assert not d.propose and "paused" in d.reason
+    assert not d.propose and "no group holds a checkpoint" in d.reason
+
+
+def paused(*runners: str, jobless: tuple[str, ...] = (), dead: tuple[str, ...] = ()) -> ClusterState:
+    """Training paused (an empty view); runners run the job's worker (a store port), jobless do not."""
+    members = {n: Member(f"{n}:1", MemberStatus.ACTIVE, 1, 9) for n in runners}
+    members |= {n: Member(f"{n}:1", MemberStatus.ACTIVE, 1) for n in jobless}
+    members |= {n: Member(f"{n}:1", MemberStatus.DEAD, 1, 9) for n in dead}
+    return ClusterState(members=members, view=View(2, (), Address.read("")))
+
+
+def test_a_pause_that_raced_the_last_step_still_records_the_final_checkpoint() -> None:
+    # the workers wrote the final checkpoint as the pause's empty view landed: the job must finish
+    d = decide_checkpoint(paused("n1", "n2", "n3", jobless=("x",), dead=("y",)),
+                          {"n1": Held(100, A, True), "n2": Held(100, A, True)})
+    assert d.proposal == CheckpointTaken(100, A, ("n1", "n2"), True) and "2 of 3 members" in d.reason
+
+
+def test_while_paused_a_majority_of_the_job_running_members_is_still_needed() -> None:
+    d = decide_checkpoint(paused("n1", "n2", "n3", "n4"), {"n1": Held(100, A, True), "n2": Held(100, A, True)})
+    assert not d.propose and "held by 2 of the 3" in d.reason
+    d = decide_checkpoint(paused(jobless=("x",)), {"n1": Held(100, A)})  # quorum(0) is 1: nobody runs the job
+    assert not d.propose and "no group holds a checkpoint" in d.reason
 
 
 def test_quorum_and_pending_and_digest_shape() -> None:

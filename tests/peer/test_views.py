@@ -152,7 +152,7 @@ def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> N
     [
         (View(1, ("a",), Address.parse("x:1")), ["a"], "running", "already has"),
         (None, [], "running", "no member"),
-        (None, ["a"], "paused", "paused"),
+        (View(2, (), Address.read("")), ["a"], "paused", "paused"),
     ],
 )
 def test_decide_view_holds(view, members, control, why) -> None:
@@ -169,6 +169,19 @@ def test_a_pause_ends_the_training_group_with_an_empty_view_then_proposes_nothin
     stopped = state({"a": "active", "b": "active"}, view=View(5, (), Address.read("")), control="paused")
     held = decide_view(stopped, ["a", "b"], changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 9, "b": 8})
     assert not held.propose and "dpeer job resume" in held.reason
+
+
+def test_a_pause_before_any_view_tells_the_workers_with_an_empty_first_view() -> None:
+    s = state({"a": "active"}, control="paused")
+    d = decide_view(s, ["a"], changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 9})
+    assert d.proposal == ViewChange(1, (), "")
+
+
+def test_a_resume_with_no_ready_member_says_so() -> None:
+    # every worker finished as the pause landed: none is ready, and that is the reason, not "the same members"
+    s = state({"a": "active"}, view=View(5, (), Address.read("")))
+    d = decide_view(s, [], changed_at=0.0, now=100.0, quiet=0.1, store_port_of={"a": 9})
+    assert not d.propose and "no member is ready" in d.reason
 
 
 def test_a_resume_after_a_pause_forms_every_ready_member_again() -> None:

@@ -74,6 +74,18 @@ def test_a_pause_admits_only_an_empty_view_and_a_resume_only_a_full_one() -> Non
     assert state_from_dict(state_to_dict(paused)) == paused
 
 
+def test_a_paused_state_with_its_empty_view_survives_a_snapshot() -> None:
+    s, res = run(join("a"), view(1, "a"), control("paused"), (K.VIEW, {"generation": 2, "members": [], "store_host": ""}))
+    assert all(r.accepted for r in res) and s.view.members == () and s.control == "paused"
+    assert state_from_dict(state_to_dict(s)) == s
+
+
+def test_a_final_checkpoint_that_lands_after_a_pause_finishes_the_job_and_ends_the_pause() -> None:
+    s, res = run(join("a"), view(1, "a"), control("paused"),
+                 (K.CHECKPOINT, {"step": 5, "digest": "d", "holders": ["a"], "final": True}))
+    assert all(r.accepted for r in res) and s.job.state == "finished" and s.control == "running"
+
+
 def test_a_finished_job_cannot_be_paused() -> None:
     s, res = run(join("a"), view(1, "a"), (K.CHECKPOINT, {"step": 5, "digest": "d", "holders": ["a"], "final": True}),
                  control("paused"))
