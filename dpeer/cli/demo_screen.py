@@ -70,9 +70,11 @@ HEADER = ["NODE", "STATE", "ROLE", "RANK", "STEP", "LOSS", "RTT", "DIGEST"]
 
 
 def headline(frame: Frame) -> str:
-    """The first line: time, leader, generation, progress, throughput."""
+    """The first line: time, leader, generation, progress, throughput, and a pause when one holds."""
+    paused = any(d and d.get("control") == "paused" for d in frame.docs.values())
     return (f"dpeer demo  {frame.elapsed:6.1f}s  leader {leader_of(frame.docs)}  generation {generation(frame.docs)}  "
-            f"step {newest_step(frame.docs)}/{frame.steps}  {frame.rate:5.1f} steps/s")
+            f"step {newest_step(frame.docs)}/{frame.steps}  {frame.rate:5.1f} steps/s"
+            + ("  PAUSED (`dpeer job resume` trains on)" if paused else ""))
 
 
 def render(frame: Frame) -> Group:

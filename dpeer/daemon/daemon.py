@@ -46,7 +46,7 @@ from dpeer.transport.server import serve
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.membership import HeartbeatObserved
 from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.payloads import decode
+from dpeer.statemachine.payloads import ControlMode, decode
 from dpeer.statemachine.state import ApplyResult, JobState, MemberStatus
 from dpeer.statemachine.store import Store
 
@@ -435,6 +435,7 @@ class Daemon:
             for seconds in self.worker.take_recoveries():
                 m.recovery.observe(seconds)
         m.generation.set(store.state.view.generation if store.state.view else 0)
+        m.paused.set(1 if store.state.control is ControlMode.PAUSED else 0)
         job = self.job_status()
         m.set_job(job["state"] if job is not None else None)
         if self.notifier.enabled and watchdog_interval() is not None:

@@ -66,6 +66,7 @@ def test_metrics_endpoint_reports_members_term_indexes_and_view(daemons) -> None
     assert value(s, "dpeer_forced_reconfigurations_total", node="n1") == 0
     assert value(s, "dpeer_force_refused_total", node="n1") == 0
     assert value(s, "dpeer_identity_conflicts", node="n1") == 0
+    assert value(s, "dpeer_training_paused", node="n1") == 0 and doc["control"] == "running"
 
     # A write moves the commit index and last_applied forward in the metrics too.
     after = wait_status(n1.addr, lambda d: True, "status")
