@@ -19,8 +19,10 @@ MAX_REL_DIFF = 1e-4
 
 
 def after_the_last_step(faults: list[Fault], steps: int) -> list[Fault]:
-    """The faults that hit once the survivors had committed the job's last step: no step follows them."""
-    return [f for f in faults if f.step_at >= steps]
+    """The faults after which no step can follow: they hit once the survivors had committed the job's
+    last step, or the old group committed it during the fault (a partition through the faults hook
+    leaves Gloo connected, so the old group trains on until it is fenced, and may finish the job)."""
+    return [f for f in faults if max(f.step_at, f.old_gen_step) >= steps]
 
 
 def check_liveness(faults: list[Fault], max_recovery: float, steps: int) -> dict[str, list[str]]:
