@@ -1,6 +1,6 @@
 """Giving up a step's collective once a newer view is committed and the collective is overdue.
 
-A survivor's Gloo receive can wait out the whole collective timeout (2 s or more) although the
+A survivor's Gloo receive can wait out the whole collective timeout (2 s or more; 30 s in a heal) although the
 daemons committed the next view within milliseconds: seen when one survivor's ring neighbour had
 already failed and left while this one still waited on it, and when a peer stops without closing
 its connections (SIGSTOP, a cut link). A committed newer view means the generation is over,
@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from dpeer.trainer.decisions import should_cut
+from dpeer.trainer.decisions import JOIN_PATIENCE, should_cut
 
 PERIOD_S = 0.01  # how often the watch asks for a newer view while a collective is overdue
 IDLE_S = 0.05  # how often it looks whether the collective running now is overdue (20 wakeups a second)
@@ -32,6 +32,13 @@ def patience(step_times: list[float]) -> float:
     recent = sorted(step_times[-20:])
     typical = recent[len(recent) // 2] if recent else 0.0
     return max(PATIENCE_FLOOR_S, PATIENCE_STEPS * typical)
+
+
+def heal_patience(collective_timeout: float) -> float:
+    """How long a heal's collectives may run before a newer view that drops a member (a donor that
+    hangs or is cut off) cuts them: long enough for a big model's transfer; a view that only adds
+    members cuts a heal only at the collective timeout itself (JOIN_PATIENCE patiences)."""
+    return max(PATIENCE_FLOOR_S, collective_timeout / JOIN_PATIENCE)
 
 
 class CollectiveWatch:

@@ -16,13 +16,14 @@ import math
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol, Sequence, TextIO
+from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
 
 import torch
 
 from dpeer.trainer import state as st
-from dpeer.trainer.collective_watch import CollectiveWatch, patience
+from dpeer.trainer.collective_watch import CollectiveWatch, heal_patience, patience
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
@@ -340,6 +341,19 @@ class Trainer:
             self._event("checkpoint", step=self.step, digest=file_digest, params_digest=params,
                         rank=self.group.membership.rank, final=final)
 
+    @contextmanager
+    def _watched(self, m: Any, patience_s: float) -> Iterator[None]:
+        """Run the group's collectives under the watch (a Gloo group's): a newer view that says nobody
+        will complete them cuts them once they have run ``patience_s``."""
+        if self.watch is None:
+            yield
+            return
+        self.watch.arm(m.generation, m.members, patience_s, self.group.cutter())
+        try:
+            yield
+        finally:
+            self.watch.disarm()
+
     def train_step(self) -> bool:
         """Run and commit one step in the current group; True when the group agreed to switch."""
         m = self.group.membership
@@ -347,13 +361,8 @@ class Trainer:
         t0 = time.monotonic()
         self._record_trained(self.stepper.compute(self.step, m.rank, m.world), m)
         newest = self._peek_newest()
-        if self.watch is not None:
-            self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
-        try:
+        with self._watched(m, patience(self.step_times)):
             red = self.stepper.reduce(newest, m.rank, m.world)
-        finally:
-            if self.watch is not None:
-                self.watch.disarm()
         if spec.scaler is not None:
             spec.scaler.step(spec.optimizer)
             spec.scaler.update()
@@ -390,8 +399,9 @@ class Trainer:
             self.group.set_timeout(self.cfg.init_timeout)
             vouched = (given.checkpoint_step > 0
                        and self._lineage.get(given.checkpoint_step) == given.checkpoint_digest)
-            result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
-                          vouched=vouched, session=self._heal)
+            with self._watched(m, heal_patience(self.cfg.init_timeout)):  # a donor stopped mid-heal
+                result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
+                              vouched=vouched, session=self._heal)
             self._timeout = self.cfg.init_timeout
             self._adapt_timeout()
             self._digest_next = True  # a replica that healed wrong differs from its first step on
