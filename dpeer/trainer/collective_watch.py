@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from dpeer.trainer.decisions import JOIN_PATIENCE, should_cut
+from dpeer.trainer.decisions import should_cut
 
 PERIOD_S = 0.01  # how often the watch asks for a newer view while a collective is overdue
 IDLE_S = 0.05  # how often it looks whether the collective running now is overdue (20 wakeups a second)
@@ -32,13 +32,6 @@ def patience(step_times: list[float]) -> float:
     recent = sorted(step_times[-20:])
     typical = recent[len(recent) // 2] if recent else 0.0
     return max(PATIENCE_FLOOR_S, PATIENCE_STEPS * typical)
-
-
-def heal_patience(collective_timeout: float) -> float:
-    """How long a heal's collectives may run before a newer view that drops a member (a donor that
-    hangs or is cut off) cuts them: long enough for a big model's transfer; a view that only adds
-    members cuts a heal only at the collective timeout itself (JOIN_PATIENCE patiences)."""
-    return max(PATIENCE_FLOOR_S, collective_timeout / JOIN_PATIENCE)
 
 
 class CollectiveWatch:
@@ -57,10 +50,12 @@ class CollectiveWatch:
         self._thread = threading.Thread(target=self._run, name="dpeer-collective-watch", daemon=True)
         self._thread.start()
 
-    def arm(self, generation: int, members: tuple[str, ...], patience_s: float, cut: Callable[[], int]) -> None:
+    def arm(self, generation: int, members: tuple[str, ...], patience_s: float, cut: Callable[[], int],
+            drops_only: bool = False) -> None:
         """A collective of ``generation`` (its ``members``) starts now (the worker's main thread);
-        ``cut`` fails that very group's pending operations (never a later group's)."""
-        self._armed = _Armed(generation, members, time.monotonic(), patience_s, cut)
+        ``cut`` fails that very group's pending operations (never a later group's); ``drops_only``:
+        only a newer view that drops a member cuts it (a heal's, see decisions.should_cut)."""
+        self._armed = _Armed(generation, members, time.monotonic(), patience_s, cut, drops_only)
 
     def disarm(self) -> None:
         """The collective returned or raised."""
@@ -85,7 +80,7 @@ class CollectiveWatch:
                 newer = self._newer(armed.generation)
             except (OSError, ValueError, KeyError, TypeError):  # a view being written: look again
                 continue
-            decision = should_cut(armed.members, newer, overdue, armed.patience)
+            decision = should_cut(armed.members, newer, overdue, armed.patience, armed.drops_only)
             if not decision.cut or self._armed is not armed:
                 continue
             self._on_cut(armed.generation, overdue, decision.reason)
@@ -100,3 +95,4 @@ class _Armed:
     started: float
     patience: float
     cut: Callable[[], int]
+    drops_only: bool = False

@@ -142,16 +142,22 @@ class CutDecision:
 
 
 def should_cut(members: tuple[str, ...], newer_members: tuple[str, ...] | None, overdue: float = 0.0,
-               patience: float = 0.0) -> CutDecision:
+               patience: float = 0.0, drops_only: bool = False) -> CutDecision:
     """An overdue collective of a group of ``members`` is given up once a newer committed view
     drops one of them or re-forms the same members (their group failed): nobody will complete it.
     A newer view that only adds members is most often a planned switch, which the step's allreduce
     makes at a step boundary, so a collective slowed down (a newcomer's start-up taking the CPU)
     goes on; but a failed group re-formed with a newcomer looks the same, so past JOIN_PATIENCE
     times its patience such a collective is given up too. An empty newer view (training paused)
-    is a planned switch as well."""
+    is a planned switch as well. ``drops_only`` (a heal, which may rightly run long and ends before
+    any switch): only a view that drops a member gives it up."""
     if newer_members is None:
         return CutDecision(False, "no newer view is committed")
+    if drops_only:
+        gone = sorted(set(members) - set(newer_members)) if newer_members else []
+        if gone:
+            return CutDecision(True, f"the newer view drops {', '.join(gone)}")
+        return CutDecision(False, "the newer view drops no member: the heal goes on (a pause or a join waits for it)")
     far_overdue = overdue >= JOIN_PATIENCE * patience > 0
     if not newer_members and not far_overdue:
         return CutDecision(False, "the newer view pauses training: the step's allreduce ends the group")

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from dpeer.trainer.decisions import HealPlan, plan_heal
+from dpeer.trainer.group import GroupError
 from dpeer.trainer import heal_transfer
 from dpeer.trainer.heal_digest import DigestCancelled, EarlyDigest
 from dpeer.trainer.heal_transfer import Layout, Transfer, TransferError, assigned_pieces
@@ -50,6 +51,11 @@ _hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpeer-heal-dono
 
 class HealError(RuntimeError):
     """The group's replicas disagree after healing, or the state could not be received."""
+
+
+class HealInterrupted(HealError, GroupError):
+    """The transfer or the digests' exchange failed (a donor died, hung or was cut off): a group
+    failure, transient, which never counts towards judging the job broken (decisions.classify_failure)."""
 
 
 class Healable(Protocol):
@@ -74,7 +80,8 @@ class Healable(Protocol):
 
 @dataclass(frozen=True)
 class HealProgress:
-    """How far a receiver's transfer got."""
+    """How far a transfer got: a receiver's bytes received from its ``donors``, or a donor's bytes
+    sent (``donors`` 0)."""
 
     done_bytes: int
     total_bytes: int
@@ -250,7 +257,7 @@ def heal(
                 raise
             digests = _note_source(session, plan, primary, lineages, is_receiver)
             if digests is None:
-                raise HealError("the top ranks' digests never arrived; the pieces' lineage is unknown, "
+                raise HealInterrupted("the top ranks' digests never arrived; the pieces' lineage is unknown, "
                                 "so the next heal fetches them again")
             if plan_heal(steps, chunks, digests=digests, vouched=vouchers).donors != plan.donors:
                 if is_receiver and session.partial is not None:
@@ -364,28 +371,41 @@ def _post(rank: int, plan: HealPlan, layout: Layout, transfer: Transfer, kept: l
 
 def _finish(transfer: Transfer, posted: _Posted, session: HealSession, t0: float,
             early: EarlyDigest | None = None) -> None:
-    """Wait for this rank's pieces; a receiver checks each as it lands and reports progress. On a
-    failure every posted operation is drained and whatever arrived whole is kept, then HealError."""
+    """Wait for this rank's pieces; a receiver checks each as it lands, and both sides report the
+    progress of a long transfer (a donor too: its daemon takes a worker silent for a minute as
+    hung). On a failure every posted operation is drained and whatever arrived whole is kept, then
+    HealInterrupted."""
     layout = transfer.layout
+    report = _Reporter(session, t0, posted.donors)
     try:
-        last = t0
         for j in posted.order:
             transfer.finish_piece(j, *posted.receives[j])
             if early is not None:
                 early.landed_piece(j)
-            now = time.monotonic()
-            if session.on_progress is not None and now - t0 > PROGRESS_AFTER_S and now - last >= PROGRESS_AFTER_S:
-                last = now
-                done = min(layout.total, len(transfer.done) * layout.piece_bytes)
-                session.on_progress(HealProgress(done, layout.total, now - t0, posted.donors))
-        for w in posted.sends:
+            report(min(layout.total, len(transfer.done) * layout.piece_bytes), layout.total)
+        for i, w in enumerate(posted.sends, 1):
             transfer.wait(w)
+            report(transfer.sent * i // len(posted.sends), transfer.sent)
     except (RuntimeError, TransferError) as exc:
         transfer.drain(posted.sends)
         transfer.salvage(posted.receives)
-        raise HealError(f"heal failed ({len(transfer.done)} of {layout.n_pieces} pieces held): {exc}") from None
+        raise HealInterrupted(f"heal failed ({len(transfer.done)} of {layout.n_pieces} pieces held): {exc}") from None
     if posted.order and session.on_progress is not None and time.monotonic() - t0 > PROGRESS_AFTER_S:
         session.on_progress(HealProgress(layout.total, layout.total, time.monotonic() - t0, posted.donors))
+
+
+class _Reporter:
+    """Calls the session's progress callback about once a second once a transfer has run a second."""
+
+    def __init__(self, session: HealSession, t0: float, donors: int) -> None:
+        self.session, self.t0, self.donors, self.last = session, t0, donors, t0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if self.session.on_progress is None or now - self.t0 <= PROGRESS_AFTER_S or now - self.last < PROGRESS_AFTER_S:
+            return
+        self.last = now
+        self.session.on_progress(HealProgress(done, total, now - self.t0, self.donors))
 
 
 def _interleave(lists: list[list[int]]) -> list[list[int]]:

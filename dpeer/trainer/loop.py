@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
 import torch
 
 from dpeer.trainer import state as st
-from dpeer.trainer.collective_watch import CollectiveWatch, heal_patience, patience
+from dpeer.trainer.collective_watch import CollectiveWatch, patience
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
@@ -228,8 +228,9 @@ class Trainer:
         """A long heal's progress: a report record, and a line in the daemon's log (the worker's stderr)."""
         self._event("heal_progress", gen=self.generation, done_bytes=p.done_bytes, total_bytes=p.total_bytes,
                     seconds=round(p.seconds, 3), donors=p.donors)
+        how = f"from {p.donors} donor(s)" if p.donors else "sent to the ranks behind"  # 0 donors: this rank donates
         print(f"dpeer worker: healing in generation {self.generation}: {p.done_bytes / 1e6:.0f} of "
-              f"{p.total_bytes / 1e6:.0f} MB from {p.donors} donor(s) in {p.seconds:.1f} s", file=sys.stderr, flush=True)
+              f"{p.total_bytes / 1e6:.0f} MB {how} in {p.seconds:.1f} s", file=sys.stderr, flush=True)
 
     def _remember(self, step: int, digest: str) -> None:
         """Note this replica's digest at a checkpoint step (its lineage), keeping the newest few."""
@@ -342,13 +343,13 @@ class Trainer:
                         rank=self.group.membership.rank, final=final)
 
     @contextmanager
-    def _watched(self, m: Any, patience_s: float) -> Iterator[None]:
-        """Run a heal's collectives under the watch (a Gloo group's): a newer view that says nobody
-        will complete them cuts them once they have run ``patience_s``."""
+    def _watched(self, m: Any) -> Iterator[None]:
+        """Run a heal's collectives under the watch (a Gloo group's): only a newer view that drops a
+        member cuts them, once they have run a step's patience (a big heal may rightly run long)."""
         if self.watch is None:
             yield
             return
-        self.watch.arm(m.generation, m.members, patience_s, self.group.cutter())
+        self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter(), drops_only=True)
         try:
             yield
         finally:
@@ -404,7 +405,7 @@ class Trainer:
             self.group.set_timeout(self.cfg.init_timeout)
             vouched = (given.checkpoint_step > 0
                        and self._lineage.get(given.checkpoint_step) == given.checkpoint_digest)
-            with self._watched(m, heal_patience(self.cfg.init_timeout)):  # a donor stopped mid-heal
+            with self._watched(m):  # a donor stopped mid-heal is cut once a newer view drops it
                 result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
                               vouched=vouched, session=self._heal)
             self._timeout = self.cfg.init_timeout

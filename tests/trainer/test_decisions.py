@@ -144,3 +144,14 @@ def test_should_cut_table(members, newer, cut, reason):
 def test_should_cut_a_joins_collective_only_far_past_its_patience(overdue, cut):
     assert should_cut(("a", "b"), ("a", "b", "c"), overdue, 0.1).cut is cut
     assert should_cut(("a", "b"), (), overdue, 0.1).cut is cut  # a pause: a switch at a step boundary too
+
+
+@pytest.mark.parametrize("newer,cut,reason", [
+    (("a",), True, "drops b"),  # a donor stopped or cut off: the heal cannot end
+    (("a", "b", "c"), False, "drops no member"),  # a join waits for the heal, however long it runs
+    (("b", "a"), False, "drops no member"),  # a pause then a resume re-forms the same members
+    ((), False, "drops no member"),  # an operator's pause
+])
+def test_should_cut_a_heal_only_when_a_member_is_dropped(newer, cut, reason):
+    d = should_cut(("a", "b"), newer, overdue=1000.0, patience=0.1, drops_only=True)
+    assert d.cut is cut and reason in d.reason
