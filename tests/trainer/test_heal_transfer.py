@@ -129,8 +129,11 @@ def test_two_donors_heal_a_fresh_receiver_into_its_live_tensors() -> None:
     assert len({r[3] for r in rows}) == 1 and len({r[4] for r in rows}) == 1  # params and Adam state alike
     assert rows[1][6] > 0 and rows[2][6] > 0 and rows[0][5] == rows[1][6] + rows[2][6]  # both donors sent a share
     progress = rows[0][7]
-    assert len(progress) > 2 and progress[-1] == (rows[0][5], rows[0][5], 2) and not rows[1][7]  # the receiver's
+    assert len(progress) > 2 and progress[-1] == (rows[0][5], rows[0][5], 2)  # the receiver's, from 2 donors
     assert [p[0] for p in progress] == sorted(p[0] for p in progress)
+    for donor in rows[1:]:  # a donor reports what it sent (donors 0), so its daemon never takes it for hung
+        sent = donor[7]
+        assert sent and sent[-1] == (donor[6], donor[6], 0) and [p[0] for p in sent] == sorted(p[0] for p in sent)
 
 
 @pytest.mark.timeout(180)
