@@ -216,9 +216,11 @@ class Daemon:
         (a restart, a crash, a retry) is handed the pause's empty view here, or it would wait for a
         view until its idle limit."""
         assert self.worker is not None
-        view, worker = self.store.state.view, self.worker
-        if view is not None and not view.members and worker.running and worker.given_generation < view.generation:
-            worker.publish(view, self.store.state.checkpoint)
+        state, worker = self.store.state, self.worker
+        view = state.view
+        if (state.control is ControlMode.PAUSED and view is not None and not view.members and worker.running
+                and worker.given_generation < view.generation):
+            worker.publish(view, state.checkpoint)
 
     def checkpoint_written(self, held: Held) -> None:
         """The worker wrote the checkpoint of `held.step`: report it until the log records one as new."""
