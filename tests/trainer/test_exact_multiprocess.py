@@ -73,17 +73,18 @@ def _progressed(cluster: Cluster, nodes: list[str], after: float, world: int | N
 
 
 def kill_and_restart(cluster: Cluster, victim: str, sig: int) -> None:
-    """At a few steps past now, SIGKILL `victim` and restart it at once (its survivors train while it
-    builds), or SIGSTOP it until the survivors trained without it, then SIGCONT; wait until it
-    trained again with them."""
+    """At a few steps past now, SIGKILL `victim` or SIGSTOP it; once the survivors trained without it,
+    restart it (SIGKILL) or SIGCONT it (SIGSTOP); wait until it trained again with them. The restart
+    waits for the survivors: a victim back before they re-formed as two (a loaded box) would join
+    their next group, and they would never train without it."""
     others = [n for n in cluster.nodes if n != victim]
     at = cluster.progress_step(others[0]) + 20
     cluster.wait_for(lambda: cluster.progress_step(others[0]) >= at, 60, f"step {at}")
     t_fault = cluster.kill(victim, sig)
+    cluster.wait_for(lambda: _progressed(cluster, others, t_fault, len(others)), 60, f"{others} training without {victim}")
     if sig == signal.SIGKILL:
         cluster.start(victim)
-    cluster.wait_for(lambda: _progressed(cluster, others, t_fault, len(others)), 60, f"{others} training without {victim}")
-    if sig == signal.SIGSTOP:
+    else:
         cluster.mark_live(victim)
         os.kill(cluster.procs[victim].pid, signal.SIGCONT)
     back = time.time()
