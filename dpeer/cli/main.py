@@ -309,6 +309,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
         "advertise": args.advertise, "preset": args.preset, "job": args.job,
         "metrics_listen": args.metrics_listen, "security.insecure": args.insecure,
+        "security.insecure_data_plane": args.insecure_data_plane,
     }
     config = cfg.load(args.config, flags)
     if config.node_id is None:
@@ -339,7 +340,9 @@ def check_security(config: cfg.NodeConfig) -> None:
     if any(tls) and not all(tls):
         raise UsageError("mutual TLS needs all of security.tls_cert, tls_key and tls_ca")
     mode = auth.mode_of(all(tls), s.cluster_token_file is not None)
-    reason = exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure)
+    reason = (exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure)
+              or exposure.data_plane_refusal(config.store_bind[0], config.job is not None, s.insecure,
+                                             s.insecure_data_plane))
     if reason is not None:
         raise UsageError(reason)
     contents = {name: _readable(f"security.{name}", path) for name, path in

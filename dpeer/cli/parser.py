@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--insecure", action="store_true", default=None,
                        help="run off loopback without mutual TLS and token (anyone who reaches the port controls "
                        "the node); warned at every start and shown in status")
+    start.add_argument("--insecure-data-plane", action="store_true", default=None,
+                       help="let the job's collectives and heal run off loopback unencrypted (each connection still "
+                       "proves the generation's key); warned at every start and shown in status")
     for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
         p = _sub(subs, name, help_)
         _client_flags(p)

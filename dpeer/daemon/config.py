@@ -128,6 +128,8 @@ class SecurityConfig(Strict):
     cluster_token_file: Path | None = Field(None, description="file holding the shared cluster token")
     insecure: bool = Field(False, description="run off loopback without mutual TLS and token (--insecure); "
                            "logged as a warning at every start and shown in status")
+    insecure_data_plane: bool = Field(False, description="run the job's data plane (collectives, heal) off loopback "
+                                      "unencrypted (--insecure-data-plane); warned at every start, shown in status")
 
     @field_validator("tls_cert", "tls_key", "tls_ca", "cluster_token_file")
     @classmethod

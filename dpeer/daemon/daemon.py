@@ -304,9 +304,10 @@ class Daemon:
         return document(self.node, extra)
 
     def security_status(self) -> dict[str, Any]:
-        """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure, refusals so far."""
-        server = self.server
-        return {"mode": self.security.mode.value, "insecure": self.config.security.insecure,
+        """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure,
+        --insecure-data-plane, refusals so far."""
+        server, s = self.server, self.config.security
+        return {"mode": self.security.mode.value, "insecure": s.insecure, "insecure_data_plane": s.insecure_data_plane,
                 "refused": sum(server.refusals.values()) if server is not None else 0}
 
     def job_status(self) -> dict[str, Any] | None:
@@ -324,10 +325,13 @@ class Daemon:
         self.server = await serve(self.config.listen, self.service, self.security)
         log.info("listening on %s (advertised %s), security %s", self.config.listen, self.addr,
                  self.security.mode.value)
-        warning = exposure.warning(Address.parse(self.config.listen, any_port=True).host, self.security.mode,
-                                   self.config.security.insecure)
-        if warning is not None:
-            log.warning("%s", warning)
+        s = self.config.security
+        for warning in (exposure.warning(Address.parse(self.config.listen, any_port=True).host, self.security.mode,
+                                         s.insecure),
+                        exposure.data_plane_warning(self.config.store_bind[0], self.worker is not None, s.insecure,
+                                                    s.insecure_data_plane)):
+            if warning is not None:
+                log.warning("%s", warning)
         self.metrics.insecure.set(1 if self.config.security.insecure else 0)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

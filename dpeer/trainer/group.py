@@ -1,10 +1,13 @@
 """Process-group (re)formation in place, one generation at a time.
 
-A TCPStore outlives the groups: the worker of the view's first member hosts it on
-``view.store`` (bound to exactly its own configured address), the others keep one client
-connection per store address. Each generation rendezvous under its own prefix (a reused prefix
-hangs, pytorch#55967), ``gen{g}`` plus a tag derived from the generation's secret, so only members
-can write the keys the group forms from; Gloo binds the configured address only. Re-forming drops every reference to the old group, destroys it and
+A rendezvous store outlives the groups: the worker of the view's first member serves it on
+``view.store`` (bound to exactly its own configured address; rendezvous_server), the others keep
+one authenticated connection per store address (rendezvous). Each generation has a key space of
+its own (a reused one hangs, pytorch#55967) that only requests tagged with the key derived from
+the generation's secret reach, so a stranger can neither read nor write what a group forms from.
+Once formed, every pair of ranks proves the generation's key over its own Gloo connection
+(pair_auth), so a stranger who connected first in a rank's place is found before any gradient or
+heal piece crosses. Gloo binds the configured address only. Re-forming drops every reference to the old group, destroys it and
 runs ``gc.collect()`` before the new ``init_process_group``: a live traceback keeps the old group
 alive and leaves other survivors blocked (pytorch#107298, docs/architecture.md "Decisions").
 
@@ -32,6 +35,9 @@ import torch
 import torch.distributed as dist
 
 from dpeer.trainer import gloo_cut
+from dpeer.trainer.pair_auth import authenticate_pairs
+from dpeer.trainer.rendezvous import GenerationStore, RendezvousClient, RendezvousError
+from dpeer.trainer.rendezvous_server import RendezvousServer
 from dpeer.view import View
 
 EXIT_RESTART = 75
@@ -66,14 +72,6 @@ def derive(secret: str, purpose: str, generation: int) -> bytes:
     return hmac.new(secret.encode(), f"dpeer/{purpose}/{generation}".encode(), hashlib.sha256).digest()
 
 
-def rendezvous_prefix(view: View) -> str:
-    """The store prefix of a generation's keys: gen{g}, and with a secret a tag derived from it, so a
-    store client that is not a member (it never learned the secret) cannot write keys the members read."""
-    if not view.secret:
-        return f"gen{view.generation}"
-    return f"gen{view.generation}-{derive(view.secret, 'rendezvous', view.generation).hex()[:32]}"
-
-
 class _BoundGloo:
     """Gloo with its device bound to one address: torch pins Gloo only to a whole interface
     (GLOO_SOCKET_IFNAME), which may hold other addresses; a registered backend can pass the device."""
@@ -95,19 +93,6 @@ class _BoundGloo:
         options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=cls.host)]
         return dist.ProcessGroupGloo(store, rank, size, options)
-
-
-def _accepts(host: str, port: int, timeout: float) -> bool:
-    """Whether host:port accepts a TCP connection now (the probe is closed at once).
-
-    Probed before each TCPStore client: torch's client backs off about 0.6 s after a refused
-    connect (measured on torch 2.13), which every member would pay whenever it reaches a new rank
-    0 before that worker hosts its store (the leader or the first member was killed)."""
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def _listen_socket(host: str, port: int) -> socket.socket:
@@ -150,9 +135,9 @@ class GroupManager:
         self.connect_timeout = connect_timeout
         self.abort_timeout = abort_timeout
         self.membership: GroupSeat | None = None
-        self._hosted: dict[tuple[str, int], tuple[socket.socket, dist.TCPStore]] = {}
+        self._hosted: dict[tuple[str, int], RendezvousServer] = {}
         self._bound = store_socket  # bound at start (bind_store_socket); used when a view names its port
-        self._clients: dict[tuple[str, int], dist.TCPStore] = {}
+        self._clients: dict[tuple[str, int], RendezvousClient] = {}
         self._collective_timeout = init_timeout
         self._pairs: gloo_cut.GroupSockets | None = None  # the current Gloo group's connections
 
@@ -163,19 +148,15 @@ class GroupManager:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def _host_store(self, host: str, port: int) -> dist.TCPStore:
+    def _host_store(self, host: str, port: int) -> RendezvousServer:
         key = (host, port)
         if key not in self._hosted:
             try:
                 sock = self._take_bound(port) or _listen_socket(host, port)
             except OSError as exc:
                 raise GroupError(f"cannot host the store on {host}:{port}: {exc.strerror or exc}") from None
-            store = dist.TCPStore(
-                host, port, is_master=True, wait_for_workers=False,
-                timeout=dt.timedelta(seconds=self.init_timeout), master_listen_fd=sock.fileno(),
-            )
-            self._hosted[key] = (sock, store)
-        return self._hosted[key][1]
+            self._hosted[key] = RendezvousServer(sock)
+        return self._hosted[key]
 
     def _take_bound(self, port: int) -> socket.socket | None:
         """The socket bound at start when the view names its port (it is then hosted for good)."""
@@ -184,34 +165,25 @@ class GroupManager:
         sock, self._bound = self._bound, None
         return sock
 
-    def _client_store(self, host: str, port: int, deadline: float, superseded: Callable[[], bool]) -> dist.TCPStore:
-        key = (host, port)
-        cached = self._clients.get(key)
-        if cached is not None:
-            try:
-                cached.check(["__dpeer_ping__"])
-                return cached
-            except RuntimeError:
-                del self._clients[key]
+    def _client_store(self, host: str, port: int, deadline: float, superseded: Callable[[], bool]) -> RendezvousClient:
+        """The connection to the store at host:port, opened once it listens (a member may reach a new
+        rank 0 before its worker hosts the store), until deadline or a newer view."""
+        client = self._clients.setdefault((host, port), RendezvousClient(host, port))
         last = ""
         while time.monotonic() < deadline:
             if superseded():
                 raise Superseded(f"a newer view arrived while connecting to store {host}:{port}")
-            left = max(0.5, min(self.connect_timeout, deadline - time.monotonic()))
-            if not _accepts(host, port, min(1.0, left)):
-                last = "the store does not accept connections yet"
-                time.sleep(STORE_POLL_S)
-                continue
             try:
-                store = dist.TCPStore(host, port, is_master=False, timeout=dt.timedelta(seconds=left))
-                self._clients[key] = store
-                return store
-            except (RuntimeError, ValueError) as exc:
-                last = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            time.sleep(0.02)
+                client.connect(min(1.0, max(0.05, deadline - time.monotonic())))
+                return client
+            except RendezvousError as exc:
+                raise GroupError(str(exc)) from None
+            except OSError as exc:
+                last = f"the store does not accept connections yet ({exc.strerror or exc})"
+            time.sleep(STORE_POLL_S)
         raise GroupError(f"could not reach store {host}:{port}: {last}")
 
-    def _rendezvous(self, prefix: dist.PrefixStore, view: View, superseded: Callable[[], bool], deadline: float) -> None:
+    def _rendezvous(self, store: dist.Store, view: View, superseded: Callable[[], bool], deadline: float) -> None:
         """Wait until every member arrived, giving up as soon as a newer view exists.
 
         The outcome is sealed once, with compare_set: "go" by the first member to count every
@@ -220,18 +192,18 @@ class GroupManager:
         formed on a superseded view switches to the newer one at its first step.
         """
         world = len(view.members)
-        arrived = prefix.add("arrived", 1)
+        arrived = store.add("arrived", 1)
         while arrived < world:
             late = superseded()
             if late or time.monotonic() > deadline:
-                if prefix.compare_set("sealed", "", "abandoned") == b"go":
+                if store.compare_set("sealed", "", "abandoned") == b"go":
                     return
                 if late:
                     raise Superseded(f"generation {view.generation} superseded during rendezvous")
                 raise GroupError(f"generation {view.generation}: {arrived}/{world} members arrived in time")
             time.sleep(RENDEZVOUS_POLL_S)
-            arrived = prefix.add("arrived", 0)
-        if prefix.compare_set("sealed", "", "go") != b"go":
+            arrived = store.add("arrived", 0)
+        if store.compare_set("sealed", "", "go") != b"go":
             raise Superseded(f"generation {view.generation} was abandoned by a member before it formed")
 
     def form(self, view: View, superseded: Callable[[], bool] = lambda: False, bind_host: str = "") -> GroupSeat:
@@ -254,20 +226,24 @@ class GroupManager:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
             os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         deadline = time.monotonic() + self.init_timeout
+        key = derive(view.secret, "rendezvous", view.generation)
+        host = view.store.host
         if rank == 0:
-            store = self._host_store(bind_host or view.store.host, view.store.port)
-        else:
-            store = self._client_store(view.store.host, view.store.port, deadline, superseded)
-        prefix = dist.PrefixStore(rendezvous_prefix(view), store)
+            host = bind_host or view.store.host
+            self._host_store(host, view.store.port).allow(view.generation, key)
+        client = self._client_store(host, view.store.port, deadline, superseded)
+        store = GenerationStore(client, view.generation, key, self.init_timeout, _giving_up(superseded, view.generation))
         failure: GroupError | None = None
         try:
-            self._rendezvous(prefix, view, superseded, deadline)
+            self._rendezvous(store, view, superseded, deadline)
+            store.give_up = lambda: None  # sealed "go": every member goes on to init, none may leave now
             before = set(gloo_cut.socket_inodes()) if self.backend == "gloo" else set()
             dist.init_process_group(
-                backend, store=prefix, rank=rank, world_size=len(view.members),
+                backend, store=store, rank=rank, world_size=len(view.members),
                 timeout=dt.timedelta(seconds=self.init_timeout),
                 device_id=self.device if self.backend == "nccl" else None,
             )
+            authenticate_pairs(rank, len(view.members), derive(view.secret, "pair", view.generation), self.device)
         except GroupError as exc:
             failure = type(exc)(str(exc))
         except (RuntimeError, ValueError) as exc:
@@ -327,13 +303,22 @@ class GroupManager:
     def close(self) -> None:
         """Destroy the group and close every store this process hosts or uses."""
         self.destroy()
+        for client in self._clients.values():
+            client.close()
         self._clients.clear()
-        for sock, _store in self._hosted.values():
-            sock.close()
+        for server in self._hosted.values():
+            server.close()
         self._hosted.clear()
         if self._bound is not None:
             self._bound.close()
             self._bound = None
+
+
+def _giving_up(superseded: Callable[[], bool], generation: int) -> Callable[[], BaseException | None]:
+    """What a store request that cannot be served yet gives up with once a newer view came."""
+    def check() -> BaseException | None:
+        return Superseded(f"generation {generation} superseded while its store was not ready") if superseded() else None
+    return check
 
 
 def _reset_group_names() -> None:

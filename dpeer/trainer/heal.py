@@ -183,6 +183,7 @@ def heal(
     key: bytes = b"",
     vouched: bool = False,
     session: HealSession | None = None,
+    committed: tuple[int, str] = (0, ""),
 ) -> HealResult:
     """Bring every rank of the new group to the highest step among them and to one lineage
     (collective: all ranks call). Ranks at that step whose parameters differ from the winning
@@ -193,6 +194,9 @@ def heal(
     ``device`` is where collective buffers live (cuda for NCCL). ``key`` (the generation's heal
     key, the same on every rank) authenticates the header: a receiver takes nothing whose tag does
     not verify. ``session`` carries a torn state from an interrupted heal into the next one.
+    ``committed`` (step, parameter digest) is the cluster's committed checkpoint: a receiver healed
+    to that step whose parameters do not have that digest refuses them (the log, carried over mutual
+    TLS, outranks whatever the data plane delivered).
     """
     t0 = time.monotonic()
     session = session or HealSession()
@@ -264,7 +268,8 @@ def heal(
                     session.partial.done.clear()  # the pieces may be another lineage's: take none of them
                 if early is not None:
                     early.cancel()
-                return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session)  # torn now: planned first
+                return heal(rank, world, my_step, state, n_chunks, device, key, vouched, session,  # torn now: planned first
+                            committed)
         else:
             _finish(transfer, posted, session, t0, early)
         if is_receiver:
@@ -285,6 +290,10 @@ def heal(
         if early is not None:
             early.cancel()
     _check_equal(all_digests)
+    if is_receiver and committed[1] and plan.max_step == committed[0] and all_digests[rank] != committed[1]:
+        session.partial = None
+        raise HealError(f"the state healed to step {committed[0]} has digest {all_digests[rank][:12]}, not the committed "
+                        f"checkpoint's {committed[1][:12]}; refusing it")
     return HealResult(plan, is_receiver, transfer.sent, transfer.received, time.monotonic() - t0, resumed)
 
 

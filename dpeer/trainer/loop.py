@@ -162,6 +162,7 @@ class Trainer:
         self._lineage: dict[int, str] = {}  # checkpoint step -> parameter digest, along this replica's lineage
         self._heal = HealSession(self._heal_progress)  # a torn state from an interrupted heal, resumed by the next
         self._cut: tuple[int, float, str] | None = None  # the watch's last cut: generation, overdue s, why
+        self._given_up: tuple[int, float] | None = None  # a generation left unformed (superseded), and when
         self.watch: CollectiveWatch | None = None  # started by run() for a Gloo group
         if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
             self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device,
@@ -391,6 +392,17 @@ class Trainer:
         self._checkpoint(digest)
         return should_switch(m.generation, red.newest_seen_by_rank).switch
 
+    def _report_stall(self) -> None:
+        """A generation left unformed as superseded (a member gave up on it) that no newer view
+        followed within the init timeout is a group failure, reported so the leader forms a new one:
+        never a silent wait while the status says training."""
+        if self._given_up is None or time.monotonic() - self._given_up[1] < self.cfg.init_timeout:
+            return
+        (gen, _), self._given_up = self._given_up, None
+        error = f"generation {gen} was given up before it formed and no newer view came in {self.cfg.init_timeout:g}s"
+        self.source.report_failure(f"generation {gen} at step {self.step}: {error}", gen, phase="group",
+                                   step=self.step, error=error)
+
     def _run_generation(self, given: Assignment) -> Failure | None:
         """Form, heal and train in the ``given`` view; returns the failure, or None (done or switching).
 
@@ -407,7 +419,8 @@ class Trainer:
                        and self._lineage.get(given.checkpoint_step) == given.checkpoint_digest)
             with self._watched(m):  # a donor stopped mid-heal is cut once a newer view drops it
                 result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
-                              vouched=vouched, session=self._heal)
+                              vouched=vouched, session=self._heal,
+                              committed=(given.checkpoint_step, given.checkpoint_digest))
             self._timeout = self.cfg.init_timeout
             self._adapt_timeout()
             self._digest_next = True  # a replica that healed wrong differs from its first step on
@@ -423,7 +436,7 @@ class Trainer:
                     return None
             torch.distributed.barrier()
         except Superseded:
-            failure = None
+            failure, self._given_up = None, (view.generation, time.monotonic())
         except Exception as exc:  # noqa: BLE001 - every failure is reported; the traceback is dropped here
             t_caught = time.time()
             failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
@@ -455,11 +468,12 @@ class Trainer:
                 given = self.source.wait_view(self.generation, self.cfg.view_wait)
                 self._newest = -1
                 if given is None:
+                    self._report_stall()
                     if time.monotonic() - idle_since > self.cfg.idle_limit and not paused:
                         raise TimeoutError(f"no usable view for {self.cfg.idle_limit:.0f}s")
                     continue
                 view = given.view
-                self.generation = view.generation
+                self.generation, self._given_up = view.generation, None
                 was_paused, paused = paused, not view.members  # an operator's pause: wait, however long
                 if paused or was_paused:
                     idle_since = time.monotonic()  # the idle limit counts from the pause's end, not before it

@@ -1,30 +1,29 @@
 """One party to a rendezvous, as its own process (torch has one default group per process).
 
 python -m tests.security.rendezvous_child member NODE PORT SECRET   form view gen 7 [a, b] as NODE
-python -m tests.security.rendezvous_child stranger - PORT -          a store client that is no member:
-    it writes the keys it can guess (gen7/...) and tries to take rank 1
-python -m tests.security.rendezvous_child heal NODE PORT KEY         form [a, b], then heal with heal key KEY:
-    a is at step 5 (the donor), b at step 0 (it receives)
+python -m tests.security.rendezvous_child pair NODE PORT KEY        form [a, b], then prove pair key KEY
+python -m tests.security.rendezvous_child heal NODE PORT KEY [DIGEST] form [a, b], then heal with heal key KEY:
+    a is at step 5 (the donor), b at step 0 (it receives); DIGEST: the committed checkpoint's at step 5
 Prints one JSON line: {"formed": bool, "error": str, ...}.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+import os
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 
 from dpeer.trainer.group import GroupError, GroupManager
 from dpeer.trainer.heal import HealError, heal
+from dpeer.trainer.pair_auth import PairUnproven, authenticate_pairs
 from dpeer.address import Address
 from dpeer.view import View
 from tests.support.heal_state import State
 
-TIMEOUT = 6.0
+TIMEOUT = float(os.environ.get("RENDEZVOUS_CHILD_TIMEOUT", "8"))
+SECRET = "5f0c1e7a9b2d4c6e8f0a1b2c3d4e5f60"
 
 
 def member(node: str, port: int, secret: str) -> dict:
@@ -38,46 +37,43 @@ def member(node: str, port: int, secret: str) -> dict:
     return {"formed": True, "error": "", "rank": m.rank}
 
 
-def stranger(port: int) -> dict:
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        try:
-            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=dt.timedelta(seconds=TIMEOUT))
-            break
-        except (RuntimeError, ValueError):
-            if time.monotonic() > deadline:
-                return {"formed": False, "error": "no store"}
-            time.sleep(0.05)
-    prefix = dist.PrefixStore("gen7", store)
-    prefix.add("arrived", 1)
+def pair(node: str, port: int, key: str) -> dict:
+    """Form with the shared secret, then prove `key` (each party may be given another)."""
+    gm = GroupManager(node, backend="gloo", init_timeout=TIMEOUT)
+    m = gm.form(View(7, ("a", "b"), Address("127.0.0.1", port), SECRET), bind_host="127.0.0.1")
     try:
-        dist.init_process_group("gloo", store=prefix, rank=1, world_size=2, timeout=dt.timedelta(seconds=TIMEOUT))
-    except (RuntimeError, ValueError) as exc:
-        return {"formed": False, "error": str(exc).splitlines()[0]}
+        authenticate_pairs(m.rank, m.world, key.encode())
+    except PairUnproven as exc:
+        return {"formed": True, "error": str(exc)}
+    finally:
+        gm.close()
     return {"formed": True, "error": ""}
 
 
-def healing(node: str, port: int, key: str) -> dict:
+def healing(node: str, port: int, key: str, committed: str = "") -> dict:
     """Heal b from a under `key` (each party may be given another): did b take a's state?"""
     gm = GroupManager(node, backend="gloo", init_timeout=TIMEOUT)
-    m = gm.form(View(7, ("a", "b"), Address("127.0.0.1", port)), bind_host="127.0.0.1")
+    m = gm.form(View(7, ("a", "b"), Address("127.0.0.1", port), SECRET), bind_host="127.0.0.1")
     torch.manual_seed(1 if node == "a" else 2)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     step = 5 if node == "a" else 0
+    state = State(model, opt, step)
     try:
-        result = heal(m.rank, m.world, step, State(model, opt, step), key=key.encode())
+        result = heal(m.rank, m.world, step, state, key=key.encode(), committed=(5, committed))
     except (HealError, RuntimeError) as exc:  # the donor's sends fail once the receiver refused and left
         return {"formed": True, "error": str(exc).splitlines()[0]}
     finally:
-        gm.destroy()
-    return {"formed": True, "error": "", "received": result.received}
+        gm.close()
+    return {"formed": True, "error": "", "received": result.received, "digest": state.digest()}
 
 
 if __name__ == "__main__":
     role, node, port, secret = sys.argv[1:5]
     if role == "heal":
-        out = healing(node, int(port), secret)
+        out = healing(node, int(port), secret, *sys.argv[5:6])
+    elif role == "pair":
+        out = pair(node, int(port), secret)
     else:
-        out = member(node, int(port), "" if secret == "-" else secret) if role == "member" else stranger(int(port))
+        out = member(node, int(port), "" if secret == "-" else secret)
     print(json.dumps(out), flush=True)

@@ -127,3 +127,20 @@ def test_who_may_start_where(host: str, mode: Mode, insecure: bool, starts: bool
         assert "dpeer certs" in reason and reason.count(". ") == 0
     warned = exposure.warning(host, mode, insecure)
     assert (warned is not None) == (insecure and mode is not Mode.MTLS_TOKEN)
+
+
+@pytest.mark.parametrize("host,job,insecure,data_plane,runs", [
+    ("127.0.0.1", True, False, False, True), ("10.0.0.1", False, False, False, True),
+    ("10.0.0.1", True, False, False, False), ("10.0.0.1", True, False, True, True), ("10.0.0.1", True, True, False, True),
+    ("::1", True, False, False, True), ("box1.lan", True, False, False, False),
+])
+def test_a_secured_node_runs_an_unencrypted_data_plane_off_loopback_only_when_told(
+        host: str, job: bool, insecure: bool, data_plane: bool, runs: bool) -> None:
+    """Issue 35: the collectives and heal authenticate each connection but do not encrypt; off
+    loopback a secured node says so and starts only with --insecure-data-plane (which warns)."""
+    reason = exposure.data_plane_refusal(host, job, insecure, data_plane)
+    assert (reason is None) == runs, reason
+    if reason is not None:
+        assert "--insecure-data-plane" in reason and host in reason and reason.count(". ") == 0
+    warned = exposure.data_plane_warning(host, job, insecure, data_plane)
+    assert (warned is not None) == (runs and job and not exposure.is_loopback(host)), warned

@@ -67,7 +67,8 @@ def test_insecure_starts_on_any_address_and_warns_every_start(tmp_path: Path) ->
                               timeout=180)
         assert done.returncode == 0, (done.stdout, done.stderr, Path(f"{d}.log").read_text())
         status = json.loads(Path(f"{d}.status").read_text())
-        assert status["security"] == {"mode": "none", "insecure": True, "refused": 0}, status["security"]
+        assert status["security"] == {"mode": "none", "insecure": True, "insecure_data_plane": False, "refused": 0}, \
+            status["security"]
         assert 'dpeer_security_insecure{node="a"} 1.0' in Path(f"{d}.metrics").read_text()
     warnings = [json.loads(line) for line in Path(f"{d}.log").read_text().splitlines()
                 if line.startswith("{") and "INSECURE" in line]

@@ -9,7 +9,8 @@ import torch.distributed as dist
 from dpeer.launch.cluster import free_port_block
 from dpeer.address import Address
 from dpeer.view import View
-from dpeer.trainer.group import GroupError, GroupManager
+from dpeer.trainer.group import GroupError, GroupManager, derive
+from dpeer.trainer.rendezvous import GenerationStore, RendezvousClient
 
 
 def test_a_failed_init_does_not_shift_the_next_groups_name() -> None:
@@ -18,8 +19,9 @@ def test_a_failed_init_does_not_shift_the_next_groups_name() -> None:
     try:
         # A peer that arrives at the rendezvous but never joins init: init times out after it.
         view = View(1, ("a", "ghost"), Address("127.0.0.1", port))
-        store = manager._host_store(view.store.host, view.store.port)
-        dist.PrefixStore("gen1", store).add("arrived", 1)
+        key = derive(view.secret, "rendezvous", 1)
+        manager._host_store(view.store.host, view.store.port).allow(1, key)
+        GenerationStore(RendezvousClient(view.store.host, view.store.port), 1, key, 2.0).add("arrived", 1)
         with pytest.raises(GroupError):
             manager.form(view)
         assert dist.distributed_c10d._world.group_count == 0
