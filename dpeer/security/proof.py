@@ -28,7 +28,7 @@ PROOF_HEADER = "x-dpeer-proof"
 FRESH_S = 60.0
 """A proof is accepted while the checking node's clock is within this many seconds of its time."""
 MAX_NONCES = 10_000
-"""Nonces remembered at most (each for 2 * FRESH_S); past it, new proofs wait for old ones to expire."""
+"""Nonces remembered at most (each until its proof is stale); past it, new proofs wait for old ones."""
 MAX_HEADER = 8192
 _VERSION = "1"
 _NONCE = re.compile(r"[0-9a-f]{32}")
@@ -202,8 +202,7 @@ class Verifier:
         if len(self._seen) >= self.max_nonces:
             self._seen = {k: t for k, t in self._seen.items() if t >= now}
             if len(self._seen) >= self.max_nonces:
-                return (f"this node holds {self.max_nonces} proofs of the last {2 * self.fresh_s:.0f} s "
-                        "already; try again in a minute")
+                return f"this node holds {self.max_nonces} fresh proofs already; try again in a minute"
         self._seen[key] = expires
         return None
 

@@ -160,3 +160,25 @@ def test_every_signed_command_encodes_every_field_it_sets(method: str) -> None:
             setattr(request, field.name, 7)
     doc = proof.canonical(method, request, 1, "0" * 32).decode()
     assert all(f'"{field.name}":' in doc for field in request.DESCRIPTOR.fields), doc
+
+
+def test_the_guard_takes_a_proof_once_and_again_after_the_command_failed(pki: Pki) -> None:
+    from dpeer.transport.server import Guard
+
+    guard = Guard(pki.security("node-n1"), wall=lambda: NOW)
+    n2 = Principal(Role.NODE, "n2")
+    header = signer(pki, "operator-alice").sign("KvPut", put(), NOW, NONCE)
+    forwarded = auth.Caller(ALICE, via=n2, proof=header)
+    assert guard.proven(forwarded, "KvPut", put(), "n1") == forwarded
+    refused = guard.proven(forwarded, "KvPut", put(), "n1")
+    assert isinstance(refused, tuple) and refused[0] is auth.Refusal.FORBIDDEN
+    assert refused[1].startswith("the leader (n1) refused KvPut forwarded by n2 for operator/alice: its proof was used")
+    guard.failed(forwarded)  # the handler failed (no quorum): n2 tries again with the same proof
+    assert guard.proven(forwarded, "KvPut", put(), "n1") == forwarded
+    evil = guard.proven(auth.Caller(Principal(Role.OPERATOR, "evil"), via=n2), "KvPut", put(), "n1")
+    assert evil == (auth.Refusal.FORBIDDEN, "the leader (n1) refused KvPut forwarded by n2 for operator/evil: no proof "
+                    "from operator/evil's own certificate came with it (a node's certificate alone grants no operator "
+                    "rights)")
+    own_leave = auth.Caller(ALICE, via=n2, proof=header)
+    assert guard.proven(own_leave, "Leave", pb.LeaveRequest(node_id="n2", forwarded=True), "n1") == auth.Caller(n2), \
+        "a node's own leave needs no proof and stands as the node's"
