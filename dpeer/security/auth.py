@@ -4,7 +4,8 @@ Pure (no grpc, asyncio or clock): the transport finds the caller's principal (it
 ``dpeer://ROLE/NAME`` URI, or the cluster token when there are no certificates) and asks
 `authorize` before any handler sees the request; `claims` lists every node id a request speaks
 for, each of which must be the caller's own. A node forwarding a command to the leader names
-the caller it authenticated (`ON_BEHALF_OF`); the leader believes that only from a node.
+the caller it authenticated (`ON_BEHALF_OF`); the leader believes that only from a node, and
+beyond what that node may do itself only with the caller's own proof (security/proof.py).
 """
 
 from __future__ import annotations
@@ -79,8 +80,28 @@ class Principal:
 
 
 ANONYMOUS = Principal(CallerRole.ANONYMOUS)
-CALLER: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("dpeer_caller", default=None)
-"""The principal of the RPC the current task serves; read where a handler forwards a command."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a call is judged as, the node that forwarded it to us (None: it came directly), and the
+    caller's proof that came with it (passed on unchanged when this node forwards the call)."""
+
+    principal: Principal
+    via: Principal | None = None
+    proof: str | None = None
+
+
+@dataclass(frozen=True)
+class Vouch:
+    """What a forwarding node sends along: the caller it names (ROLE/NAME) and that caller's proof."""
+
+    caller: str
+    proof: str | None = None
+
+
+CALLER: contextvars.ContextVar[Caller | None] = contextvars.ContextVar("dpeer_caller", default=None)
+"""The caller of the RPC the current task serves; read where a handler forwards a command."""
 
 
 def identity_uri(role: CallerRole, name: str) -> str:
@@ -168,17 +189,20 @@ def authorize(mode: Mode, method: str, request: Any, caller: Principal) -> tuple
     return None
 
 
-def vouch(caller: Principal | None) -> str | None:
-    """What a node forwarding the current call names as its caller (None: nothing to vouch for)."""
-    if caller is None or caller.role not in (CallerRole.NODE, CallerRole.OPERATOR, CallerRole.CLIENT):
+def vouch(caller: Caller | None) -> Vouch | None:
+    """What a node forwarding the current call sends along (None: nothing to vouch for)."""
+    if caller is None or caller.principal.role not in (CallerRole.NODE, CallerRole.OPERATOR, CallerRole.CLIENT):
         return None
-    return str(caller)
+    return Vouch(str(caller.principal), caller.proof)
 
 
 # The calls a node forwards to the leader for the caller it took them from (daemon/service.py's
-# _via_leader); only these may carry ON_BEHALF_OF. Raft and gossip messages never do.
+# _via_leader); only these may carry ON_BEHALF_OF. Raft and gossip messages never do, nor Force
+# (it acts on the addressed node).
 FORWARDED = frozenset({"Join", "Leave", "GroupFailed", "ReportCheckpoint", "KvPut", "KvGet", "KvDelete", "KvList",
-                       "JobControl", "Force"})
+                       "JobControl"})
+SIGNED = frozenset(m for m in FORWARDED if NEEDS[m] is not Need.READ)
+"""The calls a client holding a key signs (security/proof.py): all a node may forward but reads."""
 
 
 def effective(caller: Principal, on_behalf_of: str | None, method: str, receiver: str,
@@ -187,7 +211,8 @@ def effective(caller: Principal, on_behalf_of: str | None, method: str, receiver
     the caller it took it from; that is believed only for the commands nodes forward, only from a
     node that may_forward says is a member of the cluster (not a stranger or a retired box holding
     an old certificate), and never in the receiving node's own name (a node's requests are its own
-    to make, never forwarded back to it)."""
+    to make, never forwarded back to it). What the named caller may do beyond the node's own
+    rights needs its proof besides (`beyond_the_node`)."""
     if on_behalf_of is None or caller.role is not CallerRole.NODE:
         return caller
     if method not in FORWARDED:
@@ -202,6 +227,17 @@ def effective(caller: Principal, on_behalf_of: str | None, method: str, receiver
     if vouched.role is CallerRole.NODE and vouched.name == receiver:
         return Refusal.IDENTITY, f"{caller} may not forward a request in this node's own name"
     return vouched
+
+
+def beyond_the_node(mode: Mode, method: str, request: Any, caller: Caller) -> bool:
+    """Whether a forwarded call asks more than its forwarding node may ask itself (then only the
+    named caller's own proof lets it through); False for a call that came directly."""
+    return caller.via is not None and authorize(mode, method, request, caller.via) is not None
+
+
+def unproven(receiver: str, method: str, via: Principal, named: Principal, problem: str) -> tuple[Refusal, str]:
+    """The refusal of a forwarded call beyond its node's rights whose proof failed, in one sentence."""
+    return Refusal.FORBIDDEN, f"the leader ({receiver}) refused {method} forwarded by {via.name} for {named}: {problem}"
 
 
 # -- quiet refusal logs ------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dpeer.security.auth import TLS_SERVER_NAME, CallerRole, Principal, identity_uri, principal_from_uris
+from dpeer.security.auth import TLS_SERVER_NAME, CallerRole, Principal, identity_uri
+from dpeer.security.proof import identity
 CA_CERT, CA_KEY, TOKEN_FILE = "ca.pem", "ca.key", "cluster.token"
 CA_DAYS, LEAF_DAYS = 3650, 825
 
@@ -172,11 +173,7 @@ def identity_of(pem: bytes) -> Principal:
         cert = x509.load_pem_x509_certificate(pem)
     except ValueError as exc:
         raise CertError(f"not a PEM certificate: {exc}") from None
-    try:
-        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return principal_from_uris([])
-    return principal_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier))
+    return identity(cert)
 
 
 def check_pair(cert_pem: bytes, key_pem: bytes) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import AsyncIterator, Callable, Protocol
 
 from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.security.auth import Vouch
 
 
 class PeerClient(Protocol):
@@ -52,7 +53,7 @@ class Transport(Protocol):
     def send(self, addr: str, envelope: pb.Envelope) -> None:
         """Queue one envelope to addr; lost like a datagram when it cannot go."""
 
-    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: str | None = None) -> PeerClient:
+    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: Vouch | None = None) -> PeerClient:
         """A client for calls to the node at addr (on_behalf_of: the caller a node forwards for)."""
 
     async def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from typing import Any, AsyncIterator, Callable
@@ -11,6 +12,8 @@ from typing import Any, AsyncIterator, Callable
 import grpc
 
 from dpeer import errors
+from dpeer.security.auth import SIGNED, Vouch
+from dpeer.security.proof import PROOF_HEADER, Signer
 from dpeer.transport.options import (
     MAX_BATCH_MESSAGES,
     Security,
@@ -72,12 +75,14 @@ def translate(exc: grpc.aio.AioRpcError, addr: str) -> errors.PeerError:
 
 
 class Channels:
-    """One channel and stub per address, reused across calls, closed together."""
+    """One channel and stub per address, reused across calls, closed together; the signer of the
+    proofs the commands a node may forward carry (security/proof.py) when there is a key."""
 
     def __init__(self, security: Security) -> None:
         self._security = security
         self._stubs: dict[str, tuple[grpc.aio.Channel, pbg.PeerStub]] = {}
         self.metadata = call_metadata(security)
+        self.signer = Signer(security.cert, security.key) if security.cert and security.key else None
 
     def stub(self, addr: str) -> pbg.PeerStub:
         """The stub for addr, opening its channel on first use."""
@@ -240,13 +245,14 @@ class NodeClient:
 
     def __init__(
         self, addr: str, security: Security | None = None, timeout: float = 5.0, channels: Channels | None = None,
-        on_behalf_of: str | None = None,
+        on_behalf_of: Vouch | None = None,
     ) -> None:
-        """on_behalf_of: the caller (ROLE/NAME) a node forwards this command for (see peer.auth)."""
+        """on_behalf_of: the caller a node forwards this command for, with its proof (security.auth)."""
         self.addr = addr
         self._channels = channels or Channels(security or Security())
         self._own = channels is None
         self._timeout = timeout
+        self._forwarding = on_behalf_of is not None
         self._metadata = forwarding_metadata(self._channels.metadata, on_behalf_of)
 
     async def __aenter__(self) -> "NodeClient":
@@ -256,10 +262,18 @@ class NodeClient:
         if self._own:
             await self._channels.close()
 
+    def _signed(self, method: str, request: object) -> tuple[tuple[str, str], ...]:
+        """The call's metadata: a command a node may forward carries our proof (a forwarded one
+        carries its caller's instead, already in the metadata)."""
+        signer = self._channels.signer
+        if method not in SIGNED or signer is None or self._forwarding:
+            return self._metadata
+        return self._metadata + ((PROOF_HEADER, signer.sign(method, request, time.time(), os.urandom(16))),)
+
     async def _call(self, method: str, request: object, timeout: float | None = None) -> object:
         rpc = getattr(self._channels.stub(self.addr), method)
         try:
-            return await rpc(request, timeout=timeout or self._timeout, metadata=self._metadata)
+            return await rpc(request, timeout=timeout or self._timeout, metadata=self._signed(method, request))
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, self.addr) from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.security.auth import Vouch
 from dpeer.transport.api import PeerClient, Transport, Verdict
 
 
@@ -31,7 +32,7 @@ class FaultyTransport:
         else:
             self.inner.send(addr, envelope)
 
-    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: str | None = None) -> PeerClient:
+    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: Vouch | None = None) -> PeerClient:
         """The inner transport's client (calls are not faulted)."""
         return self.inner.client(addr, timeout, on_behalf_of)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.security.auth import Vouch
 from dpeer.transport.api import Refused
 from dpeer.transport.client import Channels, NodeClient, PeerSender
 from dpeer.transport.options import Security
@@ -22,7 +23,7 @@ class GrpcTransport:
         """PeerSender.send."""
         self.sender.send(addr, envelope)
 
-    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: str | None = None) -> NodeClient:
+    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: Vouch | None = None) -> NodeClient:
         """A NodeClient on the shared channels."""
         return NodeClient(addr, channels=self.channels, timeout=timeout, on_behalf_of=on_behalf_of)
 

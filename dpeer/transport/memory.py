@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 from dpeer import errors
 from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.security.auth import Vouch
 from dpeer.sim.network import SimNetwork
 from dpeer.transport.api import Refused
 
@@ -204,7 +205,7 @@ class MemoryTransport:
         if not self.closed:
             self._on_refused(addr)
 
-    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: str | None = None) -> MemoryClient:
+    def client(self, addr: str, timeout: float = 5.0, on_behalf_of: Vouch | None = None) -> MemoryClient:
         """A client for calls from this daemon to addr."""
         return MemoryClient(self.net, self.node_id, addr, timeout)
 

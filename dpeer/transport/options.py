@@ -7,7 +7,8 @@ from pathlib import Path
 
 import grpc
 
-from dpeer.security.auth import ON_BEHALF_OF, TLS_SERVER_NAME, Mode, mode_of
+from dpeer.security.auth import ON_BEHALF_OF, TLS_SERVER_NAME, Mode, Vouch, mode_of
+from dpeer.security.proof import PROOF_HEADER
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 """Largest single message either side accepts; bulk data travels in chunks below this."""
@@ -97,6 +98,10 @@ def call_metadata(security: Security) -> tuple[tuple[str, str], ...]:
     return ((TOKEN_HEADER, security.token),) if security.token else ()
 
 
-def forwarding_metadata(metadata: tuple[tuple[str, str], ...], on_behalf_of: str | None) -> tuple[tuple[str, str], ...]:
-    """metadata plus the caller a node forwards a command for (auth.ON_BEHALF_OF), when there is one."""
-    return metadata + ((ON_BEHALF_OF, on_behalf_of),) if on_behalf_of else metadata
+def forwarding_metadata(metadata: tuple[tuple[str, str], ...], vouch: Vouch | None) -> tuple[tuple[str, str], ...]:
+    """metadata plus the caller a node forwards a command for (auth.ON_BEHALF_OF) and that caller's
+    proof, passed on unchanged (proof.PROOF_HEADER), when there are."""
+    if vouch is None:
+        return metadata
+    proof = ((PROOF_HEADER, vouch.proof),) if vouch.proof else ()
+    return metadata + ((ON_BEHALF_OF, vouch.caller),) + proof

@@ -10,7 +10,7 @@ from typing import AsyncIterator, Awaitable, Callable, Protocol
 
 import grpc
 
-from dpeer.security import auth
+from dpeer.security import auth, proof
 
 from dpeer import errors
 from dpeer.transport.options import (
@@ -92,18 +92,21 @@ class PeerHandler(Protocol):
 
 class Guard:
     """Admits or refuses each call before its handler runs: the cluster token, the caller's role from
-    its certificate, and the node ids the request speaks for (dpeer.security.auth). Every refusal is
-    counted by method and reason, and logged once per peer, method and reason per interval."""
+    its certificate, a forwarded call's proof, and the node ids the request speaks for
+    (dpeer.security.auth). Every refusal is counted by method and reason, and logged once per peer,
+    method and reason per interval."""
 
-    def __init__(self, security: Security, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, security: Security, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.mode = security.mode
         self._token = security.token.encode() if security.token else None
-        self._clock = clock
+        self._clock, self._wall = clock, wall
         self._quiet = auth.RefusalLog()
+        self._proofs = proof.Verifier(security.ca) if security.ca is not None else None
         self.refusals: dict[tuple[str, auth.Refusal], int] = {}
 
     def principal(self, context: grpc.aio.ServicerContext, method: str, receiver: str,
-                  may_forward: Callable[[str], bool]) -> auth.Principal | tuple[auth.Refusal, str]:
+                  may_forward: Callable[[str], bool]) -> auth.Caller | tuple[auth.Refusal, str]:
         """Who calls (after the token gate), or why the call is refused before it is even read;
         a forwarded call is judged as the caller the forwarding node names (auth.effective)."""
         metadata = dict(context.invocation_metadata() or ())
@@ -113,8 +116,30 @@ class Guard:
         if self.mode in (auth.Mode.MTLS, auth.Mode.MTLS_TOKEN):
             uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", ())]
             caller = auth.principal_from_uris(uris)
-            return auth.effective(caller, metadata.get(auth.ON_BEHALF_OF), method, receiver, may_forward)
-        return auth.Principal(auth.CallerRole.TOKEN) if self._token is not None else auth.ANONYMOUS
+            judged = auth.effective(caller, metadata.get(auth.ON_BEHALF_OF), method, receiver, may_forward)
+            if isinstance(judged, tuple):
+                return judged
+            given = metadata.get(proof.PROOF_HEADER)
+            return auth.Caller(judged, caller if judged != caller else None, str(given) if given else None)
+        return auth.Caller(auth.Principal(auth.CallerRole.TOKEN) if self._token is not None else auth.ANONYMOUS)
+
+    def proven(self, caller: auth.Caller, method: str, request: object,
+               receiver: str) -> auth.Caller | tuple[auth.Refusal, str]:
+        """A forwarded call within its node's own rights stands as the node's own; beyond them it
+        stands as the caller it names only with that caller's proof (security/proof.py)."""
+        if caller.via is None:
+            return caller
+        if not auth.beyond_the_node(self.mode, method, request, caller):
+            return auth.Caller(caller.via)
+        assert self._proofs is not None  # a call is forwarded only under mutual TLS
+        problem = self._proofs.check(caller.proof, method, request, caller.principal, self._wall())
+        return caller if problem is None else auth.unproven(receiver, method, caller.via, caller.principal, problem)
+
+    def failed(self, caller: auth.Caller) -> None:
+        """A proven call's handler failed (no leader, no quorum): the caller's node may try it again
+        with the same proof, as it tries every forwarded command again, so its nonce is let go."""
+        if caller.via is not None and caller.proof is not None and self._proofs is not None:
+            self._proofs.forget(caller.proof, caller.principal)
 
     def refuse(self, context: grpc.aio.ServicerContext, method: str, refusal: auth.Refusal, why: str,
                caller: auth.Principal | None = None) -> None:
@@ -185,27 +210,34 @@ class _Servicer:
         self.guard.refuse(context, method, refusal, why, caller)
         await context.abort(_ABORT_CODES[refusal], why)
 
-    async def _admit(self, method: str, request: object, context: grpc.aio.ServicerContext) -> auth.Principal:
-        """The caller, once the token, the request's shape and the policy all allow the call (else abort)."""
-        caller = self.guard.principal(context, method, self._h.node_id(), self._h.may_forward)
+    async def _admit(self, method: str, request: object, context: grpc.aio.ServicerContext) -> auth.Caller:
+        """The caller, once the token, the request's shape, a forwarded call's proof and the policy
+        all allow the call (else abort)."""
+        receiver = self._h.node_id()
+        caller = self.guard.principal(context, method, receiver, self._h.may_forward)
         if isinstance(caller, tuple):
             await self._abort(context, method, *caller)
-        assert isinstance(caller, auth.Principal)
+        assert isinstance(caller, auth.Caller)
         if isinstance(request, Malformed):
             self._h.note_malformed(method)
             await self._abort(context, method, auth.Refusal.INVALID,
                               f"undecodable {method} request: not a valid protobuf message ({request.size} "
-                              f"bytes: {request.reason})", caller)
-        refused = auth.authorize(self.guard.mode, method, request, caller)
+                              f"bytes: {request.reason})", caller.principal)
+        proven = self.guard.proven(caller, method, request, receiver)
+        if isinstance(proven, tuple):
+            await self._abort(context, method, *proven, caller.via)
+        assert isinstance(proven, auth.Caller)
+        refused = auth.authorize(self.guard.mode, method, request, proven.principal)
         if refused is not None:
-            await self._abort(context, method, *refused, caller)
-        auth.CALLER.set(caller)
-        return caller
+            await self._abort(context, method, *refused, proven.principal)
+        auth.CALLER.set(proven)
+        return proven
 
     async def _failed(self, context: grpc.aio.ServicerContext, method: str, exc: errors.PeerError,
-                      caller: auth.Principal) -> None:
+                      caller: auth.Caller) -> None:
+        self.guard.failed(caller)
         if isinstance(exc, errors.BadRequest):
-            self.guard.refuse(context, method, auth.Refusal.INVALID, str(exc), caller)
+            self.guard.refuse(context, method, auth.Refusal.INVALID, str(exc), caller.principal)
         await context.abort(_CODES.get(type(exc), grpc.StatusCode.UNKNOWN), str(exc))
 
     def unary(self, method: str) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[object]]:
@@ -221,6 +253,9 @@ class _Servicer:
                 return reply() if result is None else result
             except errors.PeerError as exc:
                 await self._failed(context, method, exc, caller)
+            except asyncio.CancelledError:
+                self.guard.failed(caller)  # the caller gave up (its deadline): it may try again
+                raise
 
         return call
 
@@ -245,7 +280,7 @@ class _Servicer:
         if task is not None:
             self.streams.add(task)
         try:
-            caller = await self._admit("Stream", pb.EnvelopeBatch(), context)
+            caller = (await self._admit("Stream", pb.EnvelopeBatch(), context)).principal
             await context.send_initial_metadata(())
             async for batch in requests:
                 await self._batch(batch, caller, context)

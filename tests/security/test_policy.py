@@ -98,8 +98,9 @@ def test_only_a_node_may_name_the_caller_it_forwards_for() -> None:
     assert judged(NODE, "junk")[0] is auth.Refusal.UNAUTHENTICATED
     assert judged(CLIENT, "operator/alice") == CLIENT, "a client cannot promote itself"
     assert judged(OPERATOR, "node/n1") == OPERATOR
-    assert auth.vouch(Principal(CallerRole.TOKEN)) is None and auth.vouch(None) is None
-    assert auth.parse_principal(auth.vouch(OPERATOR) or "") == OPERATOR
+    assert auth.vouch(auth.Caller(Principal(CallerRole.TOKEN))) is None and auth.vouch(None) is None
+    vouched = auth.vouch(auth.Caller(OPERATOR, proof="1.2.3"))
+    assert vouched is not None and auth.parse_principal(vouched.caller) == OPERATOR and vouched.proof == "1.2.3"
     assert auth.principal_from_uris(["dpeer://node/n1", "dpeer://operator/x"]).role is CallerRole.UNKNOWN
 
 
