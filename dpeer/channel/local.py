@@ -4,19 +4,21 @@ The daemon (the view authority) writes each committed view atomically as
 ``views/view-<generation>.json`` and the newest committed checkpoint as ``checkpoint.json``; the worker appends its reports (waiting, progress, failure)
 to ``reports/<node>.jsonl``. Files survive either side restarting, need no port, and a torn
 last line is simply skipped. After any report but a step's progress the worker also rings a
-doorbell (a datagram to the daemon's abstract Unix socket), so the daemon reads the reports at
-once instead of polling them often. This module is peer's local API; the trainer imports it.
+doorbell (a datagram to the daemon's Unix socket ``doorbell`` in the directory, which only the
+data dir's owner can reach), so the daemon reads the reports at once instead of polling them
+often. This module is peer's local API; the trainer imports it.
 """
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
 import socket
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from dpeer.address import Address
 from dpeer.view import View
@@ -152,24 +154,55 @@ def read_reports(directory: str, node_id: str) -> list[dict]:
     return read_jsonl(os.path.join(directory, "reports", f"{node_id}.jsonl"))
 
 
-def doorbell_address(directory: str) -> str:
-    """The abstract Unix socket (Linux) of the daemon that owns this channel directory: no file,
-    no path-length limit, gone with the daemon's process."""
-    digest = hashlib.sha256(os.path.realpath(directory).encode()).hexdigest()[:24]
-    return f"\0dpeer-doorbell-{digest}"
+DOORBELL = "doorbell"  # the daemon's socket inside the channel directory
+SUN_PATH_MAX = 108  # bytes of a Unix socket's path, its final NUL included (Linux)
+
+
+@contextmanager
+def _socket_path(path: str) -> Iterator[str]:
+    """path as a Unix socket address: itself when it fits, else the same file reached through
+    /proc/self/fd of its directory (a data dir may be deeper than 107 bytes)."""
+    if len(os.fsencode(path)) < SUN_PATH_MAX:
+        yield path
+        return
+    fd = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{fd}/{os.path.basename(path)}"
+    finally:
+        os.close(fd)
+
+
+def doorbell_path(directory: str) -> str:
+    """The daemon's doorbell: a Unix socket file in the channel directory, so only those who may
+    enter the data dir (0700: its owner) can ring it."""
+    return os.path.join(directory, DOORBELL)
 
 
 class Doorbell:
-    """The daemon's end of the doorbell: a non-blocking datagram socket to watch for reads."""
+    """The daemon's end of the doorbell: a non-blocking datagram socket (mode 0600) to watch for
+    reads. OSError when another live daemon listens on this directory's; a dead one's socket
+    file is replaced."""
 
     def __init__(self, directory: str) -> None:
+        self.path = doorbell_path(directory)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
         try:
-            self._sock.bind(doorbell_address(directory))
+            with _socket_path(self.path) as address:
+                self._bind(address)
+            os.chmod(self.path, 0o600)
         except OSError:
             self._sock.close()
             raise
+
+    def _bind(self, address: str) -> None:
+        try:
+            self._sock.bind(address)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or _listened(address):
+                raise
+            os.unlink(self.path)  # left by a daemon that was killed
+            self._sock.bind(address)
 
     def fileno(self) -> int:
         """The descriptor an event loop watches."""
@@ -186,8 +219,24 @@ class Doorbell:
             rings += 1
 
     def close(self) -> None:
-        """Stop listening."""
+        """Stop listening and remove the socket file."""
+        if self._sock.fileno() < 0:
+            return
         self._sock.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _listened(address: str) -> bool:
+    """Whether a live socket is bound at address (a dead one's file refuses the connection)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(address)
+        except ConnectionRefusedError:
+            return False
+    return True
 
 
 class DirViewSource:
@@ -203,7 +252,7 @@ class DirViewSource:
         self._report_path = os.path.join(reports, f"{node_id}.jsonl")
         self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._bell.setblocking(False)
-        self._bell_address = doorbell_address(directory)
+        self._bell_path = doorbell_path(directory)
         self._reports = None  # kept open: a training worker reports every step
         self._scanned: tuple[int, float] = (-1, -1.0)  # (views folder mtime_ns, monotonic time)
 
@@ -251,7 +300,8 @@ class DirViewSource:
         """Wake the daemon; nobody listening (no daemon, a test) or a full queue is fine, since
         the daemon also reads the reports on its own schedule."""
         try:
-            self._bell.sendto(b"!", self._bell_address)
+            with _socket_path(self._bell_path) as address:
+                self._bell.sendto(b"!", address)
         except OSError:
             pass
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from dpeer.chaos.faults import FaultHook
 from dpeer.daemon import config as cfg
+from dpeer.daemon import logs
+from dpeer.daemon.data_dir import private_data_dir
 from dpeer.daemon.run import run_daemon
 from dpeer.daemon.supervisor import WorkerSupervisor
 from dpeer.transport.api import Transport
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = cfg.load(args.config, {"node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir,
                                     "join": args.join, "job": args.job})
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    logs.setup(lambda: {"node": config.node_id})
+    private_data_dir(config.data_dir)
     worker = None
     if config.job:
         worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training,

@@ -141,36 +141,52 @@ def _check_kv(args: argparse.Namespace) -> None:
     key = getattr(args, "key", None)
     if key is not None and not 1 <= len(key) <= MAX_KEY:
         raise UsageError(f"KEY must be 1 to {MAX_KEY} characters, not {len(key)}")
-    if len(getattr(args, "value", "")) > MAX_VALUE:
+    if len(getattr(args, "value", None) or "") > MAX_VALUE:
         raise UsageError(f"VALUE must be at most {MAX_VALUE} characters, not {len(args.value)}")
     if len(getattr(args, "prefix", "")) > MAX_KEY:
         raise UsageError(f"--prefix must be at most {MAX_KEY} characters, not {len(args.prefix)}")
+
+
+def _put_value(args: argparse.Namespace) -> str:
+    """kv put's value: VALUE as given, all of stdin for `-`, or the --file's content, each exactly
+    and at most MAX_VALUE characters; UsageError in one sentence otherwise."""
+    from dpeer.cli.kv_text import read_value
+    from dpeer.statemachine.entry import MAX_VALUE
+    if args.value is not None and args.file is not None:
+        raise UsageError(f"give VALUE or --file {args.file}, not both")
+    if args.value is None and args.file is None:
+        raise UsageError("give the value as VALUE, as - to read it from stdin, or as --file PATH; "
+                         "a KEY or VALUE starting with '-' goes after '--', the options before it")
+    if args.value == "-":
+        return read_value(sys.stdin.buffer, "stdin", MAX_VALUE)
+    if args.value is not None:
+        return str(args.value)
+    try:
+        with open(args.file, "rb") as f:
+            return read_value(f, f"--file {args.file}", MAX_VALUE)
+    except OSError as exc:
+        raise UsageError(f"--file {args.file} cannot be read: {exc.strerror or exc}") from None
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
     """kv put waits for the commit; kv get reads linearizably and exits 1 when absent."""
     _check_kv(args)
     if args.kv_command == "put":
-        reply = _run(args, lambda c: c.kv_put(args.key, args.value, timeout=args.timeout))
+        value = _put_value(args)
+        reply = _run(args, lambda c: c.kv_put(args.key, value, timeout=args.timeout))
         if not reply.committed:
             print(f"dpeer: not committed: {reply.reason}", file=sys.stderr)
             return EXIT_NO
         _emit(args, {"key": args.key, "committed": True, "index": reply.index}, f"committed at index {reply.index}")
         return EXIT_OK
     if args.kv_command == "list":
+        from dpeer.cli.kv_text import escape
         listed = _run(args, lambda c: c.kv_list(args.prefix))
         pairs = {p.key: p.value for p in listed.pairs}
-        _emit(args, pairs, "\n".join(f"{k}\t{v}" for k, v in pairs.items()))
+        _emit(args, pairs, "\n".join(f"{escape(k)}\t{escape(v)}" for k, v in pairs.items()))
         return EXIT_OK
     if args.kv_command == "delete":
-        deleted = _run(args, lambda c: c.kv_delete(args.key, timeout=args.timeout))
-        if args.json or deleted.found:
-            _emit(args, {"key": args.key, "found": deleted.found, "index": deleted.index},
-                  f"deleted at index {deleted.index}")
-        if not deleted.found:
-            print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
-            return EXIT_NO
-        return EXIT_OK
+        return _kv_delete(args)
     reply = _run(args, lambda c: c.kv_get(args.key))
     if args.json:
         print(json.dumps({"key": args.key, "found": reply.found, "value": reply.value if reply.found else None}))
@@ -179,6 +195,18 @@ def cmd_kv(args: argparse.Namespace) -> int:
     if not reply.found:
         if not args.json:
             print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
+        return EXIT_NO
+    return EXIT_OK
+
+
+def _kv_delete(args: argparse.Namespace) -> int:
+    """kv delete: exit 1 when the key was not set."""
+    deleted = _run(args, lambda c: c.kv_delete(args.key, timeout=args.timeout))
+    if args.json or deleted.found:
+        _emit(args, {"key": args.key, "found": deleted.found, "index": deleted.index},
+              f"deleted at index {deleted.index}")
+    if not deleted.found:
+        print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
         return EXIT_NO
     return EXIT_OK
 
@@ -322,7 +350,10 @@ def cmd_start(args: argparse.Namespace) -> int:
         if config.metrics_listen is not None:
             from dpeer.daemon.metrics import check_listen
             check_listen(config.metrics_listen)  # before the data dir: a busy port founds no cluster
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        from dpeer.daemon import logs
+        from dpeer.daemon.data_dir import private_data_dir
+        logs.setup(lambda: {"node": config.node_id})
+        private_data_dir(config.data_dir)  # before the worker, which inherits its umask
         worker = start_worker_early(config)
         from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch
 
@@ -332,19 +363,21 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def check_security(config: cfg.NodeConfig) -> None:
-    """Refuse (exit 2) to start exposed without mutual TLS and token, or with a certificate that
-    names another node; before the worker is spawned, so nothing is left running."""
+    """Refuse (exit 2) to start exposed without mutual TLS and token, with a key or token others
+    can read, with /metrics in clear off loopback, or with a certificate that names another node;
+    before the worker is spawned, so nothing is left running."""
     from dpeer.security import auth, exposure
     s = config.security
     tls = [s.tls_cert, s.tls_key, s.tls_ca]
     if any(tls) and not all(tls):
         raise UsageError("mutual TLS needs all of security.tls_cert, tls_key and tls_ca")
     mode = auth.mode_of(all(tls), s.cluster_token_file is not None)
-    reason = (exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure)
-              or exposure.data_plane_refusal(config.store_bind[0], config.job is not None, s.insecure,
-                                             s.insecure_data_plane))
-    if reason is not None:
-        raise UsageError(reason)
+    for reason in (exposure.refusal(cfg.parse_hostport(config.listen)[0], mode, s.insecure),
+                   exposure.data_plane_refusal(config.store_bind[0], config.job is not None, s.insecure,
+                                               s.insecure_data_plane),
+                   cfg.open_secret_refusal(s), cfg.metrics_refusal(config)):
+        if reason is not None:
+            raise UsageError(reason)
     contents = {name: _readable(f"security.{name}", path) for name, path in
                 (("tls_cert", s.tls_cert), ("tls_key", s.tls_key), ("tls_ca", s.tls_ca),
                  ("cluster_token_file", s.cluster_token_file)) if path is not None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any, Sequence
 
 from dpeer import __version__
 from dpeer.chaos.options import add_arguments as chaos_arguments
@@ -29,7 +30,10 @@ EXAMPLES = {
     "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
     "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
     "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
-    "kv put": "dpeer kv put team ml-infra --addr 127.0.0.1:7101",
+    "kv put": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n"
+    "  dpeer kv put model-card --file card.md --addr 127.0.0.1:7101\n"
+    "  printf %s \"$TEXT\" | dpeer kv put note - --addr 127.0.0.1:7101\n"
+    "  dpeer kv put --addr 127.0.0.1:7101 -- -flags -v",
     "kv get": "dpeer kv get team --addr 127.0.0.1:7101 --json",
     "kv list": "dpeer kv list --prefix team --addr 127.0.0.1:7101 --json",
     "kv delete": "dpeer kv delete team --addr 127.0.0.1:7101",
@@ -52,18 +56,38 @@ class UsageError(Exception):
     """Bad flags or config: exit 2."""
 
 
+DASH_HINT = "a KEY or VALUE starting with '-' goes after '--', the options before it (dpeer kv put --addr A -- -KEY V)"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one sentence and exit code 2."""
+    """argparse that reports usage errors as one sentence and exit code 2; hint: what a missing
+    or unknown argument most likely means for this command (a kv key starting with '-')."""
+
+    def __init__(self, *args: Any, hint: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hint = hint
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        about_arguments = message.startswith(("the following arguments are required", "unrecognized arguments"))
+        hint = f"; {self.hint}" if self.hint and about_arguments else ""
+        raise UsageError(f"{message}{hint} (see '{self.prog} --help')")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """argparse's, but arguments left over under `kv` (reported by this, the top parser) get the hint."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            hint = f"; {DASH_HINT}" if getattr(parsed, "command", None) == "kv" else ""
+            raise UsageError(f"unrecognized arguments: {' '.join(extras)}{hint} (see '{self.prog} --help')")
+        return parsed
 
 
-def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | None = None) -> argparse.ArgumentParser:
+def _sub(subs: argparse._SubParsersAction, name: str, help_: str, path: str | None = None,
+         hint: str = "") -> argparse.ArgumentParser:
     """A subcommand whose --help ends with an example (EXAMPLES[path or name])."""
-    return subs.add_parser(
+    return subs.add_parser(  # type: ignore[no-any-return]
         name, help=help_, description=help_, epilog=f"example:\n  {EXAMPLES[path or name]}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=argparse.RawDescriptionHelpFormatter, hint=hint,
     )
 
 
@@ -144,17 +168,22 @@ def build_parser() -> argparse.ArgumentParser:
         _client_flags(p)
     kv = _sub(subs, "kv", "read and write cluster settings")
     kvs = kv.add_subparsers(dest="kv_command", required=True, parser_class=_Parser)
-    put = _sub(kvs, "put", "commit KEY VALUE (two arguments); exit 0 only once committed", "kv put")
+    put = _sub(kvs, "put", "commit KEY VALUE, KEY - (the value from stdin) or KEY --file PATH; exit 0 only "
+               "once committed. A KEY or VALUE starting with '-' goes after '--', the options before it", "kv put",
+               DASH_HINT)
     put.add_argument("key", metavar="KEY", help="1-256 characters")
-    put.add_argument("value", metavar="VALUE", help="at most 65536 characters")
+    put.add_argument("value", metavar="VALUE", nargs="?", help="at most 65536 characters; - reads all of stdin "
+                     "(exactly: a trailing newline is kept)")
+    put.add_argument("--file", type=Path, metavar="PATH", help="commit this file's content (UTF-8, exactly) as the value")
     _client_flags(put)
-    get = _sub(kvs, "get", "linearizable read; exit 1 when absent", "kv get")
+    get = _sub(kvs, "get", "linearizable read; exit 1 when absent; prints the value as it is", "kv get", DASH_HINT)
     get.add_argument("key", metavar="KEY", help="the key to read")
     _client_flags(get)
-    ls = _sub(kvs, "list", "linearizable read of every key (under --prefix), sorted", "kv list")
+    ls = _sub(kvs, "list", "linearizable read of every key (under --prefix), sorted: KEY<tab>VALUE a line, "
+              "backslashes and control characters escaped (\\\\, \\t, \\n, \\x1b); --json is exact", "kv list")
     ls.add_argument("--prefix", default="", help="only keys starting with this")
     _client_flags(ls)
-    delete = _sub(kvs, "delete", "commit the removal of KEY; exit 1 when it was not set", "kv delete")
+    delete = _sub(kvs, "delete", "commit the removal of KEY; exit 1 when it was not set", "kv delete", DASH_HINT)
     delete.add_argument("key", metavar="KEY", help="the key to remove")
     _client_flags(delete)
     leave = _sub(subs, "leave", "make a node leave gracefully (its daemon exits), or remove a dead one for good (--node)")

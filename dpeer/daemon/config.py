@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import stat
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from dpeer.address import Address
 from dpeer.daemon import timing as tm
+from dpeer.security.exposure import is_loopback
 
 PresetName = Literal["lan", "wan", "edge"]
 ReductionName = Literal["exact", "fast"]
@@ -130,6 +132,13 @@ class SecurityConfig(Strict):
                            "logged as a warning at every start and shown in status")
     insecure_data_plane: bool = Field(False, description="run the job's data plane (collectives, heal) off loopback "
                                       "unencrypted (--insecure-data-plane); warned at every start, shown in status")
+    metrics_plain: bool = Field(False, description="serve /metrics as plain HTTP although TLS is configured "
+                                "(a local agent scrapes it); only on a loopback metrics_listen")
+
+    @property
+    def tls(self) -> bool:
+        """Whether all three TLS files are set (mutual TLS for peers, and for /metrics)."""
+        return None not in (self.tls_cert, self.tls_key, self.tls_ca)
 
     @field_validator("tls_cert", "tls_key", "tls_ca", "cluster_token_file")
     @classmethod
@@ -371,6 +380,42 @@ def wildcard_refusal(config: NodeConfig) -> str | None:
     return None
 
 
+PRIVATE_FILES = ("tls_key", "cluster_token_file")
+"""The security files only their owner may read (ssh's rule for a private key)."""
+
+
+def open_secret_refusal(security: SecurityConfig) -> str | None:
+    """Why a key or token file must not be used (group or others may access it), or None."""
+    for name in PRIVATE_FILES:
+        path = getattr(security, name)
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode) if path is not None else 0
+        except OSError:
+            continue  # gone or unreadable: reading it says why
+        if mode & 0o077:
+            return (f"security.{name} {path} is mode {mode:04o}, readable by others than its owner; run "
+                    f"`chmod 600 {path}` (dpeer, as ssh, uses a secret only its owner can read)")
+    return None
+
+
+def metrics_refusal(config: NodeConfig) -> str | None:
+    """Why /metrics cannot be served as configured, or None: plain HTTP only on loopback, unless
+    there is no TLS to serve it with and the node runs --insecure."""
+    if config.metrics_listen is None:
+        return None
+    host, s = parse_hostport(config.metrics_listen).host, config.security
+    if is_loopback(host):
+        return None
+    if s.metrics_plain:
+        return (f"security.metrics_plain serves /metrics without TLS, so metrics_listen {config.metrics_listen} "
+                "must be a loopback address (127.0.0.1:PORT); drop metrics_plain to serve it over TLS")
+    if s.tls or s.insecure:
+        return None
+    return (f"metrics_listen {config.metrics_listen} is not loopback and this node has no TLS to serve /metrics "
+            "with: set the security block's tls_cert, tls_key and tls_ca (client certificates of the cluster CA "
+            "then read it), use a loopback address, or pass --insecure")
+
+
 def job_refusal(job: str | None) -> str | None:
     """Why the job's module cannot be imported from here (the working directory, PYTHONPATH and
     this Python's packages, as the worker sees them), or None; the function is checked at build."""
@@ -394,12 +439,15 @@ def job_refusal(job: str | None) -> str | None:
 
 def check_file(path: Path) -> NodeConfig:
     """Validate one file on its own, as `dpeer config check FILE` does: the keys, then what only
-    running would show (an unimportable job, a wildcard listen no peer can dial)."""
+    running would show (a wildcard listen no peer can dial, a key or token others can read,
+    /metrics in clear off loopback, an unimportable job)."""
     try:
         config = NodeConfig.model_validate(read_file(path))
     except ValidationError as exc:
         raise ConfigError(_format(exc, str(path))) from None
-    for reason in (wildcard_refusal(config), job_refusal(config.job)):
+    reasons = (wildcard_refusal(config), open_secret_refusal(config.security), metrics_refusal(config),
+               job_refusal(config.job))
+    for reason in reasons:
         if reason is not None:
             raise ConfigError(f"{path}: {reason}")
     return config

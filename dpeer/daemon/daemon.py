@@ -321,7 +321,7 @@ class Daemon:
     async def run(self) -> int:
         """Serve until told to stop (a signal or `dpeer leave`); returns exit code 0."""
         if self.config.metrics_listen:  # first: a busy metrics port must not leave a started gRPC server behind
-            self.metrics.serve(self.config.metrics_listen)
+            self.metrics.serve(self.config.metrics_listen, self.config.security)
         self.server = await serve(self.config.listen, self.service, self.security)
         log.info("listening on %s (advertised %s), security %s", self.config.listen, self.addr,
                  self.security.mode.value)

@@ -1,16 +1,24 @@
-"""Prometheus metrics of one node, served over HTTP on --metrics-listen."""
+"""Prometheus metrics of one node, served on --metrics-listen: over TLS with client certificates
+when the node has TLS, else (or with security.metrics_plain, on loopback) as plain HTTP."""
 
 from __future__ import annotations
 
+import logging
 import socket
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dpeer.address import Address
+from dpeer.daemon.config import SecurityConfig
 from dpeer.daemon.job_status import JobStatus
+from dpeer.daemon.metrics_http import MetricsServer, MetricsTLS
 from dpeer.membership import MemberState
+from dpeer.security.exposure import is_loopback
+
+log = logging.getLogger("dpeer.metrics")
 
 
 class Metrics:
@@ -77,13 +85,28 @@ class Metrics:
         for name in JobStatus:
             self.job.labels(node=self._node, state=name.value).set(1 if name == state else 0)
 
-    def serve(self, listen: str) -> None:
-        """Serve /metrics on HOST:PORT from a background thread; OSError in one sentence when it cannot bind."""
+    def serve(self, listen: str, security: SecurityConfig) -> None:
+        """Serve /metrics on HOST:PORT from a background thread (metrics_http), over TLS when the
+        node has it (unless security.metrics_plain), and log how; OSError in one sentence when it
+        cannot bind."""
         host, port = Address.parse(listen, any_port=True)
+        tls = None
+        if security.tls and not security.metrics_plain:
+            assert security.tls_cert and security.tls_key and security.tls_ca  # security.tls
+            tls = MetricsTLS(security.tls_cert, security.tls_key, security.tls_ca)
         try:
-            start_http_server(port, addr=host, registry=self.registry)
+            server = MetricsServer(host, port, self.registry, tls)
+        except ssl.SSLError as exc:
+            raise OSError(f"cannot serve metrics over TLS with security.tls_cert, tls_key and tls_ca: {exc}") from None
         except OSError as exc:
             raise OSError(_cannot_serve(listen, exc)) from None
+        server.serve()
+        if tls is not None:
+            log.info("serving /metrics on https://%s/metrics: TLS, readable with a client certificate of the "
+                     "cluster CA (dpeer certs create-client)", listen)
+        else:
+            where = "on loopback only" if is_loopback(host) else "off loopback: --insecure"
+            log.info("serving /metrics on http://%s/metrics: plain HTTP, no client authentication, %s", listen, where)
 
 
 def check_listen(listen: str) -> None:

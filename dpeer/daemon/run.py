@@ -24,6 +24,7 @@ def run_daemon(config: NodeConfig, worker: WorkerSupervisor | None = None,
                wrap: Callable[[Transport], Transport] | None = None) -> int:
     """Open the store and run the daemon in the foreground, with the worker the CLI started
     before loading the daemon (so `import torch` overlaps our start-up); returns the exit code.
+    The caller has made the data dir private (data_dir.private_data_dir) before it started that worker.
     wrap: a wrapper around the gRPC transport (the chaos entry's faults; `dpeer start` has none)."""
     try:
         return _run_daemon(config, worker, wrap)
@@ -57,7 +58,6 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
     except (OSError, ValueError) as exc:
         print(f"dpeer: cannot load the security files: {exc}", file=sys.stderr)
         return 2
-    config.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         store = Store.open(config.data_dir / STORE_DIR, node_id=config.node_id)
     except (StoreFormatError, NodeIdMismatch) as exc:

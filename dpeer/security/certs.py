@@ -8,7 +8,8 @@ so one CA can sign all three kinds. Node certificates also carry the DNS name ``
 every client checks (boxes move between addresses), and any ``--host`` given; client
 certificates carry no DNS name, so they cannot pose as a node's server.
 
-Keys are EC P-256, written 0600; no file is ever overwritten: an existing one is an error.
+Keys are EC P-256, written 0600 with the token, in a directory made 0700 (an existing one is left
+as it is); certificates are 0644. No file is ever overwritten: an existing one is an error.
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
     os.chmod(path, mode)  # O_CREAT's mode is filtered by the umask
 
 
+def _private_dir(directory: Path) -> None:
+    """Make directory (and missing parents) 0700: only its owner may list or enter it. An existing
+    one keeps its mode (a deployment's 0750 with a group, say); the keys in it are 0600 anyway."""
+    if not directory.is_dir():
+        directory.mkdir(mode=0o700, parents=True)
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+
+
 def _refuse_existing(*paths: Path) -> None:
     for path in paths:
         if path.exists():
@@ -74,7 +83,7 @@ def _now() -> dt.datetime:
 
 def create_ca(directory: Path, name: str = "dpeer cluster CA", days: int = CA_DAYS) -> tuple[Written, Path]:
     """A self-signed CA (ca.pem, ca.key) and a random cluster token (cluster.token) in directory."""
-    directory.mkdir(parents=True, exist_ok=True)
+    _private_dir(directory)
     cert_path, key_path, token_path = directory / CA_CERT, directory / CA_KEY, directory / TOKEN_FILE
     _refuse_existing(cert_path, key_path, token_path)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -129,7 +138,7 @@ def _host_names(hosts: list[str]) -> list[x509.GeneralName]:
 def _issue(ca_dir: Path, out_dir: Path, stem: str, role: CallerRole, name: str, hosts: list[str], days: int) -> Written:
     _check_name(name)
     ca_cert, ca_key = _load_ca(ca_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _private_dir(out_dir)
     cert_path, key_path = out_dir / f"{stem}.pem", out_dir / f"{stem}.key"
     _refuse_existing(cert_path, key_path)
     key = ec.generate_private_key(ec.SECP256R1())

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_token_cluster_driven_through_environment_variables_with_json_everywhere(daemons, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("only-the-cluster-knows\n")
+    token.chmod(0o600)  # dpeer start refuses a token others can read
     conf = tmp_path / "dpeer.yaml"
     conf.write_text(yaml.safe_dump({"security": {"cluster_token_file": str(token)}}))
     n1 = daemons.start("n1", config=conf)

@@ -20,6 +20,7 @@ def config(d: Path, name: str, cert: tuple[Path, Path] | None, ca: Path | None, 
         security.update(tls_cert=str(cert[0]), tls_key=str(cert[1]), tls_ca=str(ca))
     if token is not None:
         (d / f"{name}.token").write_text(token + "\n")
+        (d / f"{name}.token").chmod(0o600)  # dpeer start refuses a token others can read
         security["cluster_token_file"] = str(d / f"{name}.token")
     path = d / f"{name}.yaml"
     path.write_text(yaml.safe_dump({"security": security}))
@@ -98,6 +99,7 @@ def test_mutual_tls_and_cluster_token(daemons, tmp_path: Path) -> None:
 def test_token_only_cluster_refuses_tokenless_clients(daemons, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("only-the-cluster-knows\n")
+    token.chmod(0o600)  # dpeer start refuses a token others can read
     conf = tmp_path / "dpeer.yaml"
     conf.write_text(yaml.safe_dump({"security": {"cluster_token_file": str(token)}}))
     n1 = daemons.start("n1", config=conf)
