@@ -59,6 +59,15 @@ class IdentitySide(RaftHost):
         conf = self.membership
         return {n: u for n, u in self.seen_uids.items() if conf.uid_of(n) not in (None, u)}
 
+    def answering_voters(self, now: float) -> set[str] | None:
+        """On the leader: the voters that answered it under the store uid the configuration names
+        within two of the slowest beats a live voter answers (itself included), as the strict
+        reconfiguration check counts them; None on any other node."""
+        if self.role is not Role.LEADER:
+            return None
+        since = now - 2 * max(self.cfg.election_timeout_max, self.cfg.idle_heartbeat_interval)
+        return set(self.tracker.live(sorted(self.membership.voters), self.id, since))
+
     def observe(self, sender: Peer) -> None:
         """Note a peer's identity from any message it sent (gossip included), and its epoch when
         the configuration names it with that uid (a stranger cannot silence us with a big one)."""
