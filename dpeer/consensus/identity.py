@@ -22,12 +22,18 @@ from dpeer.consensus.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.host import RaftHost
 from dpeer.consensus.ready import Outgoing, Role
 
 log = logging.getLogger("dpeer.consensus.core")
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
 _ANSWERS = (VoteResponse, AppendResponse, RaftHeartbeatResponse)
+
+
+def answer_window(cfg: RaftConfig) -> float:
+    """How long a live voter can go without answering the leader: two of the slowest beats it gets."""
+    return 2 * max(cfg.election_timeout_max, cfg.idle_heartbeat_interval)
 
 
 class IdentitySide(RaftHost):
@@ -65,7 +71,7 @@ class IdentitySide(RaftHost):
         reconfiguration check counts them; None on any other node."""
         if self.role is not Role.LEADER:
             return None
-        since = now - 2 * max(self.cfg.election_timeout_max, self.cfg.idle_heartbeat_interval)
+        since = now - answer_window(self.cfg)
         return set(self.tracker.live(sorted(self.membership.voters), self.id, since))
 
     def observe(self, sender: Peer) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from dpeer.consensus.config import RaftConfig
+from dpeer.consensus.identity import answer_window
 
 # Store uids kept per node id (the least recently heard goes first): a holder and a claimant or two.
 MAX_UIDS = 4
@@ -38,9 +39,8 @@ class Windows:
     @classmethod
     def of(cls, cfg: RaftConfig) -> Windows:
         """The windows of a Raft configuration's beats (idle ones included: they are the slowest)."""
-        voter = 2 * max(cfg.election_timeout_max, cfg.heartbeat_interval, cfg.idle_heartbeat_interval)
-        other = max(voter, 2 * max(cfg.learner_heartbeat_interval, cfg.idle_learner_heartbeat_interval))
-        return cls(voter, other)
+        voter = answer_window(cfg)
+        return cls(voter, max(voter, 2 * max(cfg.learner_heartbeat_interval, cfg.idle_learner_heartbeat_interval)))
 
 
 class Sightings:
