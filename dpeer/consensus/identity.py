@@ -22,12 +22,18 @@ from dpeer.consensus.messages import (
     VoteRequest,
     VoteResponse,
 )
+from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.host import RaftHost
 from dpeer.consensus.ready import Outgoing, Role
 
 log = logging.getLogger("dpeer.consensus.core")
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
 _ANSWERS = (VoteResponse, AppendResponse, RaftHeartbeatResponse)
+
+
+def answer_window(cfg: RaftConfig) -> float:
+    """How long a live voter can go without answering the leader: two of the slowest beats it gets."""
+    return 2 * max(cfg.election_timeout_max, cfg.idle_heartbeat_interval)
 
 
 class IdentitySide(RaftHost):
@@ -58,6 +64,15 @@ class IdentitySide(RaftHost):
         it names (a box that lost its disk): node id -> the uid seen."""
         conf = self.membership
         return {n: u for n, u in self.seen_uids.items() if conf.uid_of(n) not in (None, u)}
+
+    def answering_voters(self, now: float) -> set[str] | None:
+        """On the leader: the voters that answered it under the store uid the configuration names
+        within two of the slowest beats a live voter answers (itself included), as the strict
+        reconfiguration check counts them; None on any other node."""
+        if self.role is not Role.LEADER:
+            return None
+        since = now - answer_window(self.cfg)
+        return set(self.tracker.live(sorted(self.membership.voters), self.id, since))
 
     def observe(self, sender: Peer) -> None:
         """Note a peer's identity from any message it sent (gossip included), and its epoch when

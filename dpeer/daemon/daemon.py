@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import signal
 from typing import Any, Awaitable, Callable
 
@@ -34,7 +35,7 @@ from dpeer.daemon.node import Node
 from dpeer.daemon.notify import Notifier, watchdog_interval
 from dpeer.daemon.resyncer import Resyncer
 from dpeer.daemon.service import Service
-from dpeer.daemon.status import document, identity
+from dpeer.daemon.status import document, identity, tolerance
 from dpeer.daemon.storage_adapter import StoreStorage
 from dpeer.daemon.supervisor import Worker, WorkerSupervisor
 from dpeer.daemon.worker_health import missed_view
@@ -429,6 +430,8 @@ class Daemon:
             m.count_refusals(self.server.refusals)
         m.epoch.set(self.node.raft.epoch)
         m.strangers.set(len(self.node.raft.strangers()))
+        held = tolerance(self.node)
+        m.fault_tolerance.set(held["can_lose"] if held is not None else math.nan)
         m.forced.inc(self.node.forced - self._forced_counted)
         m.force_refused.inc(self.node.force_refused - self._refused_counted)
         self._forced_counted, self._refused_counted = self.node.forced, self.node.force_refused

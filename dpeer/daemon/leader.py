@@ -23,8 +23,10 @@ from dpeer.daemon.failures import (
 )
 from dpeer.daemon.node import Node
 from dpeer.daemon.timing import LeaderTiming
+from dpeer.daemon.sightings import Windows
 from dpeer.daemon.views import (
-    Decision, MembershipChange, Observed, change_began, decide_view, plan_voters, quiet_window, reconcile_members, training_members,
+    Decision, MembershipChange, Observed, Tolerance, change_began, decide_view, fault_tolerance, plan_voters, quiet_window,
+    reclaim_seat, reconcile_members, training_members,
 )
 from dpeer.statemachine.payloads import JobChange, MemberJoined, Payload, ViewChange
 from dpeer.statemachine.state import RUNNING_JOB, ClusterState, JobState, MemberStatus
@@ -73,12 +75,15 @@ class LeaderChores:
         self.failures_in_a_row = 0
         self._last_failure_step = -1
         self._job_seen = RUNNING_JOB
+        self._led_since: float | None = None
+        self._tolerance: Tolerance | None = None  # the last one judged while leading (None before)
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
         if self.node.role is not Role.LEADER:
-            self._wanted = None
+            self._wanted = self._led_since = self._tolerance = None
             return
+        self._watch_tolerance(now)
         if self._task is not None and not self._task.done():
             return
         decision = self.decide(now)
@@ -103,11 +108,33 @@ class LeaderChores:
         for decision in (
             self._view_decision(state, observed, now),
             reconcile_members(state, observed),
+            reclaim_seat(state, observed, node.sightings, Windows.of(node.raft_config), now),
             plan_voters(state, observed, now, self.grace, node.raft_config.max_voters),
         ):
             if decision.propose:
                 return decision
         return self._checkpoint_decision()
+
+    def _watch_tolerance(self, now: float) -> None:
+        """Say when the number of voter failures the cluster survives drops (a warning: a voter is
+        dead, or its seat names a store no live box holds) or comes back; judged once this node has
+        led for an election timeout, by when every live voter has answered it."""
+        if self._led_since is None:
+            self._led_since = now
+        answering = self.node.raft.answering_voters(now)
+        if answering is None or now - self._led_since < self.node.raft_config.election_timeout_max:
+            return
+        voters = self.node.store.state.voters
+        tolerance, before = fault_tolerance(voters, answering), self._tolerance
+        self._tolerance = tolerance
+        previous = before.can_lose if before is not None else (len(voters) - 1) // 2  # taking office: vs. full
+        if tolerance.can_lose < previous:
+            log.warning("fault tolerance: the cluster survives %d more voter failure(s); %d of %d voters answer "
+                        "under their configured store%s", tolerance.can_lose, tolerance.live_voters, tolerance.voters,
+                        f", not {', '.join(tolerance.unheld)}" if tolerance.unheld else "")
+        elif tolerance.can_lose > previous:
+            log.info("fault tolerance: the cluster survives %d voter failure(s) again (%d of %d voters answer)",
+                     tolerance.can_lose, tolerance.live_voters, tolerance.voters)
 
     def _view_decision(self, state: ClusterState, observed: dict[str, Observed], now: float) -> Decision:
         """The next view, from the wanted members and when they last changed. A new leader

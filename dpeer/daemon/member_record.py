@@ -5,6 +5,10 @@ One update in flight at a time (its requests go to a known leader alone, else to
 members in turn, see _update). The same update goes again only after JOIN_RETRY (the last one
 may still be on its way into our log); a different one goes at once, so a worker that became
 ready while the last update was in flight is trained with without waiting out the retry.
+
+A refusal (BadRequest: the record as it stands is wrong, such as a node id another live box
+holds) told REFUSALS_TO_STOP times in a row stops the daemon with that sentence (`refusal`;
+`dpeer start` prints it and exits 2) instead of asking again for ever.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
 ROUND = 5.0  # one update's bound, as one client timeout was
 HEDGE = 0.25  # seconds without an answer before the next address is tried too
+REFUSALS_TO_STOP = 3
 Record = tuple[str, str, int, bool, str]  # status, address, store port, ready, store uid
 
 
@@ -37,6 +42,8 @@ class MemberRecordSync:
         self.task: asyncio.Task | None = None
         self._next = 0.0
         self._sent: Record | None = None  # the record the last update asked for
+        self.refusal: str | None = None  # why the cluster keeps refusing us, once we stopped on it
+        self._refused: tuple[str, int] = ("", 0)  # the last refusal and how many times in a row
 
     def wanted(self) -> Record:
         """Our member record as it should read now."""
@@ -44,7 +51,8 @@ class MemberRecordSync:
 
     def __call__(self, now: float, leaving: bool) -> None:
         """Start an update if our record is out of date and we do not lead (nor leave)."""
-        if self.node.role is Role.LEADER or leaving or (self.task is not None and not self.task.done()):
+        if (self.node.role is Role.LEADER or leaving or self.refusal is not None
+                or (self.task is not None and not self.task.done())):
             return
         member = self.node.store.state.members.get(self.node.id)
         wanted = self.wanted()
@@ -83,8 +91,10 @@ class MemberRecordSync:
                 done, _ = await asyncio.wait(flying, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     addr, reply = flying.pop(task), task.result()
-                    if reply is not None and reply.accepted:
+                    if isinstance(reply, pb.JoinReply) and reply.accepted:
                         self._admitted(addr, reply, wanted[3])
+                        return
+                    if isinstance(reply, str) and self._stop_on(reply):
                         return
                     due[addr] = clock() + JOIN_RETRY
         finally:
@@ -103,16 +113,33 @@ class MemberRecordSync:
         flying[asyncio.create_task(self._try(free[0], wanted, deadline - now))] = free[0]
         return deadline if free[0] == leader else now + HEDGE
 
-    async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | None:
+    async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | str | None:
+        """The reply, the sentence of a refusal, or None when the update did not get through."""
         _, addr_, store_port, ready, uid = wanted
         try:
             return await self.transport.client(addr, timeout=timeout).join(self.node.id, addr_, store_port, ready, uid)
+        except errors.BadRequest as exc:
+            log.warning("membership update through %s refused: %s", addr, exc)
+            return str(exc)
         except errors.PeerError as exc:
             log.info("membership update through %s failed: %s", addr, exc)
             return None
 
+    def _stop_on(self, refusal: str) -> bool:
+        """Count a refusal; the same one REFUSALS_TO_STOP times in a row stops the daemon (True)."""
+        last, times = self._refused
+        times = times + 1 if refusal == last else 1
+        self._refused = (refusal, times)
+        if times < REFUSALS_TO_STOP:
+            return False
+        self.refusal = refusal
+        log.error("stopping: the cluster refused this box's membership %d times in a row: %s", times, refusal)
+        self.node.stop()
+        return True
+
     def _admitted(self, addr: str, reply: pb.JoinReply, ready: bool) -> None:
         node = self.node
+        self._refused = ("", 0)
         log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
         node.admitted_by = reply.leader_id
         node.join_seeds([m.addr for m in reply.members if m.node_id != node.id])

@@ -62,6 +62,8 @@ class Metrics:
                                      registry=r).labels(**labels)
         self.strangers = Gauge("dpeer_identity_conflicts", "Members seen under another store uid than the "
                                "configuration names (lost disks)", ["node"], registry=r).labels(**labels)
+        self.fault_tolerance = Gauge("dpeer_fault_tolerance", "Voter failures the cluster survives now, as its "
+                                     "leader counts them (NaN on the other nodes)", ["node"], registry=r).labels(**labels)
         self.paused = Gauge("dpeer_training_paused", "1 while an operator's `dpeer job pause` holds training",
                             ["node"], registry=r).labels(**labels)
         self._node = node_id

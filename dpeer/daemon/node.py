@@ -38,6 +38,7 @@ from dpeer.membership import (
 from dpeer.daemon.node_events import NodeEvents, NoEvents
 from dpeer.daemon.probe_rtt import ProbeTimes
 from dpeer.daemon.resync import LocalVersion
+from dpeer.daemon.sightings import Sightings
 from dpeer.daemon.storage_adapter import StoreStorage
 from dpeer.daemon.timing import Timing, resolve
 from dpeer.daemon.views import Observed
@@ -95,6 +96,7 @@ class Node:
         self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
         self.addrs[node_id] = addr
         self.since: dict[str, tuple[MemberState, float]] = {}
+        self.sightings = Sightings(node_id, now)  # which store answers for each node id (views.claim_verdict)
         self.probes = ProbeTimes()
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
         self.role: Role = Role.FOLLOWER
@@ -121,6 +123,7 @@ class Node:
         peer = codec.sender(envelope)
         now = self.clock()
         self.raft.observe(peer)
+        self.sightings.saw(peer.node_id, peer.uid, envelope.from_addr, now)
         if isinstance(msg, codec.MEMBERSHIP_TYPES):
             if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
                 raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
@@ -432,6 +435,8 @@ class Node:
                 self.since[effect.node_id] = (state, now)  # a suspicion told again keeps its start
             self.poke()
             refused = isinstance(effect, MemberSuspect) and effect.refused
+            if isinstance(effect, (MemberDead, MemberLeft)):
+                self.sightings.declared_dead(effect.node_id, now)
             if isinstance(effect, MemberAlive):
                 self.addrs[effect.node_id] = effect.addr
                 self.raft.peer_alive(now, effect.node_id)

@@ -83,7 +83,11 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
 
     logs.setup(context)
     try:
-        return asyncio.run(daemon.run())
+        code = asyncio.run(daemon.run())
     except OSError as exc:  # a port in use, an unwritable file: the config is fine, so exit 4 and let the unit restart
         print(f"dpeer: {exc}", file=sys.stderr)
         return 4
+    if daemon.record.refusal is not None:  # the cluster kept refusing this box (its node id held by a live box)
+        print(f"dpeer: {daemon.record.refusal}", file=sys.stderr)
+        return 2
+    return code

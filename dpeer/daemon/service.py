@@ -22,6 +22,8 @@ from dpeer.consensus.voting import ChangeOp
 from dpeer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
 from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node import Node
+from dpeer.daemon.sightings import Windows
+from dpeer.daemon.views import Claim, Holding, claim_verdict
 from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
@@ -63,6 +65,7 @@ class Service:
         self.on_group_failed = on_group_failed
         self.on_checkpoint = on_checkpoint
         self.checkpoint_dir = checkpoint_dir
+        self._claims: dict[tuple[str, str], Holding] = {}  # (node id, store uid) -> its last verdict here
 
     # -- peers ----------------------------------------------------------------------------
     def note_malformed(self, method: str) -> None:
@@ -139,11 +142,33 @@ class Service:
         member = self.node.store.state.members.get(request.node_id)
         wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid)
         if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
+            self._judge_claim(request)
             record = _built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
                                                  request.uid))
             await self.node.propose(record, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
+
+    def _judge_claim(self, request: pb.JoinRequest) -> None:
+        """One live holder per node id (views.claim_verdict): BadRequest when another store holds the
+        id and answers, Unavailable while its holder may still be alive (the join is tried again)."""
+        node, now = self.node, self.node.clock()
+        record = node.store.state.members.get(request.node_id)
+        if record is None or record.uid in ("", request.uid):
+            return
+        node.sightings.saw(request.node_id, request.uid, request.addr, now)  # a join is a sign of life too
+        claim = Claim(request.node_id, request.uid, request.addr)
+        verdict = claim_verdict(node.store.state, claim, node.sightings, Windows.of(node.raft_config), now)
+        key = (request.node_id, request.uid)
+        if self._claims.get(key) is not verdict.holding:  # said once per change, not at every retry
+            log.log(logging.WARNING if verdict.holding is Holding.HELD else logging.INFO,
+                    "a box at %s claims node id %s under store %s: %s", request.addr, request.node_id,
+                    request.uid[:8], verdict.reason)
+        if verdict.holding is Holding.FREE:
+            self._claims.pop(key, None)
+            return
+        self._claims[key] = verdict.holding
+        raise (BadRequest if verdict.holding is Holding.HELD else Unavailable)(verdict.reason)
 
     async def leave(self, request: pb.LeaveRequest) -> pb.LeaveReply:
         """Leave gracefully: this node (node_id empty or ours) commits member_left and exits."""

@@ -7,6 +7,7 @@ from typing import Any
 from dpeer.consensus import Role
 from dpeer.daemon.node import Node
 from dpeer.daemon.quorum import explain_no_leader
+from dpeer.daemon.views import fault_tolerance
 
 
 def members(node: Node) -> list[dict[str, Any]]:
@@ -42,6 +43,17 @@ def checkpoint(node: Node) -> dict[str, Any] | None:
     return {"step": ckpt.step, "digest": ckpt.digest, "holders": list(ckpt.holders)}
 
 
+def tolerance(node: Node) -> dict[str, Any] | None:
+    """On the leader: how many voter failures the cluster survives now, {voters, live_voters,
+    can_lose, unheld} (unheld: voters that have not answered under the store uid the configuration
+    names: dead, or held by no live box); None on any other node."""
+    answering = node.raft.answering_voters(node.clock())
+    if answering is None:
+        return None
+    t = fault_tolerance(node.store.state.voters, answering)
+    return {"voters": t.voters, "live_voters": t.live_voters, "can_lose": t.can_lose, "unheld": list(t.unheld)}
+
+
 def identity(node: Node) -> dict[str, Any]:
     """This node's store uid, cluster epoch and when it was forced, why no leader is known (null
     while one is), members seen under another store uid than the configuration names, and
@@ -70,7 +82,7 @@ def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
         "role": node.role.value, "commit_index": store.commit_index, "last_applied": store.last_applied,
         "first_index": store.first_index, "snapshot_index": store.snapshot_index,
         "members": members(node), "group": group(node), "train": None,
-        "voters": list(state.voters), "learners": list(state.learners),
+        "voters": list(state.voters), "learners": list(state.learners), "fault_tolerance": tolerance(node),
         "control": state.control, "checkpoint": checkpoint(node), "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
         "recovered_from": str(store.recovered_from) if store.recovered_from else None,
     }

@@ -9,10 +9,12 @@ in the same order everywhere.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Union
+from enum import StrEnum
+from typing import ClassVar, Collection, Mapping, Sequence, Union
 
 from dpeer.address import Address
 from dpeer.consensus.voting import ChangeOp
+from dpeer.daemon.sightings import Sightings, Windows
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import ControlMode, MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
@@ -92,13 +94,104 @@ def _back_alive(node_id: str, addr: str, member: Member) -> MemberJoined:
     return MemberJoined(node_id, addr, member.store_port, False, member.uid)
 
 
+class Holding(StrEnum):
+    """Whether a node id that a box claims under its store uid is free for it."""
+
+    FREE = "free"  # no other store holds it, or its holder is gone: admit the claim
+    HELD = "held"  # its holder answered after the claimant appeared: two boxes under one id, refuse
+    UNSURE = "unsure"  # its holder answered lately, not since: wait until it answers again or is gone
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A box asking to hold a node id: its store uid and the address it serves at."""
+
+    node_id: str
+    uid: str
+    addr: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim's holding and why (for a HELD claim, the sentence its box is refused with)."""
+
+    holding: Holding
+    reason: str
+
+
+def claim_verdict(state: ClusterState, claim: Claim, heard: Sightings, windows: Windows, now: float) -> Verdict:
+    """Whether a box may hold claim.node_id. Another store holds it while the committed record (not
+    left) names another uid. That holder is gone once gossip held the id dead after it was last
+    heard; it is live (refused) when it is this node, or when heard after the claimant first
+    appeared and within its window; it is gone too once the claimant serves at the holder's own
+    address (one process per address) or the holder went unheard for its window. Else unsure."""
+    node_id, record = claim.node_id, state.members.get(claim.node_id)
+    if record is None or record.uid in ("", claim.uid):
+        return Verdict(Holding.FREE, f"no other store holds node id {node_id}")
+    old = record.uid[:8]
+    if record.status is MemberStatus.LEFT:
+        return Verdict(Holding.FREE, f"store {old} of {node_id} left the cluster")
+    holder, claimant = heard.seen(node_id, record.uid), heard.seen(node_id, claim.uid)
+    last = holder.last if holder is not None else heard.since  # never heard: silent since we listen
+    silent, window = now - last, windows.voter if node_id in state.voters else windows.other
+    dead = heard.dead_at(node_id)
+    if node_id != heard.owner and dead is not None and dead >= last:
+        return Verdict(Holding.FREE, f"gossip held {node_id} dead after its store {old} was last heard")
+    appeared = claimant.first if claimant is not None else now
+    if node_id == heard.owner or (holder is not None and holder.last > appeared and silent <= window):
+        return Verdict(Holding.HELD, f"node id {node_id} is held by a live member at {record.addr} (store {old}); "
+                       "give this box another --node-id, or stop that one and wait until gossip holds it dead")
+    if claim.addr == record.addr:
+        return Verdict(Holding.FREE, f"store {old} of {node_id} was last heard before this box appeared at its "
+                       f"address {record.addr}")
+    if silent > window:
+        return Verdict(Holding.FREE, f"store {old} of {node_id} has not been heard for {silent:.1f}s")
+    return Verdict(Holding.UNSURE, f"node id {node_id} is held by the member at {record.addr} (store {old}), heard "
+                   f"{silent:.1f}s ago: the join waits until that member answers again (then it is refused) or "
+                   "is held dead")
+
+
+def reclaim_seat(state: ClusterState, observed: Mapping[str, Observed], heard: Sightings, windows: Windows,
+                 now: float) -> Decision:
+    """A configured node id whose configured store went unheard for its window while one box
+    answers under it with another store (the rightful box once a duplicate that took its seat is
+    gone; a box back on a new disk that has not announced itself): commit that box's record, so
+    plan_voters swaps the seat (removal, then back as a learner). Its store port and readiness
+    follow from its own update once it holds the seat."""
+    for node_id in list(state.voters) + list(state.learners):
+        record, configured = state.members.get(node_id), state.uids.get(node_id)
+        if node_id == heard.owner or record is None or record.uid != configured or not _alive(observed, node_id):
+            continue
+        holder = heard.seen(node_id, configured)
+        silent = now - (holder.last if holder is not None else heard.since)
+        if silent <= (windows.voter if node_id in state.voters else windows.other):
+            continue
+        live = [(u, s) for u, s in heard.uids(node_id).items() if u != configured and now - s.last <= windows.voter]
+        if len(live) == 1 and _valid_addr(live[0][1].addr):
+            uid, seen = live[0]
+            return Decision(MemberJoined(node_id, seen.addr, 0, False, uid),
+                            f"{node_id} answers at {seen.addr} under store {uid[:8]} while its configured store "
+                            f"{str(configured)[:8]} has not been heard for {silent:.1f}s: the seat goes to the live "
+                            "store")
+    return _none("every configured node id is answered by its configured store, or by no other")
+
+
+def _valid_addr(addr: str) -> bool:
+    try:
+        Address.parse(addr)
+    except ValueError:
+        return False
+    return True
+
+
 def plan_voters(
     state: ClusterState, observed: Mapping[str, Observed], now: float, grace: float, max_voters: int
 ) -> Decision:
     """One single-server configuration change (a MembershipChange): drop a leaver, drop a
     member whose box came back on a new disk (its committed member record names another store uid
     than the configuration: as etcd does for a member that lost its data, the old identity goes
-    and the new one joins as a learner next), admit a newcomer as a learner, promote a healthy
+    and the new one joins as a learner next; a record changes its uid only once its old holder is
+    judged gone, by claim_verdict or reclaim_seat), admit a newcomer as a learner, promote a healthy
     learner below the voter cap, or demote a voter dead past `grace` when a healthy learner can
     take its place (so a quorum of live voters remains)."""
     voters, learners = list(state.voters), list(state.learners)
@@ -137,6 +230,25 @@ def _alive(observed: Mapping[str, Observed], node_id: str) -> bool:
 def _dead_for(observed: Mapping[str, Observed], node_id: str, now: float) -> float:
     seen = observed.get(node_id)
     return now - seen.since if seen is not None and seen.state is MemberState.DEAD else -1.0
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How many voter failures the cluster survives now: the voters, those that answer the leader
+    under the store uid the configuration names, and the others (unheld: dead, or held by no live box)."""
+
+    voters: int
+    live_voters: int
+    can_lose: int
+    unheld: tuple[str, ...]
+
+
+def fault_tolerance(voters: Sequence[str], answering: Collection[str]) -> Tolerance:
+    """The tolerance of `voters` of which `answering` answer: live voters beyond a quorum (0 at or below one)."""
+    live = [v for v in voters if v in answering]
+    quorum = len(voters) // 2 + 1
+    return Tolerance(len(voters), len(live), max(0, len(live) - quorum),
+                     tuple(sorted(v for v in voters if v not in answering)))
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from types import MappingProxyType, SimpleNamespace
 
 from dpeer.consensus import Role
+from dpeer.consensus.config import LAN
+from dpeer.daemon.sightings import Sightings
 from dpeer.membership import MemberState
 from dpeer.daemon.failures import FailurePhase, FailureReport
 from dpeer.daemon.leader import LeaderChores
@@ -40,7 +42,8 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
     state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
                          view=View(4, ("a", "b"), Address.parse("10.0.0.1:7101")), uids=MappingProxyType(uids), epoch=1)
     node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, store=SimpleNamespace(state=state, uid=uids["a"]),
-                    raft_config=SimpleNamespace(max_voters=5), gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0)
+                    raft_config=LAN, gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0,
+                    sightings=Sightings("a", 0.0))
     return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False), node
 
 

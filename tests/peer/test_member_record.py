@@ -1,6 +1,7 @@
 """MemberRecordSync's update round on the virtual clock: a seed that holds the request does not
 stop the others, a seed that refused is tried again (the start-up race of the hung-worker test:
-a refused seed, then 5 s waited on a peer that knew no leader), and a known leader is asked alone."""
+a refused seed, then 5 s waited on a peer that knew no leader), a known leader is asked alone,
+and a refusal told again and again stops the daemon with its sentence."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class _Node:
         self.id, self.addr, self.role, self.leader_id, self.addrs = "n2", "127.0.0.1:2", Role.FOLLOWER, None, {}
         self.store = SimpleNamespace(uid="0" * 32, state=SimpleNamespace(members={}))
         self.clock, self.admitted_by, self.seeds, self.nudged = loop.time, None, [], 0
+        self.stopped = False
 
     def join_seeds(self, addrs: list[str]) -> None:
         self.seeds = addrs
@@ -27,10 +29,14 @@ class _Node:
     def chores_now(self) -> None:
         self.nudged += 1
 
+    def stop(self) -> None:
+        self.stopped = True
+
 
 class _Transport:
     """Per address: ("refuse_until", t) refuses before t, then accepts; ("hold",) holds every request
-    until its timeout; ("slow", d) accepts after d seconds (a leader committing slowly)."""
+    until its timeout; ("slow", d) accepts after d seconds (a leader committing slowly); ("deny", s)
+    refuses every request with the sentence s (BadRequest); ("busy",) answers Unavailable."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, peers: dict[str, tuple]) -> None:
         self.loop, self.peers, self.calls = loop, peers, []
@@ -39,6 +45,10 @@ class _Transport:
         async def join(*_: object) -> pb.JoinReply:
             self.calls.append((round(self.loop.time(), 3), addr))
             how = self.peers[addr]
+            if how[0] == "deny":
+                raise errors.BadRequest(how[1])
+            if how[0] == "busy":
+                raise errors.Unavailable("the leader cannot tell yet")
             if how[0] == "hold":
                 await asyncio.sleep(timeout)
                 raise errors.Unreachable(f"{addr}: deadline exceeded")
@@ -93,3 +103,47 @@ def test_a_round_that_finds_no_one_ends_within_its_bound() -> None:
     assert took <= member_record.ROUND + 1e-9
     assert [a for _, a in transport.calls].count("n3") == 1  # never two requests to one address at once
     assert [a for _, a in transport.calls].count("n1") >= member_record.ROUND / member_record.JOIN_RETRY - 1
+
+
+HELD = "node id n2 is held by a live member at 127.0.0.1:9 (store 3fa2b0c1); give this box another --node-id, ..."
+
+
+def _rounds(peers: dict[str, tuple], rounds: int) -> tuple[_Node, MemberRecordSync, _Transport]:
+    """Run `rounds` update rounds back to back (each as the daemon's chores would start it)."""
+    loop = VirtualLoop()
+    try:
+        node, transport = _Node(loop), _Transport(loop, peers)
+        sync = MemberRecordSync(node, transport, list(peers), lambda: 7, lambda: True)
+
+        async def main() -> None:
+            for _ in range(rounds):
+                await asyncio.sleep(member_record.JOIN_RETRY)
+                sync(loop.time(), leaving=False)
+                if sync.task is not None:
+                    await sync.task
+        loop.run_until_complete(main())
+        return node, sync, transport
+    finally:
+        loop.close()
+
+
+def test_a_refusal_told_again_and_again_stops_the_daemon_with_its_sentence() -> None:
+    node, sync, transport = _rounds({"n1": ("deny", HELD)}, rounds=6)
+    assert sync.refusal == HELD and node.stopped
+    assert len(transport.calls) == member_record.REFUSALS_TO_STOP  # and no update after it stopped
+
+
+def test_a_leader_that_cannot_tell_yet_is_asked_again_without_stopping() -> None:
+    node, sync, transport = _rounds({"n1": ("busy",)}, rounds=2)
+    assert sync.refusal is None and not node.stopped
+    assert len(transport.calls) > member_record.REFUSALS_TO_STOP
+
+
+def test_refusals_that_differ_do_not_add_up() -> None:
+    loop = VirtualLoop()
+    node = _Node(loop)
+    sync = MemberRecordSync(node, _Transport(loop, {}), [], lambda: 7, lambda: True)
+    loop.close()
+    for sentence in ("held at a", "held at b", "held at a", "held at b"):
+        assert not sync._stop_on(sentence)
+    assert not node.stopped and sync.refusal is None
