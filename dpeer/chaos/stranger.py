@@ -105,8 +105,8 @@ async def visit(tally: Tally, phase: str, node_id: str, host: str, pid: int, sto
             prefix = f"stranger-{rng.getrandbits(32):08x}"
             if await _send(tally, phase, target, port, store_set(f"{prefix}/sealed", b"abandoned")):
                 tally.store_sets += 1
-        await _send(tally, phase, target, port, rng.randbytes(rng.randint(16, 4096)))
-        tally.ports.add(f"{node_id}:{port}")
+        if await _send(tally, phase, target, port, rng.randbytes(rng.randint(16, 4096))):
+            tally.ports.add(f"{node_id}:{port}")
 
 
 async def _send(tally: Tally, phase: str, host: str, port: int, payload: bytes) -> bool:
