@@ -11,6 +11,7 @@ from typing import Any
 
 from dpeer import chaos
 from dpeer.chaos.checks import after_the_last_step, check_liveness, check_protocol, check_training, protocol_notes
+from dpeer.chaos.linear import check_history
 from dpeer.chaos.options import ChaosOptions, add_arguments, options_from, validate
 from dpeer.chaos.report import violations, write_report
 from dpeer.chaos.run import Run
@@ -32,10 +33,11 @@ def run_chaos(opts: ChaosOptions) -> int:
              f"{len(run.acked)} acknowledged writes read back through every node",
              "every faulted node back in a group": f"{len(run.faults)} faults",
              "training resumes after every fault (liveness)": _liveness_note(run.faults, opts)}
+    skipped: dict[str, str] = {}
+    _history_and_logs(run, checks, notes, skipped)
     checks.update(check_protocol(run.samples))
     notes.update(protocol_notes(run.samples))
     rows, figures = check_training(run)
-    skipped: dict[str, str] = {}
     for name, outcome in rows.items():
         if outcome["ran"]:
             checks[name], notes[name] = outcome["problems"], outcome["note"]
@@ -43,6 +45,25 @@ def run_chaos(opts: ChaosOptions) -> int:
             skipped[name] = outcome["note"]
     write_report(run, checks, figures, time.monotonic() - started, notes, skipped)
     return 1 if violations(checks) else 0
+
+
+def _history_and_logs(run: Run, checks: dict[str, list[str]], notes: dict[str, str], skipped: dict[str, str]) -> None:
+    """The rows "kv history linearizable" and "committed prefixes equal", each with its figures;
+    a check that could not run fully has a problem that says so."""
+    lin, prefixes = "kv history linearizable", "committed prefixes equal"
+    if run.opts.kv_clients == 0:
+        skipped[lin] = "not run (--kv-clients 0)"
+    else:
+        result = check_history(run.history)
+        checks[lin] = result.problems()
+        if result.ops == result.unknown:
+            checks[lin].append("no kv operation was answered: nothing checked")
+        notes[lin] = f"{result.note()}; {run.opts.kv_clients} clients, then every key read through every node"
+    if run.prefixes is None:
+        checks[prefixes] = ["not run: the run stopped before the logs were read"]
+        notes[prefixes] = "nothing compared"
+    else:
+        checks[prefixes], notes[prefixes] = run.prefixes.problems, run.prefixes.note
 
 
 def _terminate(signum: int, frame: Any) -> None:

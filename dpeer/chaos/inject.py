@@ -11,10 +11,13 @@ from typing import TYPE_CHECKING
 from dpeer.chaos.options import DISRUPTIVE
 from dpeer.chaos.sample import group_of
 from dpeer.chaos.schedule import Fault, Plan
+from dpeer.chaos.stranger import visit
 from dpeer.launch.cluster import LocalNode
 
 if TYPE_CHECKING:
     from dpeer.chaos.run import Run
+
+PESTER_GAP = 0.5  # seconds between a stranger's visits to a worker
 
 
 async def inject(run: Run, plan: Plan) -> bool:
@@ -125,9 +128,49 @@ async def _net(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
     run.later(length, lambda: _heal_net(run, f, victim))
 
 
+async def _stranger(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
+    """A stranger connects to the victim's worker ports (dpeer/chaos/stranger.py) for a while."""
+    length = 3.0 + 3.0 * plan.length
+    f.planned_s = round(length, 2)
+    f.detail = f"connections to {victim.node_id}'s worker ports for {length:.1f}s"
+    stop = asyncio.Event()
+    run.background.add(asyncio.create_task(pester(run, victim, stop, f)))
+
+    def end() -> None:
+        stop.set()
+        _end(run, f)
+        run.say(f"fault {f.id}: the stranger left {victim.node_id}")
+    run.later(length, end)
+
+
+async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fault | None = None) -> None:
+    """Visit the victim's worker (and its warm spare) every PESTER_GAP seconds until `stop`; with
+    no victim (while the first group forms), a seeded pick of the running nodes each time. The
+    fault's detail gets the connections it made."""
+    before = sum(run.stranger.connections.values()), run.stranger.store_sets
+    while not stop.is_set():
+        running = [n for n in run.cluster.nodes if n.running]
+        node = victim or (running[run.stranger_rng.randrange(len(running))] if running else None)
+        doc = run.latest.get(node.node_id) if node is not None else None
+        if node is not None and doc:
+            worker = doc.get("worker") or {}
+            training = victim is not None and (doc.get("job") or {}).get("state") == "training"
+            for pid in (worker.get("pid"), worker.get("spare_pid")):
+                if type(pid) is int:
+                    await visit(run.stranger, "training" if training else "formation", node.node_id, node.host,
+                                pid, worker.get("store_port") or 0, run.stranger_rng)
+        try:
+            await asyncio.wait_for(stop.wait(), PESTER_GAP)
+        except TimeoutError:
+            pass
+    if f is not None:
+        f.detail += (f": {sum(run.stranger.connections.values()) - before[0]} connections, "
+                     f"{run.stranger.store_sets - before[1]} store SETs")
+
+
 APPLY: dict[str, Callable[[Run, Fault, LocalNode, Plan], Awaitable[None]]] = {
     "kill": _kill, "restart": _graceful_restart, "wipe": _wipe, "stop": _stop, "partition": _partition,
-    "loss": _net, "slow": _net,
+    "loss": _net, "slow": _net, "stranger": _stranger,
 }
 
 

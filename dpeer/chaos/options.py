@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("kill", "restart", "wipe", "stop", "partition", "loss", "slow")
+KINDS = ("kill", "restart", "wipe", "stop", "partition", "loss", "slow", "stranger")
 REDUCTIONS = ("exact", "fast")
 DISRUPTIVE = {"kill", "restart", "wipe", "stop", "partition"}
 
@@ -34,6 +34,8 @@ class ChaosOptions:
     base_port: int | None = None
     poll: float = 0.25
     kv_every: float = 2.0
+    kv_clients: int = 3
+    kv_op_every: float = 0.5
     warmup_timeout: float = 180.0
     finish_timeout: float = 900.0
     reference: bool = True
@@ -52,6 +54,8 @@ def validate(opts: ChaosOptions) -> None:
         raise ValueError("--nodes must be between 1 and 9")
     if opts.nodes < 3 and set(opts.kinds) & DISRUPTIVE:
         raise ValueError("disruptive faults need at least 3 nodes (a majority must survive)")
+    if not 0 <= opts.kv_clients <= 16 or opts.kv_op_every <= 0:
+        raise ValueError("--kv-clients must be between 0 and 16 and --kv-op-every above 0")
     if opts.reduction not in REDUCTIONS:
         raise ValueError(f"--reduction must be one of {', '.join(REDUCTIONS)}, got {opts.reduction!r}")
     if opts.reduction == "exact" and opts.global_batch % opts.micro_batch:
@@ -79,6 +83,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=Path, default=None, help="data dirs and logs (default: a new temp dir)")
     p.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
     p.add_argument("--kv-every", type=float, default=d.kv_every, help="seconds between background kv puts")
+    p.add_argument("--kv-clients", type=int, default=d.kv_clients,
+                   help=f"concurrent clients putting, reading and deleting a few keys during the chaos window, "
+                        f"whose history must be linearizable (default {d.kv_clients}; 0: none, the check is not run)")
+    p.add_argument("--kv-op-every", type=float, default=d.kv_op_every,
+                   help=f"mean seconds between one kv client's operations (default {d.kv_op_every})")
     p.add_argument("--warmup-timeout", type=float, default=d.warmup_timeout,
                    help="seconds allowed for every node to train in one group before the faults start")
     p.add_argument("--finish-timeout", type=float, default=d.finish_timeout,
@@ -99,7 +108,8 @@ def options_from(args: argparse.Namespace) -> ChaosOptions:
         nodes=args.nodes, duration=args.duration, seed=args.seed, fault_every=args.fault_every,
         kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()), steps=args.steps,
         global_batch=args.global_batch, micro_batch=args.micro_batch, lr=args.lr, out=args.out, dir=args.dir,
-        base_port=args.base_port, kv_every=args.kv_every, finish_timeout=args.finish_timeout,
+        base_port=args.base_port, kv_every=args.kv_every,
+        kv_clients=args.kv_clients, kv_op_every=args.kv_op_every, finish_timeout=args.finish_timeout,
         warmup_timeout=args.warmup_timeout, max_recovery=args.max_recovery,
         reference=not args.no_reference, reference_cache=args.reference_cache, reduction=args.reduction,
         netns=args.netns,

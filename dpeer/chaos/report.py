@@ -54,9 +54,10 @@ def _kind_table(run: Run) -> list[str]:
 
 
 def _figures_line(run: Run, figures: dict[str, Any]) -> str:
-    return (f"kv writes: {run.kv_attempts} attempted, {len(run.acked)} acknowledged, {run.kv_failed} not "
-            f"acknowledged (unavailable during a fault); status samples: {len(run.samples)}; "
-            f"ledger records: {figures.get('ledger_records', 0)}; reduction: {run.opts.reduction}")
+    line = (f"kv writes: {run.kv_attempts} attempted, {len(run.acked)} acknowledged, {run.kv_failed} not "
+            f"acknowledged (unavailable during a fault); kv history: {len(run.history)} operations; status samples: "
+            f"{len(run.samples)}; ledger records: {figures.get('ledger_records', 0)}; reduction: {run.opts.reduction}")
+    return line + ("; " + run.stranger.note() if "stranger" in run.opts.kinds else "")
 
 
 def _check_lines(checks: dict[str, list[str]], notes: dict[str, str], skipped: dict[str, str]) -> list[str]:
@@ -91,6 +92,10 @@ def write_report(run: Run, checks: dict[str, list[str]], figures: dict[str, Any]
         "root": str(run.root), "wall_s": round(wall, 1), "chaos_end": run.chaos_end, "done_at": run.done_at,
         "samples": run.samples, "faults": [asdict(f) for f in run.faults], "events": run.events,
         "kv": {"attempted": run.kv_attempts, "acknowledged": len(run.acked), "failed": run.kv_failed},
+        "history": [asdict(op) for op in run.history],
+        "stranger": {"ran": "stranger" in opts.kinds, "connections": run.stranger.connections,
+                     "refused": run.stranger.refused, "bytes": run.stranger.sent,
+                     "store_sets": run.stranger.store_sets, "ports": sorted(run.stranger.ports)},
         "figures": figures, "checks": checks, "notes": notes, "not_run": skipped, "violations": violations(checks),
     }
     (opts.out / "timeline.json").write_text(json.dumps(timeline, indent=1))

@@ -9,10 +9,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dpeer.chaos.inject import inject
+from dpeer.chaos.history import final_reads, kv_clients
+from dpeer.chaos.inject import inject, pester
 from dpeer.chaos.kv import kv_check, kv_writer
+from dpeer.chaos.linear import Op
+from dpeer.chaos.logs import check_prefixes
 from dpeer.chaos.netns import Net, why_not
 from dpeer.chaos.options import DISRUPTIVE, ChaosOptions
+from dpeer.chaos.prefix import PrefixResult
 from dpeer.chaos.sample import (
     done_of,
     fetch_status,
@@ -21,6 +25,7 @@ from dpeer.chaos.sample import (
     train_of,
 )
 from dpeer.chaos.schedule import Fault, schedule
+from dpeer.chaos.stranger import Tally
 from dpeer.chaos.track import track
 from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.transport.client import Channels
@@ -65,6 +70,10 @@ class Run:
         self.kv_attempts = 0
         self.kv_failed = 0
         self.kv_check_result: list[str] = []
+        self.history: list[Op] = []                  # the kv clients' operations (dpeer/chaos/history.py)
+        self.prefixes: PrefixResult | None = None    # the committed logs compared at the end
+        self.stranger = Tally()                      # what the stranger on the data plane did
+        self.stranger_rng = random.Random(opts.seed * 7919 + 2)
         self.events: list[tuple[float, str]] = []
         self.pending: list[tuple[float, Callable[[], None]]] = []   # (due, action)
         self.background: set[asyncio.Task] = set()  # restarts waiting for a graceful exit
@@ -159,21 +168,39 @@ class Run:
 
     # -- the run -----------------------------------------------------------------------------
     async def main(self) -> None:
-        """Start the cluster, wait for one group, inject faults for the window, let training finish."""
+        """Start the cluster, wait for one group, inject faults for the window, let training finish;
+        then read the kv back through every node and read every node's committed log."""
         o = self.opts
         self.say(f"starting {o.nodes} nodes in {self.root} (seed {o.seed}, {o.duration:.0f}s of chaos, "
                  f"{o.steps} steps, kinds {','.join(o.kinds)})")
         self.cluster.start_all()
-        await self._warm_up()
+        await self._form()
         self.say(f"all {o.nodes} nodes train in one group; chaos starts")
-        stop_kv = asyncio.Event()
-        writer = asyncio.create_task(kv_writer(self, stop_kv))
+        await self._chaos_with_clients()
+        self.kv_check_result = await kv_check(self)
+        await final_reads(self)
+        self.prefixes = await check_prefixes(self)
+
+    async def _form(self) -> None:
+        """Wait for one group of every node; a stranger visits the workers meanwhile (kind stranger)."""
+        formed = asyncio.Event()
+        stranger = asyncio.create_task(pester(self, None, formed)) if "stranger" in self.opts.kinds else None
+        try:
+            await self._warm_up()
+        finally:
+            formed.set()
+            if stranger is not None:
+                await stranger
+
+    async def _chaos_with_clients(self) -> None:
+        """The chaos loop, with the kv writer and the kv clients running until it ends."""
+        stop = asyncio.Event()
+        clients = [asyncio.create_task(kv_writer(self, stop)), asyncio.create_task(kv_clients(self, stop))]
         try:
             await self._chaos_loop()
         finally:
-            stop_kv.set()
-            await writer
-        self.kv_check_result = await kv_check(self)
+            stop.set()
+            await asyncio.gather(*clients)
 
     async def _warm_up(self) -> None:
         o = self.opts

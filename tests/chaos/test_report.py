@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from dpeer.chaos.command import _history_and_logs
+from dpeer.chaos.linear import Kind, Op
 from dpeer.chaos.options import ChaosOptions
+from dpeer.chaos.prefix import PrefixResult
 from dpeer.chaos.report import summarize, violations
+from dpeer.chaos.stranger import Tally
 
 
 def test_rows_show_their_comparison_and_skipped_checks_say_not_run() -> None:
     run = SimpleNamespace(opts=ChaosOptions(), chaos_end=10.0, faults=[], kv_attempts=3, acked={"k": "v"},
-                          kv_failed=0, samples=[])
+                          kv_failed=0, samples=[], history=[], stranger=Tally())
     checks = {"replicas agree (digests at equal steps)": [], "final replicas equal": ["a and b differ"]}
     notes = {"replicas agree (digests at equal steps)": "12 digests compared at 4 steps",
              "final replicas equal": "state-dict digests differ, max relative difference 3.00e-07"}
@@ -20,3 +24,21 @@ def test_rows_show_their_comparison_and_skipped_checks_say_not_run() -> None:
     assert "| final replicas equal | 1 VIOLATIONS: state-dict digests differ, max relative difference 3.00e-07 |" in text
     assert "| final model = fault-free run | not run (--no-reference) |" in text
     assert "reduction: exact" in text and violations(checks) == 1
+    assert "stranger on the data plane: 0 connections (none)" in text  # a default run plays the stranger
+
+
+def test_the_history_and_log_rows_fail_loudly_when_they_could_not_run() -> None:
+    run = SimpleNamespace(opts=ChaosOptions(), history=[Op(0, Kind.PUT, "k", 1.0, None, value="a")], prefixes=None)
+    checks: dict[str, list[str]] = {}
+    notes: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    _history_and_logs(run, checks, notes, skipped)
+    assert checks["kv history linearizable"] == ["no kv operation was answered: nothing checked"]
+    assert notes["kv history linearizable"].startswith("1 operations on 1 keys (1 without an answer")
+    assert checks["committed prefixes equal"] == ["not run: the run stopped before the logs were read"]
+    run.opts = ChaosOptions(kv_clients=0)
+    run.prefixes = PrefixResult([], "3 nodes")
+    checks, notes, skipped = {}, {}, {}
+    _history_and_logs(run, checks, notes, skipped)
+    assert skipped == {"kv history linearizable": "not run (--kv-clients 0)"}
+    assert checks == {"committed prefixes equal": []} and notes == {"committed prefixes equal": "3 nodes"}
