@@ -15,7 +15,7 @@ PURE = [
     "daemon/views.py", "daemon/sightings.py", "daemon/resync.py", "daemon/quorum.py", "errors.py", "daemon/checkpoints.py",
     "daemon/worker_health.py", "daemon/failures.py", "daemon/probe_rtt.py", "daemon/job_status.py", "cli/demo_events.py", "security/auth.py",
     "security/exposure.py", "security/proof.py",
-    "trainer/decisions.py", "trainer/sampler.py",
+    "trainer/decisions.py", "trainer/sampler.py", "trainer/rendezvous_table.py", "chaos/linear.py", "chaos/prefix.py",
     *[p.relative_to(ROOT).as_posix() for d in ("membership", "consensus", "sim")
       for p in sorted((ROOT / d).glob("*.py"))],
 ]
