@@ -33,3 +33,8 @@ class Unreachable(PeerError):
     def __init__(self, message: str, refused: bool = False) -> None:
         super().__init__(message)
         self.refused = refused
+
+
+class WrongProtocol(Unreachable):
+    """Something answered at the address, but not as a dpeer node (another gRPC service, an HTTP
+    server, another protocol): for dpeer the node is unreachable there."""

@@ -6,13 +6,16 @@ recovery is measured from the kill to the survivors' next committed step, and ea
 the restart to the restarted node training again. SIGINT, SIGTERM and SIGHUP (the terminal
 closing) stop every process the demo started. The exit code is 0 only when every replica ends
 with the job's committed final step and digest; a daemon that exits on its own (one the chaos
-schedule did not kill) ends the demo at once with its error, exit 1.
+schedule did not kill) ends the demo at once with its error, exit 1. With --json, stdout carries
+one JSON object a line: the start, each event, the progress every 2 s, and last the end of the
+run with its exit code, final step and digest; errors go to stderr as {error, exit_code}.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import signal
 import sys
@@ -21,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -29,8 +33,9 @@ from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.job_status import JobStatus
 from dpeer.cli.parser import UsageError
-from dpeer.cli.demo_events import Docs, EventLog, newest_step, train_of
-from dpeer.cli.demo_screen import Frame, final_table, plain, render
+from dpeer.cli.demo_events import Docs, EventLog, Kill, newest_step, train_of
+from dpeer.cli.demo_screen import Frame, final_table, newest_committed, plain, progress_record, render
+from dpeer.cli.output import report
 
 REFRESH = 0.5
 PLAIN_EVERY = 2.0
@@ -65,14 +70,25 @@ class Chaos:
     next_at: float = 0.0
 
 
-def _outcome(docs: Docs) -> tuple[int, str] | None:
-    """The run's end once every node is up and agrees the job ended: (exit code, verdict)."""
+@dataclass(frozen=True)
+class Outcome:
+    """How the run ended: its exit code, the verdict, and the committed final step and digest
+    (the failed step and no digest for a failed job)."""
+
+    code: int
+    verdict: str
+    step: int | None = None
+    digest: str | None = None
+
+
+def _outcome(docs: Docs) -> Outcome | None:
+    """The run's end once every node is up and agrees the job ended."""
     if not docs or any(d is None for d in docs.values()):
         return None
     jobs = [d.get("job") or {} for d in docs.values() if d]
     failed = next((j for j in jobs if j.get("state") == JobStatus.FAILED), None)
     if failed is not None:
-        return 1, f"the job failed: {failed.get('error')}"
+        return Outcome(1, f"the job failed: {failed.get('error')}", failed.get("step"))
     if not all(j.get("state") == JobStatus.FINISHED for j in jobs):
         return None
     step, digest = jobs[0]["step"], jobs[0]["digest"]
@@ -82,16 +98,33 @@ def _outcome(docs: Docs) -> tuple[int, str] | None:
     wrong = {n: h for n, h in held.items() if h != (step, digest)}
     if wrong:
         listed = "; ".join(f"{n} at step {s} with {str(dg)[:12]}" for n, (s, dg) in sorted(wrong.items()))
-        return 1, f"training finished, but not every replica holds the final state: {listed}"
-    return 0, (f"training finished: every replica holds step {step} with digest {digest[:12]}, "
-               "the final state the cluster committed")
+        return Outcome(1, f"training finished, but not every replica holds the final state: {listed}", step, digest)
+    return Outcome(0, f"training finished: every replica holds step {step} with digest {digest[:12]}, "
+                   "the final state the cluster committed", step, digest)
+
+
+def emit(record: dict[str, Any]) -> None:
+    """One --json line on stdout."""
+    print(json.dumps(record, sort_keys=True), flush=True)
+
+
+def end_line(code: int, verdict: str, step: int | None, digest: str | None, elapsed: float, kills: list[Kill],
+             **more: Any) -> int:
+    """--json's last line: the exit code, the verdict, the final step and digest (a run that did
+    not finish: its newest committed step, no digest), the kills; a failed run's verdict also
+    goes to stderr as the error. Returns code."""
+    emit({"type": "end", "t": round(elapsed, 3), "exit_code": code, "ok": code == 0, "verdict": verdict,
+          "step": step, "digest": digest, "kills": len(kills), "recovered": sum(k.recovered for k in kills), **more})
+    return report(verdict, code, True) if code else code
 
 
 class Demo:
     """One run: the cluster, the chaos schedule, the event log and the screen."""
 
-    def __init__(self, cluster: LocalCluster, steps: int, chaos: Chaos | None, console: Console) -> None:
+    def __init__(self, cluster: LocalCluster, steps: int, chaos: Chaos | None, console: Console,
+                 as_json: bool = False) -> None:
         self.cluster, self.steps, self.chaos, self.console = cluster, steps, chaos, console
+        self.as_json = as_json
         self.started = time.monotonic()
         self.log = EventLog(self.started)
         self.history: list[tuple[float, int]] = []
@@ -155,7 +188,7 @@ class Demo:
         """Show the cluster until the job ends; returns the exit code."""
         if self.chaos is not None:
             self.chaos.next_at = self.started + self.chaos.every
-        if self.console.is_terminal:
+        if self.console.is_terminal and not self.as_json:
             return await self._run_live()
         return await self._run_plain()
 
@@ -172,26 +205,38 @@ class Demo:
         return self._finish(end)
 
     async def _run_plain(self) -> int:
+        """A line per event and a progress line every PLAIN_EVERY seconds: text, or JSON under --json."""
         last_line = 0.0
         while True:
             for event in await self.observe():
-                print(f"  {event.at:7.1f}s  {event.text}", flush=True)
+                if self.as_json:
+                    emit({"type": "event", "t": round(event.at, 3), "text": event.text})
+                else:
+                    print(f"  {event.at:7.1f}s  {event.text}", flush=True)
             now = time.monotonic()
             if now - last_line >= PLAIN_EVERY:
-                print(plain(self.frame(now)), flush=True)
+                if self.as_json:
+                    emit(progress_record(self.frame(now)))
+                else:
+                    print(plain(self.frame(now)), flush=True)
                 last_line = now
             end = _outcome(self.docs)
             if end is not None:
                 return self._finish(end)
             await asyncio.sleep(REFRESH)
 
-    def _finish(self, end: tuple[int, str]) -> int:
-        code, verdict = end
-        print("\n" + final_table(self.docs) + "\n\n" + verdict, flush=True)
+    def _finish(self, end: Outcome) -> int:
         recovered = [k for k in self.log.kills if k.recovered]
+        if self.as_json:
+            return self.ended(end.code, end.verdict, end.step, end.digest)
+        print("\n" + final_table(self.docs) + "\n\n" + end.verdict, flush=True)
         if self.log.kills:
             print(f"{len(self.log.kills)} kills, {len(recovered)} recovered", flush=True)
-        return code
+        return end.code
+
+    def ended(self, code: int, verdict: str, step: int | None, digest: str | None = None, **more: Any) -> int:
+        """--json's last line (see end_line), from this run's time and kills."""
+        return end_line(code, verdict, step, digest, time.monotonic() - self.started, self.log.kills, **more)
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -228,19 +273,32 @@ def run_demo(args: argparse.Namespace) -> int:
     cluster = LocalCluster(root, args.nodes, job="demo", base_port=args.base_port,
                            config={"training": {"steps": steps}})
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    print(f"starting {args.nodes} nodes on 127.0.0.1 (data and logs in {root}); Ctrl-C stops them", flush=True)
+    chaos = Chaos(random.Random(args.seed)) if args.chaos else None
+    if args.json:
+        emit({"type": "start", "nodes": args.nodes, "steps": steps, "dir": str(root), "chaos": args.chaos,
+              "seed": args.seed})
+    else:
+        print(f"starting {args.nodes} nodes on 127.0.0.1 (data and logs in {root}); Ctrl-C stops them", flush=True)
+    demo = None
     try:
         cluster.start_all()
-        demo = Demo(cluster, steps, Chaos(random.Random(args.seed)) if args.chaos else None, Console())
+        demo = Demo(cluster, steps, chaos, Console(), args.json)
         return asyncio.run(demo.run())
     except Stopped as stop:
+        if args.json and demo is not None:
+            return demo.ended(128 + stop.signum, f"stopped by {stop}", newest_committed(demo.docs))
+        if args.json:
+            return end_line(128 + stop.signum, f"stopped by {stop} while the nodes started", None, None, 0.0, [])
         _tell(f"\nstopped by {stop}; stopping the cluster")
         return 128 + stop.signum
     except DaemonExited as exited:
+        advice = "fix what the log says (a port in use: free it or pick another --base-port) and run the demo again"
+        if args.json and demo is not None:
+            return demo.ended(1, f"{exited}; the end of its log is in {exited.node.log_path}: {advice}",
+                              newest_committed(demo.docs), log_tail=exited.log_tail.splitlines())
         tail = "\n".join(f"  | {line}" for line in exited.log_tail.splitlines()) or "  | (its log is empty)"
         _tell(f"\ndpeer: {exited}; the end of its log ({exited.node.log_path}):\n{tail}\n"
-              f"dpeer: stopping the other nodes; fix what the log says (a port in use: free it or "
-              f"pick another --base-port) and run the demo again")
+              f"dpeer: stopping the other nodes; {advice}")
         return 1
     finally:
         for sig in previous:  # a second signal must not cut the clean-up short

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dpeer.cli.demo_events import Docs, Event, generation, newest_step, train_of
+from dpeer.cli.status_text import committed_step
 
 SPARKS = "▁▂▃▄▅▆▇█"
 EVENTS_SHOWN = 8
@@ -98,3 +99,28 @@ def final_table(docs: Docs) -> str:
     rows = [HEADER] + [row(node, doc, docs) for node, doc in sorted(docs.items())]
     widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def newest_committed(docs: Docs) -> int:
+    """The newest step any node knows committed (status_text.committed_step), 0 before the first."""
+    return max((committed_step(d) or 0 for d in docs.values() if d), default=0)
+
+
+def node_record(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """One node as --json's progress line shows it (None while it is down): its job state, role,
+    rank, newest committed step, and the loss and digest of its newest digested step."""
+    if doc is None:
+        return None
+    group, train = doc.get("group"), train_of(doc)
+    return {"state": (doc.get("job") or {}).get("state"), "role": doc.get("role"),
+            "rank": group["rank"] if group else None, "step": committed_step(doc),
+            "loss": train.get("loss"), "digest": train.get("params_digest")}
+
+
+def progress_record(frame: Frame) -> dict[str, Any]:
+    """--json's periodic line: what the headline says, and every node."""
+    return {"type": "progress", "t": round(frame.elapsed, 3), "step": newest_committed(frame.docs), "steps": frame.steps,
+            "steps_per_s": round(frame.rate, 3), "loss": frame.losses[-1] if frame.losses else None,
+            "leader": leader_of(frame.docs), "generation": generation(frame.docs),
+            "paused": any(bool(d and d.get("control") == "paused") for d in frame.docs.values()),
+            "nodes": {node: node_record(doc) for node, doc in sorted(frame.docs.items())}}

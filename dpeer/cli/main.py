@@ -1,30 +1,32 @@
 """The `dpeer` command line: the public contract of docs/architecture.md "Interfaces".
 
 Exit codes: 0 success, 1 a negative answer (absent key, not committed), 2 bad usage or config
-(the unit does not restart on it), 3 node unreachable, 4 a runtime failure (a port in use, a data
-dir it cannot write: the unit restarts). Errors go to stderr as one clear sentence. Client commands find the node
-at --addr, else DPEER_ADDR, else the --config's advertised address, else 127.0.0.1:7100, and their
-credentials in --tls-*/--token-file, else DPEER_CACERT, DPEER_CLIENT_CERT, DPEER_CLIENT_KEY and
-DPEER_TOKEN_FILE, else --config's security block.
+(the unit does not restart on it), 3 node unreachable (or something else answering there), 4 a
+runtime failure (a port in use, a data dir it cannot write: the unit restarts). Errors go to
+stderr as one clear sentence, under --json as one JSON object {error, exit_code}. Client commands
+find the node at --addr, else DPEER_ADDR (each a comma-separated list, tried in order), else the
+--config's advertised address, else 127.0.0.1:7100 (cli/dial.py), and their credentials in
+--tls-*/--token-file, else DPEER_CACERT, DPEER_CLIENT_CERT, DPEER_CLIENT_KEY and DPEER_TOKEN_FILE,
+else --config's security block.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from dpeer.daemon import config as cfg
 from dpeer import __version__, errors
 from dpeer.chaos.options import options_from as chaos_options
-from dpeer.cli.parser import CLIENT_ENV, DEFAULT_ADDR, UsageError, build_parser
+from dpeer.cli.dial import NoNodeAnswered, check_pair, one_node, readable, run
+from dpeer.cli.output import report, wants_json
+from dpeer.cli.parser import UsageError, build_parser
+from dpeer.cli.status_text import member_rows, members_table, status_lines
 
 if TYPE_CHECKING:  # grpc loads only where a command talks to a node: `start` spawns its worker first
     from dpeer.transport.client import NodeClient
-    from dpeer.transport.options import Security
 
 EXIT_OK, EXIT_NO, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_RUNTIME = 0, 1, 2, 3, 4
 
@@ -33,48 +35,8 @@ class RuntimeFailure(Exception):
     """The config was good but running failed (a port in use, a data dir it cannot write): exit 4, restartable."""
 
 
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(CLIENT_ENV[name], "").strip()
-    return Path(value) if value else None
-
-
-def _security(args: argparse.Namespace) -> Security:
-    """The client's credentials: each file from its flag, else its environment variable, else
-    --config's security block."""
-    from dpeer.transport.options import Security
-
-    s = cfg.load(args.config).security if args.config is not None else cfg.SecurityConfig()
-    files = {"--tls-cert": args.tls_cert or _env_path("tls_cert") or s.tls_cert,
-             "--tls-key": args.tls_key or _env_path("tls_key") or s.tls_key,
-             "--tls-ca": args.tls_ca or _env_path("tls_ca") or s.tls_ca,
-             "--token-file": args.token_file or _env_path("token_file") or s.cluster_token_file}
-    for flag, path in files.items():
-        if path is not None and not path.is_file():
-            raise UsageError(f"{flag}: file {path} does not exist")
-        if path is not None:
-            _readable(flag, path)
-    try:
-        security = Security.from_files(*files.values())
-    except ValueError as exc:
-        raise UsageError(str(exc).replace("security.tls_cert, tls_key and tls_ca", "--tls-cert, --tls-key and --tls-ca"))
-    cert, key = files["--tls-cert"], files["--tls-key"]
-    if security.cert is not None and security.key is not None and cert is not None and key is not None:
-        _check_pair(("--tls-cert", cert, security.cert), ("--tls-key", key, security.key))
-    return security
-
-
-def node_addr(args: argparse.Namespace) -> str:
-    """--addr, else DPEER_ADDR, else the --config's advertised address, else the default listen."""
-    addr = args.addr or os.environ.get("DPEER_ADDR", "").strip()
-    source = "--addr" if args.addr else "DPEER_ADDR"
-    if not addr:
-        addr = cfg.load(args.config).advertise_addr if args.config is not None else DEFAULT_ADDR
-        source = "--config" if args.config is not None else "the default address"
-    try:
-        cfg.parse_hostport(addr)
-    except ValueError as exc:
-        raise UsageError(f"{source}: {exc}") from None
-    return addr
+class Negative(Exception):
+    """The node answered no (not committed, not set, refused): exit 1 with this sentence."""
 
 
 def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
@@ -82,56 +44,19 @@ def _emit(args: argparse.Namespace, doc: Any, text: str) -> None:
     print(json.dumps(doc, sort_keys=True) if args.json else text)
 
 
-def _run(args: argparse.Namespace, call: Callable[[NodeClient], Any]) -> Any:
-    import asyncio
-
-    from dpeer.transport.client import NodeClient
-
-    args.addr = node_addr(args)
-
-    async def go() -> Any:
-        async with NodeClient(args.addr, _security(args), timeout=args.timeout) as client:
-            return await call(client)
-
-    return asyncio.run(go())
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print one JSON object (--json) or a short summary."""
-    doc = json.loads(_run(args, lambda c: c.status()).json)
-    if args.json:
-        print(json.dumps(doc, sort_keys=True))
-        return EXIT_OK
-    group, train = doc.get("group"), doc.get("train")
-    print(f"node {doc['node_id']}  role {doc['role']}  term {doc['term']}  leader {doc['leader']}")
-    print(f"commit {doc['commit_index']}  applied {doc['last_applied']}  members {len(doc['members'])}")
-    if group:
-        print(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
-    if train:
-        print(f"train step {train['step']}  samples {train['samples']}  loss {train['loss']}")
-    if doc.get("control") == "paused":
-        print("training is paused (an operator's `dpeer job pause`); `dpeer job resume` trains on")
-    no_leader = doc.get("no_leader")
-    if no_leader:
-        print(f"no leader for {no_leader['since_s']:.0f}s: {no_leader['reason']}")
-        if no_leader["action"]:
-            print(f"what to do: {no_leader['action']}")
+    """Print one JSON object (--json) or the node, its job and its members as text."""
+    doc = json.loads(run(args, lambda c: c.status()).json)
+    _emit(args, doc, "\n".join(status_lines(doc)))
     return EXIT_OK
 
 
 def cmd_members(args: argparse.Namespace) -> int:
-    """Print the members table this node sees, each marked voter, learner or - (not committed)."""
-    doc = json.loads(_run(args, lambda c: c.status()).json)
-    members, voters, learners = doc["members"], set(doc.get("voters", ())), set(doc.get("learners", ()))
-    for m in members:
-        m["kind"] = "voter" if m["node_id"] in voters else "learner" if m["node_id"] in learners else None
-    if args.json:
-        print(json.dumps(members, sort_keys=True))
-        return EXIT_OK
-    print(f"{'NODE':<20} {'ADDR':<22} {'STATE':<8} {'KIND':<8} {'INC':>4} {'VERSION':>8}")
-    for m in members:
-        print(f"{m['node_id']:<20} {m['addr']:<22} {m['state']:<8} {m['kind'] or '-':<8} {m['incarnation']:>4} "
-              f"{m['version']:>8}")
+    """Print the members this node sees: address, state, role (leader, voter, learner or - while
+    not committed), rank and step in its group."""
+    doc = json.loads(run(args, lambda c: c.status()).json)
+    rows = member_rows(doc)
+    _emit(args, rows, "\n".join(members_table(rows)))
     return EXIT_OK
 
 
@@ -173,41 +98,37 @@ def cmd_kv(args: argparse.Namespace) -> int:
     _check_kv(args)
     if args.kv_command == "put":
         value = _put_value(args)
-        reply = _run(args, lambda c: c.kv_put(args.key, value, timeout=args.timeout))
+        reply = run(args, lambda c: c.kv_put(args.key, value, timeout=args.timeout), writes=True)
         if not reply.committed:
-            print(f"dpeer: not committed: {reply.reason}", file=sys.stderr)
-            return EXIT_NO
+            raise Negative(f"not committed: {reply.reason}")
         _emit(args, {"key": args.key, "committed": True, "index": reply.index}, f"committed at index {reply.index}")
         return EXIT_OK
     if args.kv_command == "list":
         from dpeer.cli.kv_text import escape
-        listed = _run(args, lambda c: c.kv_list(args.prefix))
+        listed = run(args, lambda c: c.kv_list(args.prefix))
         pairs = {p.key: p.value for p in listed.pairs}
         _emit(args, pairs, "\n".join(f"{escape(k)}\t{escape(v)}" for k, v in pairs.items()))
         return EXIT_OK
     if args.kv_command == "delete":
         return _kv_delete(args)
-    reply = _run(args, lambda c: c.kv_get(args.key))
+    reply = run(args, lambda c: c.kv_get(args.key))
     if args.json:
         print(json.dumps({"key": args.key, "found": reply.found, "value": reply.value if reply.found else None}))
     elif reply.found:
         print(reply.value)
     if not reply.found:
-        if not args.json:
-            print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"key {args.key!r} is not set")
     return EXIT_OK
 
 
 def _kv_delete(args: argparse.Namespace) -> int:
     """kv delete: exit 1 when the key was not set."""
-    deleted = _run(args, lambda c: c.kv_delete(args.key, timeout=args.timeout))
+    deleted = run(args, lambda c: c.kv_delete(args.key, timeout=args.timeout), writes=True)
     if args.json or deleted.found:
         _emit(args, {"key": args.key, "found": deleted.found, "index": deleted.index},
               f"deleted at index {deleted.index}")
     if not deleted.found:
-        print(f"dpeer: key {args.key!r} is not set", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"key {args.key!r} is not set")
     return EXIT_OK
 
 
@@ -215,8 +136,9 @@ def cmd_force(args: argparse.Namespace) -> int:
     """Forced reconfiguration; refuses without --yes."""
     if not args.yes:
         raise UsageError("force can lose entries that only the lost voters held; add --yes to confirm")
+    one_node(args, "force")
     voters = [v.strip() for v in args.voters.split(",") if v.strip()]
-    reply = _run(args, lambda c: c.force(voters))
+    reply = run(args, lambda c: c.force(voters), writes=True)
     _emit(args, {"voters": voters, "term": reply.term, "epoch": reply.epoch, "reason": reply.reason},
           f"forced: voters are now {', '.join(voters)} (term {reply.term}); {reply.reason}")
     return EXIT_OK
@@ -239,17 +161,15 @@ def cmd_log(args: argparse.Namespace) -> int:
         chunks = [c async for c in client.fetch_entries(lo, hi, "")] if lo <= hi else []
         return doc, [entry_in(e) for c in chunks for e in c.entries]
 
-    doc, entries = _run(args, fetch)
+    doc, entries = run(args, fetch)
     for e in entries:
         row = {"index": e.index, "term": e.term, "kind": e.kind.value, "hash": entry_digest(e)}
         print(json.dumps(row, sort_keys=True) if args.json else f"{e.index:>10} {e.term:>6} {e.kind.value:<14} {row['hash']}")
     if args.first is not None and args.first < doc["first_index"]:
-        print(f"dpeer: entries below {doc['first_index']} are compacted on {doc['node_id']} (snapshot at "
-              f"{doc['snapshot_index']}); start at --from {doc['first_index']}", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"entries below {doc['first_index']} are compacted on {doc['node_id']} (snapshot at "
+                       f"{doc['snapshot_index']}); start at --from {doc['first_index']}")
     if args.last is not None and args.last > doc["commit_index"]:
-        print(f"dpeer: entries after {doc['commit_index']} are not committed on {doc['node_id']}", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"entries after {doc['commit_index']} are not committed on {doc['node_id']}")
     return EXIT_OK
 
 
@@ -257,10 +177,10 @@ def cmd_leave(args: argparse.Namespace) -> int:
     """Ask the node to leave, or (--node) remove a member gossip holds dead; exit 1 if refused."""
     if args.node:
         return _remove_dead(args)
-    reply = _run(args, lambda c: c.leave())
+    one_node(args, "leave")
+    reply = run(args, lambda c: c.leave(), writes=True)
     if not reply.accepted:
-        print(f"dpeer: the node did not leave: {reply.reason}", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"the node did not leave: {reply.reason}")
     _emit(args, {"left": True}, "left")
     return EXIT_OK
 
@@ -281,10 +201,9 @@ def _remove_dead(args: argparse.Namespace) -> int:
         await client.leave(args.node, forwarded=True)
         return None
 
-    refused = _run(args, remove)
+    refused = run(args, remove, writes=True)
     if refused is not None:
-        print(f"dpeer: not removed: {refused}", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"not removed: {refused}")
     _emit(args, {"removed": args.node}, f"removed {args.node}: its leave is committed and it no longer votes")
     return EXIT_OK
 
@@ -293,11 +212,10 @@ def cmd_job(args: argparse.Namespace) -> int:
     """`job retry|pause|resume`: commit the job as running again, or pause or resume training;
     exit 1 when refused (not failed, already paused, already running)."""
     action = args.job_command
-    reply = _run(args, lambda c: c.job_control(action))
+    reply = run(args, lambda c: c.job_control(action), writes=True)
     done = {"retry": "retried", "pause": "paused", "resume": "resumed"}[action]
     if not reply.accepted:
-        print(f"dpeer: not {done}: {reply.reason}", file=sys.stderr)
-        return EXIT_NO
+        raise Negative(f"not {done}: {reply.reason}")
     _emit(args, {done: True, "reason": reply.reason, "index": reply.index},
           f"{reply.reason} (committed at index {reply.index})")
     return EXIT_OK
@@ -337,7 +255,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
         "advertise": args.advertise, "preset": args.preset, "job": args.job,
         "metrics_listen": args.metrics_listen, "security.insecure": args.insecure,
-        "security.insecure_data_plane": args.insecure_data_plane,
+        "security.insecure_data_plane": args.insecure_data_plane, "training.options": _job_options(args.job_opt),
     }
     config = cfg.load(args.config, flags)
     if config.node_id is None:
@@ -362,6 +280,19 @@ def cmd_start(args: argparse.Namespace) -> int:
         raise RuntimeFailure(str(exc)) from exc
 
 
+def _job_options(given: list[str] | None) -> dict[str, str] | None:
+    """--job-opt KEY=VALUE flags as a mapping (each over the config's training.options key), None when none."""
+    if not given:
+        return None
+    options = {}
+    for item in given:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--job-opt {item!r} is not KEY=VALUE (for example --job-opt dim=256)")
+        options[key.strip()] = value
+    return options
+
+
 def check_security(config: cfg.NodeConfig) -> None:
     """Refuse (exit 2) to start exposed without mutual TLS and token, with a key or token others
     can read, with /metrics in clear off loopback, or with a certificate that names another node;
@@ -378,7 +309,7 @@ def check_security(config: cfg.NodeConfig) -> None:
                    cfg.open_secret_refusal(s), cfg.metrics_refusal(config)):
         if reason is not None:
             raise UsageError(reason)
-    contents = {name: _readable(f"security.{name}", path) for name, path in
+    contents = {name: readable(f"security.{name}", path) for name, path in
                 (("tls_cert", s.tls_cert), ("tls_key", s.tls_key), ("tls_ca", s.tls_ca),
                  ("cluster_token_file", s.cluster_token_file)) if path is not None}
     if s.tls_cert is not None:
@@ -388,29 +319,11 @@ def check_security(config: cfg.NodeConfig) -> None:
         except certs.CertError as exc:
             raise UsageError(f"security.tls_cert {s.tls_cert}: {exc}") from None
         assert s.tls_key is not None  # all three TLS files or none, checked above
-        _check_pair(("security.tls_cert", s.tls_cert, contents["tls_cert"]),
+        check_pair(("security.tls_cert", s.tls_cert, contents["tls_cert"]),
                     ("security.tls_key", s.tls_key, contents["tls_key"]))
         if named != auth.Principal(auth.CallerRole.NODE, config.node_id or ""):
             raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
                              f"node's certificate with `dpeer certs create-node {config.node_id}`")
-
-
-def _readable(name: str, path: Path) -> bytes:
-    """The file's bytes, or UsageError naming the setting and why it cannot be read (say, its mode)."""
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"{name} {path} cannot be read: {exc.strerror or exc}") from None
-
-
-def _check_pair(cert: tuple[str, Path, bytes], key: tuple[str, Path, bytes]) -> None:
-    """UsageError unless the key belongs to the certificate; each is (where it was set, path, bytes)."""
-    from dpeer.security import certs
-    try:
-        certs.check_pair(cert[2], key[2])
-    except certs.CertError as exc:
-        raise UsageError(f"{key[0]} {key[1]} does not go with {cert[0]} {cert[1]}: {exc}; use the key written "
-                         "with that certificate (`dpeer certs` writes NAME.pem and NAME.key as a pair)") from None
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
@@ -470,26 +383,34 @@ COMMANDS = {
 }
 
 
+def _unreachable_hint(exc: errors.Unreachable) -> str:
+    """What to check when no node answered at an address (or a list of them)."""
+    if isinstance(exc, NoNodeAnswered):
+        return "is a daemon running at one of them?"
+    if isinstance(exc, errors.WrongProtocol):
+        return "point --addr at a dpeer node's gRPC address (its listen or advertise address)"
+    return "is its daemon running?"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `dpeer` command; returns the exit code."""
+    """Entry point of the `dpeer` command; returns the exit code. Errors are one sentence on
+    stderr, under --json one JSON object {error, exit_code} (cli/output.py)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = wants_json(argv)
     try:
         args = build_parser().parse_args(argv)
+        as_json = bool(getattr(args, "json", as_json))
         return COMMANDS[args.command](args)
     except (UsageError, cfg.ConfigError, ValueError) as exc:
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return report(str(exc), EXIT_USAGE, as_json)
     except (RuntimeFailure, OSError) as exc:
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return report(str(exc), EXIT_RUNTIME, as_json)
     except errors.Unreachable as exc:
-        print(f"dpeer: {exc}; is its daemon running?", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return report(f"{exc}; {_unreachable_hint(exc)}", EXIT_UNREACHABLE, as_json)
     except errors.Denied as exc:
-        print(f"dpeer: refused: {exc}", file=sys.stderr)
-        return EXIT_NO
-    except errors.PeerError as exc:
-        print(f"dpeer: {exc}", file=sys.stderr)
-        return EXIT_NO
+        return report(f"refused: {exc}", EXIT_NO, as_json)
+    except (errors.PeerError, Negative) as exc:
+        return report(str(exc), EXIT_NO, as_json)
     except KeyboardInterrupt:
         return 130
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,8 +19,9 @@ EXAMPLES = {
     "dpeer": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir d1\n"
     "  dpeer status --addr 127.0.0.1:7101 --json",
     "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
-    "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo",
-    "status": "dpeer status --addr 127.0.0.1:7101 --json",
+    "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo\n"
+    "  dpeer start --node-id n1 --data-dir d1 --job myjob:build --job-opt dim=256 --job-opt amp=true",
+    "status": "dpeer status --addr 127.0.0.1:7101 --json\n  dpeer status --addr 10.0.0.1:7100,10.0.0.2:7100",
     "members": "dpeer members --addr 127.0.0.1:7101",
     "kv": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n  dpeer kv get team --addr 127.0.0.1:7101 --json\n"
     "  DPEER_ADDR=127.0.0.1:7101 dpeer kv list --json",
@@ -27,7 +29,7 @@ EXAMPLES = {
     "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
     "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
     "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
-    "demo": "dpeer demo --nodes 3 --steps 500 --chaos",
+    "demo": "dpeer demo --nodes 3 --steps 500 --chaos\n  dpeer demo --steps 200 --json | tail -n 1",
     "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
     "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
     "kv put": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n"
@@ -67,6 +69,19 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.hint = hint
 
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a choice (a command, a --preset), with the closest choice suggested."""
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(c) for c in choices]
+        close = difflib.get_close_matches(str(value), names, n=1)
+        guess = f"; did you mean {close[0]!r}?" if close else ""
+        if isinstance(action, argparse._SubParsersAction):
+            raise UsageError(f"{value!r} is not a `{self.prog}` command{guess} (commands: {', '.join(names)}; "
+                             f"see '{self.prog} --help')")
+        raise argparse.ArgumentError(action, f"invalid choice: {value!r}{guess} (choose from {', '.join(names)})")
+
     def error(self, message: str) -> None:  # type: ignore[override]
         about_arguments = message.startswith(("the following arguments are required", "unrecognized arguments"))
         hint = f"; {self.hint}" if self.hint and about_arguments else ""
@@ -103,8 +118,8 @@ def _seconds(text: str) -> float:
 
 
 def _client_flags(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
-    p.add_argument("--addr", help=f"HOST:PORT of any node (default: $DPEER_ADDR, else the --config's "
-                   f"advertised address, else {DEFAULT_ADDR})")
+    p.add_argument("--addr", help=f"HOST:PORT of any node, or a comma-separated list tried in order until one "
+                   f"answers (default: $DPEER_ADDR, else the --config's advertised address, else {DEFAULT_ADDR})")
     p.add_argument("--config", type=Path, help="YAML config holding the TLS files and cluster token")
     p.add_argument("--timeout", type=_seconds, default=10.0, help="seconds to wait for the node (default 10)")
     p.add_argument("--tls-ca", type=Path, help="the cluster's CA certificate (PEM; default $DPEER_CACERT); "
@@ -113,7 +128,7 @@ def _client_flags(p: argparse.ArgumentParser, json_help: str = "print JSON") -> 
                    "default $DPEER_CLIENT_CERT)")
     p.add_argument("--tls-key", type=Path, help="your client certificate's key (default $DPEER_CLIENT_KEY)")
     p.add_argument("--token-file", type=Path, help="file holding the cluster token (default $DPEER_TOKEN_FILE)")
-    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--json", action="store_true", help=f"{json_help}; errors too, as {{error, exit_code}} on stderr")
 
 
 def _certs_parser(subs: argparse._SubParsersAction) -> None:
@@ -142,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
                      epilog=f"example:\n  {EXAMPLES['dpeer']}\n\n"
                      "exit codes: 0 success, 1 a negative answer (absent key, not committed, refused),\n"
                      "  2 bad usage or config, 3 node unreachable, 4 a runtime failure (port in use, data dir not writable)\n\n"
-                     f"environment: DPEER_ADDR (default {DEFAULT_ADDR}), DPEER_CACERT, DPEER_CLIENT_CERT,\n"
+                     f"environment: DPEER_ADDR (HOST:PORT[,HOST:PORT...], default {DEFAULT_ADDR}), DPEER_CACERT, DPEER_CLIENT_CERT,\n"
                      "  DPEER_CLIENT_KEY, DPEER_TOKEN_FILE for the client commands; DPEER_<KEY> config keys",
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"dpeer {__version__}")
@@ -156,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--config", type=Path, help="YAML config file")
     start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
     start.add_argument("--job", help="demo or MODULE:FUNCTION")
+    start.add_argument("--job-opt", action="append", metavar="KEY=VALUE", help="an option for the job (ctx.option), "
+                       "over training.options in the config; repeat for more")
     start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
     start.add_argument("--insecure", action="store_true", default=None,
                        help="run off loopback without mutual TLS and token (anyone who reaches the port controls "
@@ -217,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
     demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")
     demo.add_argument("--dir", type=Path, default=None, help="data dirs go here (default: a temp dir)")
+    demo.add_argument("--json", action="store_true", help="one JSON object a line (start, events, progress), the "
+                      "last one the end of the run with its exit_code, final step and digest")
     chaos = _sub(subs, "chaos", "a seeded chaos run of a local cluster training the demo job, then checks")
     chaos_arguments(chaos)
     conf = _sub(subs, "config", "show the effective config or check a file")

@@ -8,6 +8,7 @@ key's dotted path, so an operator sees exactly which line of the file is wrong.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -290,13 +291,35 @@ def _format(err: ValidationError, source: str) -> str:
     more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
     if not first["loc"]:  # a check across keys (the timings): the message names them
         return f"{source}: {msg}{more}"
+    if first["type"] == "extra_forbidden":
+        close = _closest_key(tuple(str(p) for p in first["loc"]))
+        guess = (f"did you mean {_env_name(close) if source == 'environment' else '.'.join(close)}?" if close
+                 else "`dpeer config show` prints every key")
+        msg = f"no such key; {guess}"
     if source == "environment":
-        var = "DPEER_" + "__".join(str(p) for p in first["loc"]).upper()
-        return f"environment variable {var} (config key {key}): {msg}{more}"
+        return f"environment variable {_env_name(first['loc'])} (config key {key}): {msg}{more}"
     if source == "flags":
         flag = "--" + str(first["loc"][0]).replace("_", "-") if first["loc"] else "(flags)"
         return f"flag {flag} (config key {key}): {msg}{more}"
     return f"{source}: config key {key}: {msg}{more}"
+
+
+def _env_name(loc: tuple[Any, ...]) -> str:
+    """The DPEER_* variable of a key path: ("training", "steps") is DPEER_TRAINING__STEPS."""
+    return "DPEER_" + "__".join(str(p) for p in loc).upper()
+
+
+def _closest_key(loc: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The key path a mistyped one most likely meant (a known key beside it, spelt closest), or None."""
+    model: type[BaseModel] = NodeConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(part)
+        inner = field.annotation if field is not None else None
+        if not (isinstance(inner, type) and issubclass(inner, BaseModel)):
+            return None
+        model = inner
+    close = difflib.get_close_matches(loc[-1].lower(), list(model.model_fields), n=1)
+    return (*loc[:-1], close[0]) if close else None
 
 
 def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:

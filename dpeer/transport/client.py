@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections import deque
 from typing import Any, AsyncIterator, Callable
@@ -54,8 +55,26 @@ def _tls_reason(details: str) -> str:
     return "certificate not accepted"
 
 
+def what_answered(code: str, details: str) -> str | None:
+    """What spoke at an address that answered a call, but not as a dpeer node, from gRPC's status
+    code name and details; None when the answer was a gRPC server's own (a dpeer node's, most likely)."""
+    http = re.search(r"Received http2 header with status: (\d+)", details)
+    if http:
+        return f"an HTTP/2 server that does not speak gRPC (it answered HTTP status {http.group(1)})"
+    if "Failed parsing HTTP/2" in details or "http1.x server" in details:
+        return "a server that does not speak HTTP/2 (an HTTP/1 server such as a metrics port, or another protocol)"
+    if code == "UNKNOWN" and details == "No status received":
+        return "an HTTP/2 server that does not speak gRPC (its answer carried no gRPC status)"
+    if code == "UNIMPLEMENTED":
+        return "a gRPC server that does not serve this dpeer call: another program, or a dpeer older than this client"
+    return None
+
+
 def translate(exc: grpc.aio.AioRpcError, addr: str) -> errors.PeerError:
     """A gRPC failure as the PeerError a caller can act on."""
+    stranger = what_answered(exc.code().name, exc.details() or "")
+    if stranger is not None:
+        return errors.WrongProtocol(f"{addr} answered, but not as a dpeer node: it is {stranger}")
     cls = _ERRORS.get(exc.code())
     if cls is not None:
         return cls(exc.details() or exc.code().name)

@@ -1,6 +1,6 @@
 """The CLI conventions an operator of consul or nomad expects, run as that operator would: the node
 from DPEER_ADDR (or a default), credentials from environment variables, `--json` on every command
-that prints, kv list and delete, a voter/learner column, `dpeer version`, exit 4 for a runtime
+that prints, kv list and delete, a role column (leader, voter, learner), `dpeer version`, exit 4 for a runtime
 failure (which the unit restarts on) against 2 for bad config, and `config check`'s refusals."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_a_token_cluster_driven_through_environment_variables_with_json_everywhe
     assert prefixed.stdout.split() == ["team", "ml"], prefixed
     assert json.loads(status.stdout)["node_id"] == "n1", status.stderr
     assert [(m["node_id"], m["kind"]) for m in json.loads(members.stdout)] == [("n1", "voter")], members.stdout
-    assert table.stdout.split("\n")[0].split()[3] == "KIND" and "voter" in table.stdout.split("\n")[1], table.stdout
+    assert table.stdout.split("\n")[0].split()[3] == "ROLE" and "leader" in table.stdout.split("\n")[1], table.stdout
     refused = cli("status", env={"DPEER_ADDR": n1.addr})
     assert refused.returncode == 1 and "refused" in one_sentence(refused.stderr)
 
@@ -52,7 +52,7 @@ def test_a_token_cluster_driven_through_environment_variables_with_json_everywhe
     assert deleted.returncode == 0 and json.loads(deleted.stdout)["found"] is True, deleted.stderr
     assert again.returncode == 1 and again.stdout == "" and "not set" in one_sentence(again.stderr)
     assert gone.returncode == 1 and "not set" in one_sentence(gone.stderr)
-    assert retry.returncode == 1 and "there is no job to retry" in one_sentence(retry.stderr)
+    assert retry.returncode == 1 and "there is no job to retry" in json.loads(retry.stderr)["error"]
     assert pause.returncode == 1 and "there is no job to pause" in one_sentence(pause.stderr), pause
     assert all(json.loads(line)["index"] in (1, 2) for line in log.stdout.splitlines()), log.stderr
     assert json.loads(cli("kv", "list", "--json", env=env).stdout) == {"owner": "ann"}

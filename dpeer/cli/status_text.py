@@ -1,0 +1,97 @@
+"""`dpeer status` and `dpeer members` as text, from the status document (pure: a dict in, lines out).
+
+The text says what an operator asks first: is the job training, at which step, did it fail and
+why, which boxes are kept out, and one line per member. `--json` prints the document itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HEADER = ("NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION")
+
+
+def committed_step(doc: dict[str, Any]) -> int | None:
+    """The newest step this node knows its group committed: the finished job's last step, else
+    the newest step its worker reported (`train.latest_step`, never below the newest digested
+    `train.step`: a restarted worker counts again from where it resumes); None while unknown."""
+    job, train = doc.get("job") or {}, doc.get("train") or {}
+    if job.get("state") == "finished" and isinstance(job.get("step"), int):
+        return int(job["step"])
+    steps = [s for s in (train.get("step"), train.get("latest_step")) if isinstance(s, int)]
+    return max(steps) if steps else None
+
+
+def member_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The members with what the table shows of each: `kind` (voter, learner or None while not
+    committed), `role` (leader, else the kind), `rank` in the group this node trains in, and
+    `step`: the group's newest committed step for the group's members (a step commits on every
+    rank at once), None for the others or while this node trains in no group."""
+    voters, learners = set(doc.get("voters", ())), set(doc.get("learners", ()))
+    group = doc.get("group") or {}
+    ranks = {n: i for i, n in enumerate(group.get("members", ()))}
+    step = committed_step(doc) if group else None
+    rows = []
+    for m in doc["members"]:
+        node = m["node_id"]
+        kind = "voter" if node in voters else "learner" if node in learners else None
+        rows.append({**m, "kind": kind, "role": "leader" if node == doc.get("leader") else kind,
+                     "rank": ranks.get(node), "step": step if node in ranks else None})
+    return rows
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def members_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per member under a header, columns as wide as their widest cell."""
+    cells = [list(HEADER)] + [[r["node_id"], r["addr"], r["state"], _cell(r["role"]), _cell(r["rank"]),
+                               _cell(r["step"]), str(r["incarnation"]), str(r["version"])] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(HEADER))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+
+
+def job_lines(doc: dict[str, Any]) -> list[str]:
+    """The job's state and step, a halted job's reason and what to do, this box's last failure
+    and (on the leader) the boxes kept out of the group."""
+    job = doc.get("job")
+    if job is None:
+        return ["job none (this node runs no job: `dpeer start --job`)"]
+    step = committed_step(doc)
+    if job["state"] == "failed":
+        return [f"job failed: {job.get('error')}",
+                "what to do: fix the cause on every box, then `dpeer job retry`"]
+    lines = [f"job {job['state']}  step {_cell(step)}"
+             + (f"  digest {job['digest']}" if job["state"] == "finished" and job.get("digest") else "")]
+    if job.get("finishing"):
+        lines.append(str(job["finishing"]))
+    failure = job.get("last_failure")
+    if failure:
+        times = failure.get("repeats", 1)
+        lines.append(f"last failure here: {failure.get('phase')} at step {failure.get('step')}, {times} time"
+                     f"{'' if times == 1 else 's'} in a row: {failure.get('error')}")
+    for box, error in sorted((job.get("kept_out") or {}).items()):
+        lines.append(f"kept out of the group: {box}: {error}")
+    return lines
+
+
+def status_lines(doc: dict[str, Any]) -> list[str]:
+    """`dpeer status` without --json."""
+    lines = [f"node {doc['node_id']}  role {doc['role']}  term {doc['term']}  leader {doc['leader']}",
+             f"commit {doc['commit_index']}  applied {doc['last_applied']}  members {len(doc['members'])}"]
+    lines += job_lines(doc)
+    group, train = doc.get("group"), doc.get("train")
+    if group:
+        lines.append(f"group generation {group['generation']}  rank {group['rank']}/{group['world_size']}")
+    if train:
+        lines.append(f"digest at step {train['step']}  samples {train['samples']}  loss {train['loss']}  "
+                     f"params {str(train['params_digest'])[:16]}")
+    if doc.get("control") == "paused":
+        lines.append("training is paused (an operator's `dpeer job pause`); `dpeer job resume` trains on")
+    no_leader = doc.get("no_leader")
+    if no_leader:
+        lines.append(f"no leader for {no_leader['since_s']:.0f}s: {no_leader['reason']}")
+        if no_leader["action"]:
+            lines.append(f"what to do: {no_leader['action']}")
+    return lines + [""] + members_table(member_rows(doc))
