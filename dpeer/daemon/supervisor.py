@@ -305,6 +305,8 @@ class WorkerSupervisor:
             if self._failed_at is not None:
                 self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
                 self._failed_at = None
+        elif kind == "digest":  # a step's digest, hashed beside the next step (trainer/digests.py)
+            self._note_train(record)
         elif kind == "heal_progress":
             self.heal = {k: record.get(k) for k in ("gen", "done_bytes", "total_bytes", "seconds", "donors")}
         elif kind == "formed":

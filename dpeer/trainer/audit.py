@@ -6,8 +6,10 @@ tool and anyone checking a production run after the fact.
 A ledger holds two kinds of record per step and rank (dpeer/trainer/loop.py): ``trained``, written
 before the step's allreduce (``micro_batches``: the step's micro-batch indices the rank ran, in
 exact mode, else null; ``indices``: the dataset indices it fed its model), and ``committed``,
-written once the allreduce returned (``digest``: the parameter-and-buffer digest, every
-digest_every steps; ``loss``). A step committed in generation g is one with a committed record of
+written once the allreduce returned (``digest``: the parameter-and-buffer digest at a checkpoint
+or the last step, else ""; ``loss``); every digest_every-th step's digest is hashed beside the
+next step and comes in a ``digest`` record of its own (the committed record's step, gen, world,
+rank and ``digest``). A step committed in generation g is one with a committed record of
 generation g; its group is that generation's ``world`` ranks.
 """
 
@@ -20,6 +22,7 @@ from dpeer.channel.local import read_jsonl
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_slice
 
 TRAINED = "trained"
+DIGEST = "digest"  # a digested step's digest, hashed beside the next step and written once done
 
 
 def read_records(path: str) -> list[dict]:
@@ -29,7 +32,13 @@ def read_records(path: str) -> list[dict]:
 
 def read_ledger(path: str) -> list[dict]:
     """One node's committed-step records, in order."""
-    return [r for r in read_jsonl(path) if r.get("kind") != TRAINED]
+    return [r for r in read_jsonl(path) if r.get("kind") not in (TRAINED, DIGEST)]
+
+
+def step_digests(records: Sequence[dict]) -> dict[int, str]:
+    """One node's digest of every digested step (its committed record's, or the digest record that
+    follows it), by step."""
+    return {r["step"]: r["digest"] for r in records if r.get("kind") != TRAINED and r.get("digest")}
 
 
 @dataclass
@@ -84,7 +93,8 @@ def audit_run(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: Global
             if e.get("kind") == TRAINED:
                 trained.setdefault(key, {}).setdefault(e["rank"], []).append(e)
                 continue
-            committed[key] = e["world"]
+            if e.get("kind") != DIGEST:
+                committed[key] = e["world"]
             if e["digest"]:  # only every training.digest_every-th step carries one
                 scope = (e["step"], -1 if micro_batch else e["gen"])
                 digests.setdefault(scope, {})[f"{node}@{e['gen']}"] = e["digest"]

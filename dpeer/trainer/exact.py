@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from dpeer.trainer import fixedpoint as fx
 from dpeer.trainer.allreduce import StepReduction
+from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds
 from dpeer.trainer.state import tensor_bytes
 from dpeer.trainer.stepping import Trained
@@ -194,8 +195,7 @@ class ExactStep:
         self.scratch = torch.empty_like(self.row)
         same = self.dtype == torch.float64 and home == device
         self.wide = None if same else torch.empty(self.nb, fx.BUCKET, dtype=torch.float64, device=device)
-        self._views = self._grad_views()
-        self._loose: list[tuple[torch.Tensor, None, int]] = []  # parameters whose grad is no view of the row
+        self._grads = GradViews(params, self.row.view(-1))
         self._scale: torch.Tensor | None = None
         self._amaxes = torch.zeros(1, self.nb, dtype=self.dtype, device=home)
         self.norms = NormBuffers(spec.model)
@@ -209,21 +209,37 @@ class ExactStep:
         self._world = 0
         self._mine: list[int] = []
         self._indices: list[int] = []
+        self._newest = -1  # the newest generation this rank has seen, sent with the step
+        self._rank, self._world_planned = 0, 1
+        self._overlap: Overlap | None = None
+        self._works: list[Any] = []
+        self._pending: tuple[torch.Tensor, torch.Tensor, int, int] | None = None  # scale, amax, last i, rank
 
-    # -- the allreduce buffer: [grads | M losses | per rank: nb exponents, fingerprint, flag, newest | M*norms]
+    # -- the allreduce buffer: [M losses | per rank: nb exponents, fingerprint, flag, newest | M*norms | grads]
     def _layout(self, world: int) -> dict[str, int]:
-        g = self.nb * fx.BUCKET
-        offs = {"loss": g, "ranks": g + self.micro}
+        offs = {"loss": 0, "ranks": self.micro}
         offs["norm"] = offs["ranks"] + world * (self.nb + 3)
-        offs["end"] = offs["norm"] + self.micro * self.norms.numel
+        offs["grads"] = offs["norm"] + self.micro * self.norms.numel
+        offs["end"] = offs["grads"] + self.nb * fx.BUCKET
         return offs
 
     def _buffer(self, world: int) -> torch.Tensor:
         if world != self._world:
-            self._o = self._layout(world)
-            self._buf = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
+            self.close()
+            o = self._o = self._layout(world)
+            self._buf = torch.zeros(o["end"], dtype=torch.float64, device=self.device)
+            if not self._grads.loose:  # a gradient of its own is copied in after backward, never overlapped
+                buckets = plan_buckets(self.nb * fx.BUCKET, o["grads"], self._buf.element_size(), fx.BUCKET)
+                self._overlap = Overlap(self.params, self._grads.offsets, buckets, o["grads"], self._launch)
             self._world = world
         return self._buf
+
+    def close(self) -> None:
+        """Remove the gradient hooks."""
+        if self._overlap is not None:
+            self._overlap.close()
+            self._overlap = None
+        self._world = 0
 
     def _set_exponents(self, exponents: torch.Tensor | None) -> None:
         """Agree on the next step's exponents; their fingerprint and scales are kept with them."""
@@ -231,16 +247,21 @@ class ExactStep:
         self._print = -1 if exponents is None else zlib.crc32(tensor_bytes(exponents))
         self._scale = None if exponents is None else fx.scales(exponents, self.bits, self.dtype, self.row.device)
 
-    def compute(self, step: int, rank: int, world: int) -> Trained:
-        """Run this rank's micro-batches of ``step`` and sum them with the agreed exponents."""
+    def plan(self, step: int, rank: int, world: int) -> Trained:
+        """What this rank trains of ``step`` (recorded before any of its sums can leave)."""
         first, end = shard_bounds(self.micro, rank, world)
         self._mine = list(range(first, end))
         self._indices = self.sampler.indices_for_step(step)
-        self._step = step
-        self.norms.snapshot()
-        self._pass(self.exponents, self._scale, rank, world)
+        self._step, self._rank, self._world_planned = step, rank, world
         mb = self.spec.micro_batch
         return Trained(step, self._mine, [i for j in self._mine for i in micro_batch_slice(self._indices, mb, j)])
+
+    def compute(self, newest_seen: int = -1) -> None:
+        """Run the planned micro-batches and sum them with the agreed exponents, the last one bucket by
+        bucket into the step's allreduce as its backward fills them."""
+        self._newest = newest_seen
+        self.norms.snapshot()
+        self._pass(self.exponents, self._scale, self._rank, self._world_planned, overlap=self._scale is not None)
 
     def _amax(self, count: int) -> torch.Tensor:
         """A [max(count, 1), buckets] scratch for the micro-batches' largest magnitudes (zeros)."""
@@ -249,80 +270,103 @@ class ExactStep:
         out = self._amaxes[: max(count, 1)]
         return out.zero_() if count == 0 else out
 
-    def _micro_batch(self, j: int) -> float:
-        """Forward and backward of micro-batch j alone; its gradient lands in ``self.row``.
+    def _micro_batch(self, j: int, arm: bool) -> None:
+        """Forward and backward of micro-batch j alone; its gradient lands in ``self.row``, its loss
+        and norm statistics in their slots (before backward: an armed backward may send them).
 
         Each ``.grad`` is a view of the zeroed row (as DDP's gradient_as_bucket_view), so backward
         accumulates into it in place: 0 + g is g (and -0.0 becomes +0.0), with no fresh 4-bytes-per-
         parameter allocation and no flattening copy per micro-batch. A grad that is not the view
         (another dtype, or replaced by the job) is copied in."""
-        spec = self.spec
+        spec, buf, o = self.spec, self._buf, self._o
         self.row.zero_()
         self.norms.restore()
         with seeded(micro_batch_seed(spec.seed, self._step, j), self.device):  # augmentation draws here too
             x, y = self.collate([spec.dataset[i] for i in micro_batch_slice(self._indices, spec.micro_batch, j)])
             loss = spec.loss_fn(spec.model(x.to(self.device)), y.to(self.device))
+            buf[o["loss"] + j] = float(loss.detach()) + 0.0
+            if self.norms.buffers:
+                self.norms.write(buf[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
+            if arm and self._overlap is not None:
+                self._overlap.arm()
             (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
-        for p, view, off in self._loose:
-            if p.grad is not None:
-                self.row.view(-1)[off : off + p.numel()].copy_(p.grad.reshape(-1))
-        return float(loss.detach()) + 0.0
+        self._grads.gather_loose()
 
-    def _bind_grads(self) -> None:
-        """Make each ``.grad`` its view of the row again (the job may have replaced or dropped it)."""
-        self._loose = []
-        off = 0
-        for p, view in zip(self.params, self._views):
-            if view is None:
-                self._loose.append((p, view, off))
-            elif p.grad is not view:
-                p.grad = view
-            off += p.numel()
-
-    def _grad_views(self) -> list[torch.Tensor | None]:
-        """Per parameter, its slice of the row shaped like it (None where dtype or device differ)."""
-        flat, off, views = self.row.view(-1), 0, []
-        for p in self.params:
-            fits = p.dtype == self.row.dtype and p.device == self.row.device
-            views.append(flat[off : off + p.numel()].view(p.shape) if fits else None)
-            off += p.numel()
-        return views
-
-    def _pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, rank: int, world: int) -> None:
-        """Run the micro-batches, quantize with ``scale`` (None: only measure) and fill the buffer."""
+    def _pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, rank: int, world: int,
+              overlap: bool = False) -> None:
+        """Run the micro-batches, quantize with ``scale`` (None: only measure) and fill the buffer;
+        ``overlap``: the last micro-batch's buckets start their allreduce as its backward fills them."""
         buf, o = self._buffer(world), self._o
-        acc = buf[: o["loss"]].view(self.nb, fx.BUCKET)
-        buf[o["loss"] :].zero_()
+        if self._overlap is not None:
+            self._overlap.disarm()  # a step that failed half-way may have left it armed
+        overlap = overlap and scale is not None and self._overlap is not None
+        acc = buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
+        buf[: o["grads"]].zero_()
         if not self._mine:
             acc.zero_()
         amax = self._amax(len(self._mine))
-        norm_slots = buf[o["norm"] : o["end"]].view(self.micro, self.norms.numel)
-        self._bind_grads()
-        losses = []
+        self._grads.bind()
+        self._works = []
+        last = len(self._mine) - 1
+        if overlap:
+            assert scale is not None
+            self._pending = (scale, amax, last, rank)
         for i, j in enumerate(self._mine):
-            losses.append(self._micro_batch(j))
-            if self.norms.buffers:
-                self.norms.write(norm_slots[j])
+            self._micro_batch(j, arm=overlap and i == last)
+            if overlap and i == last:
+                continue  # its buckets were quantized and sent as backward filled them (_launch)
             fx.bucket_amax(self.row, self.scratch, amax[i])
             if scale is not None:
                 fx.accumulate(acc, self.row, scale, self.wide, first=i == 0)
+        if overlap:
+            assert self._overlap is not None
+            if not self._mine:
+                self._overlap.arm()
+            self._overlap.finish()
+        else:
+            self._write_control(exponents, amax, rank)
         self.norms.restore()  # the step's start values until combine: a failed allreduce redoes from them
+
+    def _launch(self, _k: int, bucket: Bucket) -> None:
+        """Quantize one bucket of the last micro-batch's gradient into the sum and start its allreduce;
+        the bucket at the front carries the control slots, written once every other bucket's
+        largest magnitudes are known."""
+        assert self._pending is not None
+        scale, amax, last, rank = self._pending
+        g = self._o["grads"]
+        r0, r1 = max(bucket.lo - g, 0) // fx.BUCKET, (bucket.hi - g) // fx.BUCKET
+        if last >= 0 and r1 > r0:
+            rows = self.row[r0:r1]
+            fx.bucket_amax(rows, self.scratch[r0:r1], amax[last, r0:r1])
+            acc = self._buf[g + r0 * fx.BUCKET : g + r1 * fx.BUCKET].view(r1 - r0, fx.BUCKET)
+            fx.accumulate(acc, rows, scale[r0:r1], None if self.wide is None else self.wide[r0:r1], first=last == 0)
+        if bucket.lo == 0:
+            self._write_control(self.exponents, amax, rank)
+        self._works.append(dist.all_reduce(self._buf[bucket.lo : bucket.hi], async_op=True))
+
+    def _write_control(self, exponents: torch.Tensor | None, amax: torch.Tensor, rank: int) -> None:
+        """This rank's slots: its measured exponents, the exponents' fingerprint, whether a gradient
+        outgrew its exponent, and the newest generation it has seen."""
+        buf, o = self._buf, self._o
         measured = fx.bucket_exponents(amax.amax(dim=0), self.lo)
-        if losses:
-            buf[o["loss"] + self._mine[0] : o["loss"] + self._mine[-1] + 1] = torch.tensor(losses, dtype=torch.float64)
         grew = exponents is None or bool((measured > exponents.to(measured.device)).any())
         block = o["ranks"] + rank * (self.nb + 3)
         buf[block : block + self.nb] = measured.to(self.device)
-        buf[block + self.nb : block + self.nb + 2] = torch.tensor([float(self._print), float(grew)], dtype=torch.float64)
+        buf[block + self.nb : block + self.nb + 3] = torch.tensor([float(self._print), float(grew), float(self._newest)],
+                                                                  dtype=torch.float64)
 
-    def reduce(self, newest_seen: int, rank: int, world: int) -> StepReduction:
-        """The step's allreduce (it commits the step); a redo when the exponents did not fit; then the
-        mean gradient in every ``.grad`` and the combined norm statistics in their buffers."""
+    def reduce(self, rank: int, world: int) -> StepReduction:
+        """The step's allreduce completes (it commits the step); a redo when the exponents did not fit;
+        then the mean gradient in every ``.grad`` and the combined norm statistics in their buffers."""
         buf, o = self._buffer(world), self._o
-        buf[o["ranks"] + rank * (self.nb + 3) + self.nb + 2] = float(newest_seen)
-        dist.all_reduce(buf)
-        tail = buf[o["loss"] :].to("cpu", copy=True)  # a redo refills buf
-        ranks = tail[self.micro : o["norm"] - o["loss"]].view(world, self.nb + 3)
+        if self._works:
+            for work in self._works:
+                work.wait()
+            self._works = []
+        else:
+            dist.all_reduce(buf)
+        tail = buf[: o["grads"]].to("cpu", copy=True)  # a redo refills buf
+        ranks = tail[o["ranks"] : o["norm"]].view(world, self.nb + 3)
         measured = ranks[:, : self.nb].to(torch.int64).amax(dim=0)
         prints = set(ranks[:, self.nb].tolist())
         seen = [int(v) for v in ranks[:, self.nb + 2].tolist()]
@@ -334,10 +378,9 @@ class ExactStep:
             used = measured.clamp(min=self.lo, max=self.hi)
             self.redos += 1
             self._pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), rank, world)
-            dist.all_reduce(buf[: o["loss"]])
-        self.norms.combine(tail[o["norm"] - o["loss"] :].view(self.micro, self.norms.numel))
-        self._write_grads(fx.finish(buf[: o["loss"]].view(self.nb, fx.BUCKET), used, self.bits,
-                                    self.spec.global_batch))
+            dist.all_reduce(buf[o["grads"] : o["end"]])
+        self.norms.combine(tail[o["norm"] : o["grads"]].view(self.micro, self.norms.numel))
+        self._write_grads(buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET), used)
         self._set_exponents(fx.next_exponents(measured, used, self.lo, self.hi))
         return StepReduction(loss_mean, seen)
 
@@ -363,14 +406,12 @@ class ExactStep:
             off += p.numel()
         return "?"
 
-    def _write_grads(self, mean: torch.Tensor) -> None:
-        """The mean gradient into every ``.grad``: one copy into the row the views share, one per
-        parameter that has no view."""
-        flat = mean.view(-1)
-        self._bind_grads()
-        self.row.view(-1)[: self.numel].copy_(flat[: self.numel])
-        for p, _view, off in self._loose:
-            p.grad = flat[off : off + p.numel()].view(p.shape).to(device=p.device, dtype=p.dtype)
+    def _write_grads(self, acc: torch.Tensor, used: torch.Tensor) -> None:
+        """The mean gradient into the row every ``.grad`` views (fx.finish), and a copy of its slice to
+        each parameter that has no view."""
+        fx.finish(acc, used, self.bits, self.spec.global_batch, self.row)
+        self._grads.bind()
+        self._grads.scatter_loose()
 
     def state(self) -> dict[str, Any]:
         """The agreed exponents of the next step: part of the training state, so a healed or resumed

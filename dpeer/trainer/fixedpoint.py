@@ -7,8 +7,9 @@ then one rounding per element that depends on g and E_b only), so |q| <= 2**B. W
 B = fraction_bits(M), the sum of the M micro-batches' q is at most 2**53 in magnitude, so every
 partial sum, whichever ranks formed it and in whatever order, is an integer that float64 holds
 exactly: float64 addition of these values is associative. The group's float64 SUM allreduce
-therefore yields the same integers everywhere, and one conversion back, q_sum * 2**(E_b - B) /
-samples rounded to the parameter's dtype, gives the same bits on every rank and in every world size.
+therefore yields the same integers everywhere, and one conversion back (finish: q_sum rounded to the
+parameter's dtype, times 2**(E_b - B) / samples rounded to it) gives the same bits on every rank
+and in every world size.
 
 The method, by measurement (scripts/bench_exact.py; a 2-core box shared with other jobs, so the
 figures are rough): exponents agreed in their own MAX allreduce before the sum would add a second
@@ -101,14 +102,18 @@ def accumulate(acc: torch.Tensor, row: torch.Tensor, scale: torch.Tensor, wide: 
         acc.add_(wide)
 
 
-def finish(acc: torch.Tensor, exponents: torch.Tensor, bits: int, samples: int) -> torch.Tensor:
-    """Turn the summed integers back into the mean gradient, in place, in one pass:
-    0 + acc * (2**(E - bits) / samples), the factor rounded once per bucket in float64 (any fixed
-    formula serves: every rank and every world size computes this one). Adding +0.0 turns the -0.0
-    that rounding a small negative gives into +0.0, as the collective's sum with other ranks'
-    zeros does, so a 1-rank group ends with the same bits as a larger one."""
-    factor = (pow2(exponents - bits) / samples).to(acc.device).view(-1, 1)
-    return torch.addcmul(torch.zeros((), dtype=acc.dtype, device=acc.device), acc, factor, out=acc)
+def finish(acc: torch.Tensor, exponents: torch.Tensor, bits: int, samples: int, out: torch.Tensor) -> torch.Tensor:
+    """Turn the summed integers back into the mean gradient, written into ``out`` (the gradients'
+    row, of their dtype) in two passes: the integers converted to out's dtype (rounded to its
+    precision when they need more bits), then 0 + that * (2**(E - bits) / samples), the factor
+    rounded once per bucket to out's dtype (any fixed formula serves: every rank and every world size
+    computes this one from the same integers). Adding +0.0 turns the -0.0 that rounding a small
+    negative gives into +0.0, as the collective's sum with other ranks' zeros does, so a 1-rank
+    group ends with the same bits as a larger one. A float64 pass over the sums costs several times
+    a float32 one here, so none is made."""
+    out.copy_(acc)
+    factor = (pow2(exponents - bits) / samples).to(device=out.device, dtype=out.dtype).view(-1, 1)
+    return torch.addcmul(torch.zeros((), dtype=out.dtype, device=out.device), out, factor, out=out)
 
 
 def next_exponents(measured: torch.Tensor, previous: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 
 from dpeer.trainer import state as st
 from dpeer.trainer.collective_watch import CollectiveWatch, patience
+from dpeer.trainer.digests import BackgroundDigest
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
@@ -159,6 +160,8 @@ class Trainer:
         self._planned = False
         self._ledger: TextIO | None = None
         self._digest_next = False
+        self._digests = BackgroundDigest()  # a step's digest, hashed while the next step computes
+        self._digest_seat: Any = None  # the group that committed the step being hashed
         self._lineage: dict[int, str] = {}  # checkpoint step -> parameter digest, along this replica's lineage
         self._heal = HealSession(self._heal_progress)  # a torn state from an interrupted heal, resumed by the next
         self._cut: tuple[int, float, str] | None = None  # the watch's last cut: generation, overdue s, why
@@ -327,12 +330,27 @@ class Trainer:
         self._write({"kind": "committed", "step": self.step - 1, "gen": membership.generation,
                      "world": membership.world, "rank": membership.rank, "digest": digest, "loss": self.last_loss})
 
+    def _checkpoint_due(self) -> bool:
+        """Whether this step writes a checkpoint (the final one always: a box back after the end fetches it)."""
+        final = self.step == self.spec.steps
+        return bool(self.cfg.ckpt_dir) and bool(final or (self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0))
+
+    def _settle_digest(self) -> None:
+        """Record the digest hashed while this step computed (the ledger, then the status), if any;
+        before anything writes the parameters (the optimizer's step, a heal, a resume)."""
+        done = self._digests.settle()
+        if done is None:
+            return
+        (step, digest), m = done, self._digest_seat
+        self._write({"kind": "digest", "step": step - 1, "gen": m.generation, "world": m.world, "rank": m.rank,
+                     "digest": digest})
+        self._event("digest", step=step, samples=self.sampler.cursor_after(step), loss=self.last_loss, digest=digest)
+
     def _checkpoint(self, digest: str) -> None:
         """Write the checkpoint of this step when one is due; `digest` is the step's parameter
         digest when train_step already took it ("" otherwise)."""
-        final = self.step == self.spec.steps  # always written: a box back after the end fetches it
-        due = final or (self.cfg.ckpt_every and self.step % self.cfg.ckpt_every == 0)
-        if self.cfg.ckpt_dir and due:
+        final = self.step == self.spec.steps
+        if self._checkpoint_due():
             blob = self.capture()
             params = digest or self.digest()
             self._remember(self.step, params)
@@ -361,15 +379,16 @@ class Trainer:
         m = self.group.membership
         spec = self.spec
         t0 = time.monotonic()
-        self._record_trained(self.stepper.compute(self.step, m.rank, m.world), m)
-        newest = self._peek_newest()
+        self._record_trained(self.stepper.plan(self.step, m.rank, m.world), m)  # before any sum leaves
+        self.stepper.compute(self._peek_newest())  # the step's sums start as its last backward fills them
         if self.watch is not None:  # inline, not _watched: a generator context costs the step ~0.5 %
             self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
         try:
-            red = self.stepper.reduce(newest, m.rank, m.world)
+            red = self.stepper.reduce(m.rank, m.world)
         finally:
             if self.watch is not None:
                 self.watch.disarm()
+        self._settle_digest()  # the optimizer is about to write the parameters it hashes
         if spec.scaler is not None:
             spec.scaler.step(spec.optimizer)
             spec.scaler.update()
@@ -386,7 +405,12 @@ class Trainer:
             self._adapt_timeout()
         digested = self._digest_next or self.step % self.cfg.digest_every == 0 or self.step == spec.steps
         self._digest_next = False
-        digest = self.digest() if digested else ""
+        digest = ""
+        if digested and (self._checkpoint_due() or self.step == spec.steps):
+            digest = self.digest()  # the checkpoint's header (and the job's end) needs it now
+        elif digested:
+            self._digests.start(self.step, st.digest_later(spec.model))
+            self._digest_seat = m
         self._record(m, digest)
         self.source.report_progress(self.step, self.sampler.cursor_after(self.step), red.loss_mean, digest)
         self._checkpoint(digest)
@@ -481,6 +505,7 @@ class Trainer:
                     self._report_pause()
                 if view.rank_of(self.node_id) is None:
                     continue
+                self._settle_digest()  # a resume or a heal may write the parameters
                 if not self._planned or given.checkpoint_step > self._resumed_for[0]:
                     self._resume((given.checkpoint_step, given.checkpoint_digest))
                 failure = self._run_generation(given)
@@ -496,8 +521,11 @@ class Trainer:
             if started_at == self.step:  # resumed at the last step (a box back after the end)
                 self.source.report_progress(self.step, self.sampler.cursor_after(self.step), math.nan, self.digest())
         finally:
+            self._settle_digest()
+            self._digests.close()
             if self.watch is not None:
                 self.watch.close()
+            self.stepper.close()
             self.group.close()
             if self._ledger is not None:
                 self._ledger.close()

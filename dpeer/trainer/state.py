@@ -16,7 +16,7 @@ import json
 import random
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -393,6 +393,20 @@ def _overlapping(tensors: list[torch.Tensor]) -> bool:
 
 def _digested(model: torch.nn.Module) -> tuple[torch.Tensor, ...]:
     return (*model.parameters(), *model.buffers())
+
+
+def digest_later(model: torch.nn.Module) -> Callable[[], str]:
+    """params_digest(model) as of now, to compute later on another thread: the parameters are hashed
+    where they lie (only an optimizer's step writes them, and the caller waits for the hash before
+    one), the buffers from copies taken now (a forward writes BatchNorm's running statistics)."""
+    tensors = (*model.parameters(), *(b.detach().clone() for b in model.buffers()))
+
+    def digest() -> str:
+        h = hashlib.sha256()
+        for t in tensors:
+            digest_update(h, t)
+        return h.hexdigest()
+    return digest
 
 
 def digest_update(h: Any, t: torch.Tensor) -> None:

@@ -52,8 +52,9 @@ def test_batchnorm_statistics_are_the_mean_of_the_micro_batches_updates(group: N
     bn = spec.model[1]
     start_mean, start_var = bn.running_mean.clone(), bn.running_var.clone()
     step = stepper(spec)
-    step.compute(0, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(0, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     indices = step.sampler.indices_for_step(0)
     means, variances = [], []
     for j in range(4):
@@ -70,34 +71,40 @@ def test_dropout_draws_depend_on_the_step_and_micro_batch_only(group: None) -> N
     spec = demo(dropout=0.5)
     step = stepper(spec)
     before = torch.get_rng_state()
-    step.compute(3, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(3, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     first = grads(spec)
     assert torch.equal(torch.get_rng_state(), before), "the micro-batches' seeding leaked into the global stream"
     torch.manual_seed(999)  # another history
-    step.compute(3, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(3, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     assert all(torch.equal(a, b) for a, b in zip(first, grads(spec)))
-    step.compute(4, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(4, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     assert not all(torch.equal(a, b) for a, b in zip(first, grads(spec)))
 
 
 def test_gradients_that_outgrew_their_exponents_are_summed_again(group: None) -> None:
     fresh_spec, spec = demo(), demo()
     fresh = stepper(fresh_spec)
-    fresh.compute(0, 0, 1)
-    fresh.reduce(1, 0, 1)
+    fresh.plan(0, 0, 1)
+    fresh.compute()
+    fresh.reduce(0, 1)
     assert fresh.redos == 1  # the first step measures its exponents
     step = stepper(spec)
     step.load_state({"exponents": [-60] * step.nb})  # far too small for the demo's gradients
-    step.compute(0, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(0, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     assert step.redos == 1
     assert all(torch.equal(a, b) for a, b in zip(grads(fresh_spec), grads(spec)))
     assert step.state() == fresh.state()
-    step.compute(1, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(1, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     assert step.redos == 1, "a steady step needed a redo"
 
 
@@ -119,11 +126,13 @@ def test_a_nan_or_inf_gradient_raises_a_clear_error(group: None) -> None:
     spec.dataset = Poisoned(spec.dataset, sampler.indices_for_step(2)[9])
     step = stepper(spec)
     for s in range(2):
-        step.compute(s, 0, 1)
-        step.reduce(1, 0, 1)
-    step.compute(2, 0, 1)
+        step.plan(s, 0, 1)
+        step.compute()
+        step.reduce(0, 1)
+    step.plan(2, 0, 1)
+    step.compute()
     with pytest.raises(NonFiniteGradient, match=r"step 2: the gradient of parameter 0\.weight .* is NaN or Inf"):
-        step.reduce(1, 0, 1)
+        step.reduce(0, 1)
 
 
 def test_demo_defaults_are_exact_compatible() -> None:

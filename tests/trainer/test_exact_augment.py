@@ -30,11 +30,13 @@ def test_a_randomly_augmented_dataset_draws_the_same_whatever_the_ranks_history(
     spec.dataset = Augmented(spec.dataset)
     step = stepper(spec)
     torch.manual_seed(1)
-    step.compute(3, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(3, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     first = grads(spec)
     torch.manual_seed(999)  # another history: another rank, or the same step redone after a failure
-    step.compute(3, 0, 1)
-    step.reduce(1, 0, 1)
+    step.plan(3, 0, 1)
+    step.compute()
+    step.reduce(0, 1)
     assert all(torch.equal(a, b) for a, b in zip(first, grads(spec))), \
         "step 3's gradient depends on the global generator's state: the dataset's draws are not seeded"

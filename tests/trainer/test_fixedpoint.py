@@ -74,7 +74,7 @@ def test_any_split_over_1_to_n_ranks_and_any_order_gives_the_same_bits(seed: int
         for world in range(1, M + 2):  # M + 1 ranks: one trains no micro-batch
             for _ in range(4):
                 total = tree_sum(rank_sums(rows, exps, world, rng), rng)
-                result = fx.finish(total, exps, BITS, 64).to(torch.float32)
+                result = fx.finish(total, exps, BITS, 64, torch.empty(total.shape, dtype=torch.float32))
                 if reference is None:
                     reference = result
                 assert torch.equal(result.view(torch.int32), reference.view(torch.int32)), (world, seed)
@@ -88,10 +88,11 @@ def test_the_integer_sums_are_exact_and_close_to_the_true_mean() -> None:
     total = tree_sum(rank_sums(rows, exps, 3, random.Random(0)), random.Random(1))
     for b in range(NB):
         assert [int(v) for v in total[b, :64].tolist()] == [sum(ints[j][b][k] for j in range(M)) for k in range(64)]
-    mean = fx.finish(total, exps, BITS, M).to(torch.float32)
+    mean = fx.finish(total, exps, BITS, M, torch.empty(total.shape, dtype=torch.float32))
     true = torch.stack([r.double() for r in rows]).sum(0) / M
     quantum = fx.pow2(exps - BITS).view(-1, 1).float()
-    assert bool(((mean.double() - true).abs() <= quantum.double() + true.abs() * 2.0 ** -24).all())
+    # quantized, then the sum and the factor each rounded to float32 once: a quantum and 2 ulps
+    assert bool(((mean.double() - true).abs() <= quantum.double() + true.abs() * 2.0 ** -22).all())
 
 
 def test_sums_at_the_bound_stay_exact() -> None:
@@ -144,8 +145,9 @@ def test_next_exponents_grow_with_headroom_fall_slowly_and_keep_a_floor() -> Non
 
 def test_finish_turns_negative_zero_into_positive_zero() -> None:
     acc = torch.tensor([[-0.0, 0.0, -3.0]], dtype=torch.float64)
-    out = fx.finish(acc, torch.tensor([BITS]), BITS, 1)
-    assert [str(v) for v in out[0].tolist()] == ["0.0", "0.0", "-3.0"]
+    for dtype in (torch.float32, torch.float64):
+        out = fx.finish(acc, torch.tensor([BITS]), BITS, 1, torch.empty(1, 3, dtype=dtype))
+        assert [str(v) for v in out[0].tolist()] == ["0.0", "0.0", "-3.0"]
 
 
 def test_config_check_bounds_micro_batches_as_exact_sums_do() -> None:

@@ -32,8 +32,9 @@ def train(spec: TrainSpec, stepper_kind: type, steps: int) -> list[torch.Tensor]
     params = [p for p in spec.model.parameters() if p.requires_grad]
     step = stepper_kind(spec, params, sampler, CPU, spec.collate or default_collate)
     for i in range(steps):
-        step.compute(i, 0, 1)
-        step.reduce(1, 0, 1)
+        step.plan(i, 0, 1)
+        step.compute()
+        step.reduce(0, 1)
         spec.optimizer.step()
     return [p.detach().clone() for p in spec.model.parameters()]
 
