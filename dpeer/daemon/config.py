@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from dpeer.address import Address
 from dpeer.daemon import timing as tm
+from dpeer.daemon.logs import LogFormat, LogLevel
 from dpeer.security.exposure import is_loopback
 
 PresetName = Literal["lan", "wan", "edge"]
@@ -193,6 +194,10 @@ class NodeConfig(Strict):
                                    "so it can never collide with another daemon's port")
     max_voters: int = Field(5, ge=1, le=9, description="voting members (odd: 1, 3, 5, 7 or 9); the rest are "
                             "learners")
+    log_level: LogLevel = Field("info", description="least severe log records written: debug, info, warning or "
+                                "error")
+    log_format: LogFormat = Field("json", description="json: one JSON object a line (node, term, generation and "
+                                  "fields as keys); text: one readable line a record")
     timing: TimingConfig = Field(default_factory=TimingConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     security: SecurityConfig = Field(default_factory=SecurityConfig)
@@ -201,6 +206,12 @@ class NodeConfig(Strict):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.absolute()
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        """DPEER_LOG_LEVEL=WARNING means warning."""
+        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("max_voters")
     @classmethod

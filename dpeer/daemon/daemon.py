@@ -445,6 +445,10 @@ class Daemon:
                 m.recovery.observe(seconds)
         m.generation.set(store.state.view.generation if store.state.view else 0)
         m.paused.set(1 if store.state.control is ControlMode.PAUSED else 0)
+        m.leaderless.set(0.0 if self.node.leader_id is not None else self.node.raft.leaderless_for(self.node.clock()))
+        m.set_committed(store.state.members)
+        m.kept_out.set(len(self.leader.kept_out()) if self.node.role is Role.LEADER else math.nan)
+        m.set_data_dir(self.config.data_dir)
         job = self.job_status()
         m.set_job(job["state"] if job is not None else None)
         if self.notifier.enabled and watchdog_interval() is not None:

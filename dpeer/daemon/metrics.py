@@ -3,10 +3,13 @@ when the node has TLS, else (or with security.metrics_plain, on loopback) as pla
 
 from __future__ import annotations
 
+import collections
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,6 +20,7 @@ from dpeer.daemon.job_status import JobStatus
 from dpeer.daemon.metrics_http import MetricsServer, MetricsTLS
 from dpeer.membership import MemberState
 from dpeer.security.exposure import is_loopback
+from dpeer.statemachine.state import Member, MemberStatus
 
 log = logging.getLogger("dpeer.metrics")
 
@@ -38,8 +42,11 @@ class Metrics:
             "dpeer_recovery_seconds", "From a reported failure to the next committed step",
             ["node"], registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
         ).labels(**labels)
-        self.step = Gauge("dpeer_train_step", "Last committed training step", ["node"], registry=r).labels(**labels)
-        self.samples = Gauge("dpeer_train_samples", "Samples consumed", ["node"], registry=r).labels(**labels)
+        self.step = Gauge("dpeer_train_step", "Newest committed training step reported with a parameter digest "
+                          "(every training.digest_every steps)", ["node"],
+                          registry=r).labels(**labels)
+        self.samples = Gauge("dpeer_train_samples", "Samples consumed by dpeer_train_step", ["node"],
+                             registry=r).labels(**labels)
         self.rtt = Histogram(
             "dpeer_peer_rtt_seconds", "Round trip of a protocol message's delivery call to a peer", ["node"], registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1),
@@ -66,6 +73,19 @@ class Metrics:
                                      "leader counts them (NaN on the other nodes)", ["node"], registry=r).labels(**labels)
         self.paused = Gauge("dpeer_training_paused", "1 while an operator's `dpeer job pause` holds training",
                             ["node"], registry=r).labels(**labels)
+        self.leaderless = Gauge("dpeer_leaderless_seconds", "Seconds this node has known no leader (0 while it "
+                                "knows one); a box that trains stops its worker past 3 election timeouts",
+                                ["node"], registry=r).labels(**labels)
+        self.committed = Gauge("dpeer_committed_members", "Members of the committed membership by status; a dead "
+                               "one stays until it is alive again or `dpeer remove` drops it", ["node", "status"],
+                               registry=r)
+        self.kept_out = Gauge("dpeer_job_kept_out", "Boxes kept out of the training group because their job build "
+                              "failed repeatedly, as the leader counts them (NaN on the other nodes)", ["node"],
+                              registry=r).labels(**labels)
+        self.disk_avail = Gauge("dpeer_data_dir_fs_avail_bytes", "Bytes the daemon may still write on the data "
+                                "dir's filesystem", ["node"], registry=r).labels(**labels)
+        self.disk_size = Gauge("dpeer_data_dir_fs_size_bytes", "Size of the data dir's filesystem in bytes",
+                               ["node"], registry=r).labels(**labels)
         self._node = node_id
 
     def count_refusals(self, refusals: dict[tuple[str, Any], int]) -> None:
@@ -81,6 +101,21 @@ class Metrics:
         """Members by gossip state; states absent from counts read 0."""
         for state in MemberState:
             self.members.labels(node=self._node, state=state.value).set(counts.get(state, 0))
+
+    def set_committed(self, members: Mapping[str, Member]) -> None:
+        """Committed members by status; statuses no member has read 0."""
+        counts = collections.Counter(m.status for m in members.values())
+        for status in MemberStatus:
+            self.committed.labels(node=self._node, status=status.value).set(counts.get(status, 0))
+
+    def set_data_dir(self, data_dir: Path) -> None:
+        """Free and total bytes of the data dir's filesystem (one statvfs); unchanged when it cannot be read."""
+        try:
+            fs = os.statvfs(data_dir)
+        except OSError:
+            return
+        self.disk_avail.set(fs.f_bavail * fs.f_frsize)
+        self.disk_size.set(fs.f_blocks * fs.f_frsize)
 
     def set_job(self, state: JobStatus | None) -> None:
         """The job's state (status `job.state`): 1 for it, 0 for the others; all 0 without a job."""

@@ -51,7 +51,7 @@ def founding_refusal(config: NodeConfig, store: Store) -> str | None:
 def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
                 wrap: Callable[[Transport], Transport] | None) -> int:
     assert config.node_id is not None
-    logs.setup(lambda: {"node": config.node_id})
+    logs.setup(lambda: {"node": config.node_id}, config.log_level, config.log_format)
     try:
         security = Security.from_files(config.security.tls_cert, config.security.tls_key,
                                        config.security.tls_ca, config.security.cluster_token_file)
@@ -81,7 +81,7 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
         except StoreError:
             return {"node": config.node_id}
 
-    logs.setup(context)
+    logs.setup(context, config.log_level, config.log_format)
     try:
         code = asyncio.run(daemon.run())
     except OSError as exc:  # a port in use, an unwritable file: the config is fine, so exit 4 and let the unit restart

@@ -14,6 +14,7 @@ import logging
 import subprocess
 
 from dpeer.channel.local import SPARE_GO
+from dpeer.daemon.worker_stderr import spawn
 
 log = logging.getLogger("dpeer.worker")
 
@@ -35,7 +36,7 @@ class WarmSpare:
         if self.ready_for(command):
             return
         self.discard()
-        self.proc = subprocess.Popen([*command, "--spare"], env=env, stdin=subprocess.PIPE)
+        self.proc = spawn([*command, "--spare"], env, stdin=subprocess.PIPE)
         self._command = list(command)
         log.info("started a warm spare worker, pid %d", self.proc.pid)
 

@@ -26,6 +26,7 @@ from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure, note
 from dpeer.daemon.spare import WarmSpare
 from dpeer.channel.local import Assignment, ReportTail, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
+from dpeer.daemon.worker_stderr import spawn
 from dpeer.statemachine.state import Checkpoint
 from dpeer.view import View
 
@@ -201,7 +202,7 @@ class WorkerSupervisor:
         self._tail.skip_existing()
         command = self.command()
         spare = self.spare.take(command) if self.spare is not None else None
-        self.proc = spare or subprocess.Popen(command, env=_env())
+        self.proc = spare or spawn(command, _env())  # its stderr, tracebacks whole, goes to the daemon's log
         self.spare_takeovers += spare is not None
         self._trained_at = None
         self.ready = False

@@ -16,6 +16,7 @@ import math
 import socket
 import sys
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
@@ -461,7 +462,7 @@ class Trainer:
             torch.distributed.barrier()
         except Superseded:
             failure, self._given_up = None, (view.generation, time.monotonic())
-        except Exception as exc:  # noqa: BLE001 - every failure is reported; the traceback is dropped here
+        except Exception as exc:  # noqa: BLE001 - every failure is reported; the job's own with its traceback
             t_caught = time.time()
             failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
             cut, self._cut = self._cut if self._cut is not None and self._cut[0] == view.generation else None, None
@@ -470,6 +471,8 @@ class Trainer:
                                   f"{failure.error}"[:300])
             self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught,
                         phase=failure.phase, error=failure.error, cut_after_s=cut[1] if cut else None)
+            if failure.phase == "train":  # the job's code raised: its frames reach the daemon's log on stderr
+                traceback.print_exception(exc)
         return failure
 
     def run(self) -> int:
