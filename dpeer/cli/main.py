@@ -256,6 +256,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         "advertise": args.advertise, "preset": args.preset, "job": args.job,
         "metrics_listen": args.metrics_listen, "security.insecure": args.insecure,
         "security.insecure_data_plane": args.insecure_data_plane, "training.options": _job_options(args.job_opt),
+        "log_level": args.log_level, "log_format": args.log_format,
     }
     config = cfg.load(args.config, flags)
     if config.node_id is None:
@@ -270,7 +271,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             check_listen(config.metrics_listen)  # before the data dir: a busy port founds no cluster
         from dpeer.daemon import logs
         from dpeer.daemon.data_dir import private_data_dir
-        logs.setup(lambda: {"node": config.node_id})
+        logs.setup(lambda: {"node": config.node_id}, config.log_level, config.log_format)
         private_data_dir(config.data_dir)  # before the worker, which inherits its umask
         worker = start_worker_early(config)
         from dpeer.daemon.daemon import run_daemon  # the gRPC stack loads while the worker imports torch

@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--insecure-data-plane", action="store_true", default=None,
                        help="let the job's collectives and heal run off loopback unencrypted (each connection still "
                        "proves the generation's key); warned at every start and shown in status")
+    start.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                       help="the least severe log record written (log_level; default info)")
+    start.add_argument("--log-format", choices=["json", "text"], help="JSON lines or text lines (log_format; default json)")
     for name, help_ in (("status", "print a node's status"), ("members", "list the members a node sees")):
         p = _sub(subs, name, help_)
         _client_flags(p)
