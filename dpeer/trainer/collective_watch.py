@@ -25,6 +25,7 @@ PERIOD_S = 0.01  # how often the watch asks for a newer view while a collective 
 IDLE_S = 0.05  # how often it looks whether the collective running now is overdue (20 wakeups a second)
 PATIENCE_FLOOR_S = 0.1  # a collective is overdue after at least this long
 PATIENCE_STEPS = 4  # ... and at least this many typical step times
+GUARD_S = 1.0  # how often the guard is asked whether strangers' connections pile up on the data plane
 
 
 def patience(step_times: list[float]) -> float:
@@ -39,11 +40,14 @@ class CollectiveWatch:
     (decisions.should_cut)."""
 
     def __init__(self, newer: Callable[[int], tuple[str, ...] | None],
-                 on_cut: Callable[[int, float, str], None] = lambda generation, seconds, why: None) -> None:
+                 on_cut: Callable[[int, float, str], None] = lambda generation, seconds, why: None,
+                 guard: Callable[[], Intrusion | None] = lambda: None) -> None:
         """``newer(generation)``: the members of the newest committed view after it, None if none
         (it may raise: a view file read half-way is no newer view yet); ``on_cut(generation,
-        seconds the collective had run, why)`` records a cut before it is made (the watch's thread)."""
-        self._newer, self._on_cut = newer, on_cut
+        seconds the collective had run, why)`` records a cut before it is made (the watch's thread);
+        ``guard()``, asked every GUARD_S, names a group to cut whatever it is doing (strangers'
+        connections piling up on its data-plane port), or None."""
+        self._newer, self._on_cut, self._guard = newer, on_cut, guard
         self._armed: _Armed | None = None
         self._stop = threading.Event()
         self.cuts = 0
@@ -67,8 +71,11 @@ class CollectiveWatch:
         self._thread.join()
 
     def _run(self) -> None:
-        wait = IDLE_S
+        wait, guarded = IDLE_S, time.monotonic()
         while not self._stop.wait(wait):
+            if time.monotonic() - guarded >= GUARD_S:
+                guarded = time.monotonic()
+                self._check_guard()
             wait, armed = IDLE_S, self._armed
             if armed is None:
                 continue
@@ -86,6 +93,23 @@ class CollectiveWatch:
             self._on_cut(armed.generation, overdue, decision.reason)
             armed.cut()
             self._armed, self.cuts = None, self.cuts + 1
+
+
+    def _check_guard(self) -> None:
+        intrusion = self._guard()
+        if intrusion is not None:
+            self._on_cut(intrusion.generation, 0.0, intrusion.why)
+            intrusion.cut()
+            self.cuts += 1
+
+
+@dataclass(frozen=True)
+class Intrusion:
+    """A group to cut now, and why (the guard's answer)."""
+
+    generation: int
+    why: str
+    cut: Callable[[], int]
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from dpeer.trainer import fixedpoint as fx
 from dpeer.trainer.allreduce import StepReduction
-from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets
+from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets, wait_all
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds
 from dpeer.trainer.state import tensor_bytes
 from dpeer.trainer.stepping import Trained
@@ -360,9 +360,8 @@ class ExactStep:
         then the mean gradient in every ``.grad`` and the combined norm statistics in their buffers."""
         buf, o = self._buffer(world), self._o
         if self._works:
-            for work in self._works:
-                work.wait()
-            self._works = []
+            works, self._works = self._works, []
+            wait_all(works)
         else:
             dist.all_reduce(buf)
         tail = buf[: o["grads"]].to("cpu", copy=True)  # a redo refills buf

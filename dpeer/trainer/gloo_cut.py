@@ -17,6 +17,7 @@ import socket
 from dataclasses import dataclass
 
 _ESTABLISHED = "01"
+_LISTEN = "0A"
 
 
 def socket_inodes() -> dict[int, int]:
@@ -92,3 +93,14 @@ class GroupSockets:
                 if dup >= 0:
                     os.close(dup)
         return cut
+
+
+def foreign_connections(own: set[int], skip_ports: set[int]) -> int:
+    """Connections this process holds on one of its listening ports (Gloo's; less ``skip_ports``,
+    the rendezvous store's) that are not among ``own`` (the group's inodes): what strangers opened.
+    Gloo's listener keeps every connection it accepts until the group is destroyed, so they add up."""
+    tcp, held = tcp_sockets(), socket_inodes()
+    mine = [tcp[inode] for inode in held if inode in tcp]
+    listening = {local for local, _remote, state in mine if state == _LISTEN} - skip_ports
+    return sum(1 for inode in held if inode in tcp and inode not in own and tcp[inode][2] != _LISTEN
+               and tcp[inode][0] in listening)

@@ -274,6 +274,13 @@ class GroupManager:
         pairs = self._pairs
         return pairs.cut if pairs is not None else (lambda: 0)
 
+    def foreign_connections(self) -> int:
+        """How many connections to this process's data-plane ports came from outside the current
+        Gloo group (0 without one): a stranger's, which Gloo's listener holds until the group goes."""
+        if self._pairs is None:
+            return 0
+        return gloo_cut.foreign_connections(set(self._pairs.sockets), {port for _, port in (*self._clients, *self._hosted)})
+
     def _abort_nccl_or_exit(self) -> None:
         done = threading.Event()
 

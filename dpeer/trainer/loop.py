@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
 import torch
 
 from dpeer.trainer import state as st
-from dpeer.trainer.collective_watch import CollectiveWatch, patience
+from dpeer.trainer.collective_watch import CollectiveWatch, Intrusion, patience
 from dpeer.trainer.digests import BackgroundDigest
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
 from dpeer.trainer.exact import ExactStep
@@ -38,6 +38,7 @@ from dpeer.trainer.viewsource import Assignment, ViewSource
 
 STEP_TIME_WINDOW = 200
 ADAPT_EVERY = 8  # steps between re-computations of the adaptive timeout (a sort of the window: ~5 us)
+FOREIGN_LIMIT = 64  # strangers' connections on the data-plane port that make the group re-form (closing them)
 LINEAGE_KEPT = 8  # checkpoint digests a replica remembers of its lineage (for the heal's tie-break)
 
 
@@ -224,6 +225,16 @@ class Trainer:
         """The members of the newest committed view after ``generation`` (the watch's thread)."""
         newer = self.source.wait_view(generation, 0.0)
         return None if newer is None else tuple(newer.view.members)
+
+    def _intruded(self) -> Intrusion | None:
+        """The current group, when strangers opened FOREIGN_LIMIT connections to its data-plane port
+        (Gloo's listener keeps them all until the group goes, then the process dies of too many
+        open files): cut, it is reported and re-formed, and destroying it closes them (the watch's thread)."""
+        m, count = self.group.membership, self.group.foreign_connections()
+        if m is None or count < FOREIGN_LIMIT:
+            return None
+        return Intrusion(m.generation, f"{count} connections from outside the group to its data-plane port",
+                         self.group.cutter())
 
     def _on_cut(self, generation: int, overdue: float, why: str) -> None:
         """The watch cuts this generation's overdue collective (its thread): the failure it causes says so."""
@@ -489,7 +500,7 @@ class Trainer:
         paused = False
         started_at = self.step
         if self.group.backend == "gloo":
-            self.watch = CollectiveWatch(self._newer_members, self._on_cut)
+            self.watch = CollectiveWatch(self._newer_members, self._on_cut, self._intruded)
         try:
             while self.step < self.spec.steps:
                 given = self.source.wait_view(self.generation, self.cfg.view_wait)

@@ -16,12 +16,26 @@ backward returns (a parameter that got no gradient, a rank with no micro-batch) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
+from dpeer.trainer.group import GroupError
+
 FIRST_BUCKET_BYTES = 1 << 20
 BUCKET_BYTES = 4 << 20
+
+
+def wait_all(works: list[Any]) -> None:
+    """Wait for a step's collectives. A failure is the group's (a peer died, hung or was cut) and is
+    raised as a GroupError: Work.wait raises from C++ with no torch.distributed frame, which would
+    otherwise read as the job's own error (decisions.classify_failure)."""
+    try:
+        for work in works:
+            work.wait()
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise GroupError(f"the step's allreduce failed: {first}") from None
 
 
 @dataclass(frozen=True)

@@ -83,8 +83,10 @@ class RendezvousClient:
             self._close()
             raise RendezvousError(f"store {self.host}:{self.port} answered out of turn")
         status = Status(message[1])
-        if status is Status.UNKNOWN:
-            return status, None  # untagged: the server holds no key for it; the request was not run
+        if status is Status.UNKNOWN:  # untagged: the server holds no key for it; the request was not run
+            if self._counter == 0:
+                self._close()  # a connection that proved nothing yet is closed after that one answer
+            return status, None
         if not wire.verify(key, b"r", self._nonce, mac, body):
             self._close()
             raise RendezvousError(f"store {self.host}:{self.port} answered without the generation's key: "

@@ -4,10 +4,12 @@ TCPStore answers anyone who connects: a stranger could list, read, write and del
 group forms from, and grow the worker without bound (issue 35). This server answers only requests
 tagged with the key of a generation it was told it hosts (rendezvous_wire), keeps each generation's
 keys in a bounded table (rendezvous_table), and spends a bounded amount on everyone else: at most
-MAX_CONNECTIONS at once (the oldest that never authenticated is closed to make room), a frame of at
-most MAX_FRAME bytes, and a connection that sends nothing authentic within UNPROVEN_IDLE_S is
-closed. A frame that fails its tag, or replays a counter, closes its connection. One thread, one
-selector: a flood costs one core's share at most, never a thread per connection.
+MAX_UNPROVEN connections that never proved a key at once (the oldest is closed to make room; those
+that proved one, the members', are not counted, so a group of any size meets), a frame of at most
+MAX_FRAME bytes, one answer to a connection that asks about a generation not hosted here before it
+proved a key (then it is closed), and a connection that sends nothing authentic within
+UNPROVEN_IDLE_S is closed. A frame that fails its tag, or replays a counter, closes its connection.
+One thread, one selector: a flood costs one core's share at most, never a thread per connection.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dpeer.trainer import rendezvous_wire as wire
 from dpeer.trainer.rendezvous_table import RendezvousTable, Status
 
 log = logging.getLogger("dpeer.trainer.rendezvous")
-MAX_CONNECTIONS = 64
+MAX_UNPROVEN = 64
 MAX_UNSENT = 64 << 10  # replies a client has not read yet; beyond, it is closed
 UNPROVEN_IDLE_S = 10.0
 IDLE_S = 300.0
@@ -110,23 +112,15 @@ class RendezvousServer:
             sock, _ = self._listen.accept()
         except OSError:
             return
-        if len(self._conns) >= MAX_CONNECTIONS and not self._evict():
-            sock.close()
-            return
+        unproven = [c for c in self._conns.values() if not c.proven]
+        if len(unproven) >= MAX_UNPROVEN:
+            self._drop(min(unproven, key=lambda c: c.opened).fd)  # the oldest stranger makes room
         nonce, now = os.urandom(wire.NONCE_BYTES), time.monotonic()
         sock.setblocking(False)
         conn = _Conn(sock, sock.fileno(), nonce, now, active=now)
         self._conns[conn.fd] = conn
         self._sel.register(sock, selectors.EVENT_READ)
         self._send(conn, wire.greeting(nonce))
-
-    def _evict(self) -> bool:
-        """Close the oldest connection that never proved a key, to let a new one in."""
-        unproven = [c for c in self._conns.values() if not c.proven]
-        if not unproven:
-            return False
-        self._drop(min(unproven, key=lambda c: c.opened).fd)
-        return True
 
     def _sweep(self, now: float) -> None:
         for fd, conn in list(self._conns.items()):
@@ -192,6 +186,9 @@ class RendezvousServer:
             del conn.inbuf[:wire.LEN_BYTES + length]
             self._send(conn, self._answer(conn, payload))
             if conn.fd not in self._conns:
+                return
+            if not conn.proven:  # it asked about a generation not hosted here: one answer, then closed
+                self._drop(conn.fd)
                 return
 
     def _answer(self, conn: _Conn, payload: bytes) -> bytes:

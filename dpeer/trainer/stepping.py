@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from dpeer.trainer.allreduce import StepReduction
-from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets
+from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets, wait_all
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batches, shard
 
 if TYPE_CHECKING:
@@ -117,9 +117,8 @@ class FastStep:
 
     def reduce(self, rank: int, world: int) -> StepReduction:
         """Wait for the group's sums; ``.grad`` becomes the mean over the global batch."""
-        for work in self._works:
-            work.wait()
-        self._works = []
+        works, self._works = self._works, []
+        wait_all(works)
         buf, control = self._buf, 1 + world
         seen = buf[:control].to("cpu")
         buf[control:].mul_(1.0 / self.spec.global_batch)

@@ -14,6 +14,7 @@ import argparse
 import ctypes
 import importlib
 import os
+import resource
 import signal
 import socket
 import sys
@@ -167,9 +168,22 @@ def _build(args: argparse.Namespace, source: ViewSource, imported_cpu: float) ->
     return trainer, spec
 
 
+def raise_open_files() -> None:
+    """The soft open-file limit up to the hard one: Gloo's listener aborts the process when accept()
+    runs out of descriptors, and strangers' connections pile up there until the watch re-forms the
+    group (loop.FOREIGN_LIMIT), so the margin should be wide."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # a hard limit the kernel caps lower (nr_open): keep what we have
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Build the job, then train under the views of the given source."""
     imported_cpu = time.process_time()  # interpreter start and every import, torch's included
+    raise_open_files()
     try:
         args = parse_args(argv)
         if args.parent_pid is not None:

@@ -87,3 +87,19 @@ def test_a_parameter_of_another_dtype_is_loose_and_copied() -> None:
     flat.mul_(0.5)
     views.scatter_loose()
     assert b.grad.dtype == torch.float64 and b.grad.tolist() == [1.5, 1.5] and a.grad.tolist() == [1, 1, 1]
+
+
+def test_a_collective_that_fails_in_its_wait_is_the_groups_failure_not_the_jobs() -> None:
+    """Work.wait raises from C++, with no torch.distributed frame: unwrapped, a dead peer would read as
+    the job's own error ("train") and, repeated, halt the job as broken."""
+    from dpeer.trainer.decisions import classify_failure
+    from dpeer.trainer.group import GroupError
+    from dpeer.trainer.overlap import wait_all
+
+    class Broken:
+        def wait(self) -> None:
+            raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer\nmore")
+
+    with pytest.raises(GroupError, match="Connection closed by peer") as failed:
+        wait_all([Broken()])
+    assert classify_failure(failed.value, 7, isinstance(failed.value, GroupError)).phase == "group"

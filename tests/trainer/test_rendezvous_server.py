@@ -89,12 +89,49 @@ def test_a_stranger_without_the_key_reads_and_writes_nothing_and_is_closed(serve
     assert member(server).compare_set("sealed", "", "go") == b"go"  # the members' outcome stands
 
 
-def test_a_stranger_guessing_a_generation_learns_nothing(server: RendezvousServer) -> None:
+def test_a_stranger_guessing_a_generation_learns_nothing_and_gets_one_answer(server: RendezvousServer) -> None:
     sock, nonce = raw(server)
-    sock.sendall(wire.frame(None, b"q", nonce, [8, 1, "get", ["sealed"]]))
+    sock.sendall(b"".join(wire.frame(None, b"q", nonce, [10**9 + i, i + 1, "get", ["0/0"]]) for i in range(5000)))
     mac, _, message = wire.split(_recv(sock, wire.frame_length(_recv(sock, wire.LEN_BYTES))))
     assert message == [1, Status.UNKNOWN.value, None] and mac == wire.NO_TAG
-    sock.close()
+    assert closed(sock), "a connection that proved no key is closed after one answer (a review found millions)"
+
+
+def test_a_member_polling_before_its_host_takes_up_the_generation_gets_through() -> None:
+    srv = RendezvousServer(bind_store_socket("127.0.0.1", 0))
+    store = member(srv, generation=9, timeout=10.0)
+    later = threading.Timer(0.3, lambda: srv.allow(9, KEY))
+    later.start()
+    try:
+        assert store.add("arrived", 1) == 1  # "unknown" (a closed connection) until allowed, then served
+    finally:
+        later.join()
+        srv.close()
+
+
+def test_a_group_larger_than_the_strangers_cap_meets_at_its_store(server: RendezvousServer) -> None:
+    """Members' connections (proven) are not counted against the cap on strangers (a review: 70 members
+    could not form when every connection counted)."""
+    world = rendezvous_server.MAX_UNPROVEN + 6
+    stores = [member(server, timeout=20.0) for _ in range(world)]
+    failures: list[str] = []
+
+    def arrive(store: GenerationStore) -> None:
+        try:
+            if store.add("arrived", 1) == world:
+                store.set("all-arrived", b"1")
+            store.wait(["all-arrived"])
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            failures.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=arrive, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures, failures[:3]
+    for s in stores:
+        s.client.close()
 
 
 def test_a_replayed_frame_does_not_verify_on_its_own_connection_or_another(server: RendezvousServer) -> None:
@@ -151,7 +188,7 @@ def test_a_flood_of_idle_connections_is_bounded_and_a_member_still_gets_in(serve
     try:
         store = member(server)
         assert store.add("arrived", 1) == 1
-        assert until(lambda: len(server._conns) <= rendezvous_server.MAX_CONNECTIONS)
+        assert until(lambda: len(server._conns) <= rendezvous_server.MAX_UNPROVEN + 1)
         assert threading.active_count() < 20
     finally:
         for s in flood:
