@@ -158,7 +158,7 @@ def test_the_wheel_installs_in_a_fresh_venv_and_runs_the_demo(dist: dict[str, Pa
 def test_the_bundle_installs_with_no_index_and_runs_a_demo(dist: dict[str, Path], tmp_path: Path) -> None:
     """scripts/bundle (no torch) holds every other wheel: with torch already in a fresh venv (from the
     source scripts/setup uses), the bundle's own scripts/setup installs dpeer with --no-index and pip
-    reading no config (no other index or wheel directory), then `dpeer version` and a short demo run."""
+    reading no config (no other index or wheel directory); `dpeer version` and the demo run from it."""
     bundle, venv = tmp_path / "bundle", tmp_path / "venv"
     with_pip = clean_env(PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # python3: this venv's, with pip
     made = subprocess.run([str(REPO / "scripts" / "bundle"), "--wheel", str(dist["wheel"]), str(bundle)],
@@ -180,11 +180,10 @@ def test_the_bundle_installs_with_no_index_and_runs_a_demo(dist: dict[str, Path]
     version = subprocess.run([str(venv / "bin" / "dpeer"), "version"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120, env=clean_env())
     assert version.returncode == 0 and version.stdout.startswith("dpeer "), version.stdout + version.stderr
-    demo = subprocess.run([str(venv / "bin" / "dpeer"), "demo", "--nodes", "2", "--steps", "30", "--dir",
-                           str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env=clean_env())
+    demo = subprocess.run([str(venv / "bin" / "dpeer"), "demo", "--steps", "200", "--dir", str(tmp_path / "run")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900, env=clean_env())
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert "training finished: every replica holds step 30 with digest" in demo.stdout
+    assert "training finished: every replica holds step 200 with digest" in demo.stdout
 
 
 def test_bundle_and_setup_refuse_bad_input_in_one_sentence(tmp_path: Path) -> None:
