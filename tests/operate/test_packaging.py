@@ -114,7 +114,8 @@ def test_constraints_pin_every_dependency_within_its_range() -> None:
 
 # Build outputs a checkout collects (.gitignore): a stale dpeer.egg-info/SOURCES.txt would put files
 # into the sdist that the package config forgets, so the build starts from a copy without them.
-BUILD_LEFTOVERS = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "runs")
+BUILD_LEFTOVERS = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis",
+                   "runs", ".whl")
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,8 @@ def test_the_bundle_installs_with_no_index_and_runs_a_demo(dist: dict[str, Path]
     for part in ("scripts/setup", "scripts/install.sh", "scripts/dpeer.service", "constraints.txt", "README.md"):
         assert (bundle / part).is_file(), f"the bundle lacks {part}"
     torch = ('. "$1/scripts/torch_build.sh"; torch_source cpu "$(torch_pinned_version "$1")"; '
-             'python3 -m venv "$2" && "$2/bin/python" -m pip install --quiet --retries 1 "${torch_index[@]}" "$torch_req"')
+             'python3 -m venv "$2" && '
+             '"$2/bin/python" -m pip install --quiet --retries 1 "${torch_index[@]}" "$torch_req"')
     made_venv = subprocess.run(["bash", "-c", torch, "bash", str(REPO), str(venv)], capture_output=True, text=True,
                                timeout=900, env=clean_env())
     assert made_venv.returncode == 0, made_venv.stderr[-3000:]
@@ -209,10 +211,13 @@ def test_bundle_and_setup_refuse_bad_input_in_one_sentence(tmp_path: Path) -> No
 
 # --- scripts/install.sh (sourced: its steps run as functions, the system-changing ones replaced) -----
 
-def sourced(script: str, *args: str, install: Path = INSTALL) -> subprocess.CompletedProcess[str]:
-    """Run bash SCRIPT after sourcing install.sh (which then defines its steps without running main)."""
-    return subprocess.run(["bash", "-c", f'source "{install}"; {script}', "install.sh", *args],
-                          capture_output=True, text=True, timeout=60, env=clean_env())
+def sourced(script: str, *args: str, install: Path = INSTALL,
+            path: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run bash SCRIPT after sourcing install.sh (which then defines its steps without running main);
+    PATH, when given, replaces the commands bash finds."""
+    env = clean_env() if path is None else clean_env(PATH=path)
+    return subprocess.run([shutil.which("bash") or "/bin/bash", "-c", f'source "{install}"; {script}', "install.sh",
+                           *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_install_takes_the_preset_metrics_address_job_and_source_as_flags(tmp_path: Path) -> None:
@@ -270,19 +275,23 @@ def test_install_checks_the_certificates_it_will_need(tmp_path: Path, files: lis
 
 def test_install_stops_at_missing_certificates_before_installing_anything(tmp_path: Path) -> None:
     """main runs the certificate check before the user, the venv and torch: a joining box without its
-    certificates installs nothing; with them it goes on to install (replaced here by a marker)."""
+    certificates installs nothing; with them it goes on to install. Every step that changes the system
+    is replaced by a marker, and PATH holds only dirname and basename, so nothing else can run."""
     steps = "check_prerequisites make_user install_package write_env make_certs write_config check_config start_service"
     stubs = "".join(f'{s}() {{ echo {s} >> "{tmp_path}/ran"; }}; ' for s in steps.split())
-    certs = tmp_path / "certs"
+    certs, bin_dir = tmp_path / "certs", tmp_path / "bin"
     certs.mkdir()
+    bin_dir.mkdir()
+    for tool in ("dirname", "basename"):
+        (bin_dir / tool).symlink_to(shutil.which(tool) or f"/usr/bin/{tool}")
     run = f'{stubs} certs="{certs}"; main "$@"'
-    refused = sourced(run, "n2", "10.0.0.2:7100", "10.0.0.1:7100")
+    refused = sourced(run, "n2", "10.0.0.2:7100", "10.0.0.1:7100", path=str(bin_dir))
     assert refused.returncode == 2 and "node-n2.pem is missing" in refused.stderr, refused.stderr
     assert (tmp_path / "ran").read_text().split() == ["check_prerequisites"]
     for name in ("node-n2.pem", "node-n2.key", "ca.pem", "cluster.token"):
         (certs / name).write_text("")
     (tmp_path / "ran").unlink()
-    went_on = sourced(run, "n2", "10.0.0.2:7100", "10.0.0.1:7100")
+    went_on = sourced(run, "n2", "10.0.0.2:7100", "10.0.0.1:7100", path=str(bin_dir))
     assert went_on.returncode == 0, went_on.stderr
     assert (tmp_path / "ran").read_text().split() == steps.split()
 
