@@ -56,7 +56,7 @@ class Need(enum.Enum):
     READ = "read"
     PEER = "peer"
     OPERATOR = "operator"
-    LOG = "log"  # committed entries and snapshots: nodes (as themselves) and operators
+    LOG = "log"  # committed entries and checkpoints: members' nodes (as themselves) and operators
 
 
 class Refusal(enum.Enum):
@@ -227,6 +227,17 @@ def effective(caller: Principal, on_behalf_of: str | None, method: str, receiver
     if vouched.role is CallerRole.NODE and vouched.name == receiver:
         return Refusal.IDENTITY, f"{caller} may not forward a request in this node's own name"
     return vouched
+
+
+def member_only(caller: Principal, method: str, is_member: Callable[[str], bool]) -> tuple[Refusal, str] | None:
+    """Why a node's certificate may not read this cluster's log or checkpoints, or None: the log
+    holds each view's secret (the keys of the store, the pair proof and the heal derive from it),
+    so a node reads it only while is_member says it is a member (not a certificate made for a box
+    never admitted, nor a retired box's). Operators read the log whatever is_member says."""
+    if NEEDS[method] is not Need.LOG or caller.role is not CallerRole.NODE or is_member(caller.name):
+        return None
+    return (Refusal.FORBIDDEN, f"{method} reads the cluster's log or checkpoints and {caller} is no member of "
+            "this cluster (never admitted, or it left); start it with --join to join first")
 
 
 def beyond_the_node(mode: Mode, method: str, request: Any, caller: Caller) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import math
 import re
 from typing import Any
 
@@ -21,14 +22,18 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, padding, rsa
 
-from dpeer.security.auth import Principal, principal_from_uris
+from dpeer.security.auth import CallerRole, Principal, principal_from_uris
 
 PROOF_HEADER = "x-dpeer-proof"
 """Metadata carrying a caller's proof: 1.TIME_MS.NONCE.CERT.SIGNATURE (the last two base64url DER)."""
 FRESH_S = 60.0
 """A proof is accepted while the checking node's clock is within this many seconds of its time."""
 MAX_NONCES = 10_000
-"""Nonces remembered at most (each until its proof is stale); past it, new proofs wait for old ones."""
+"""Nonces remembered at most for the signers of one role (each until its proof is stale): operators'
+and nodes' are held apart, so no flood of node proofs keeps an operator's out."""
+MAX_PER_SIGNER = 1_000
+"""Nonces remembered at most for one signer; past it, that signer's new proofs (and no one else's)
+wait for its old ones to go stale."""
 MAX_HEADER = 8192
 _VERSION = "1"
 _NONCE = re.compile(r"[0-9a-f]{32}")
@@ -135,14 +140,42 @@ def identity(cert: x509.Certificate) -> Principal:
     return principal_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier))
 
 
+class _Held:
+    """One signer's accepted nonces, each with the time it may be forgotten (its proof is stale)."""
+
+    __slots__ = ("nonces", "soonest")
+
+    def __init__(self) -> None:
+        self.nonces: dict[str, float] = {}
+        self.soonest = math.inf  # no nonce here expires before this
+
+    def add(self, nonce: str, expires: float) -> None:
+        """Hold nonce until expires."""
+        self.nonces[nonce] = expires
+        self.soonest = min(self.soonest, expires)
+
+    def expire(self, now: float) -> int:
+        """Forget the nonces whose proofs are stale at now; how many went."""
+        if now <= self.soonest:
+            return 0
+        before = len(self.nonces)
+        self.nonces = {n: t for n, t in self.nonces.items() if t >= now}
+        self.soonest = min(self.nonces.values(), default=math.inf)
+        return before - len(self.nonces)
+
+
 class Verifier:
     """Checks proofs against the cluster's CA and remembers each accepted nonce while its proof is
-    fresh, so a proof is accepted once per node (bounded memory)."""
+    fresh, so a proof is accepted once per node. Memory is bounded per signer (max_per_signer)
+    and per role of signer (max_nonces), so one signer's flood refuses that signer alone and
+    nodes' proofs never crowd out operators'."""
 
-    def __init__(self, ca_pem: bytes, fresh_s: float = FRESH_S, max_nonces: int = MAX_NONCES) -> None:
+    def __init__(self, ca_pem: bytes, fresh_s: float = FRESH_S, max_nonces: int = MAX_NONCES,
+                 max_per_signer: int = MAX_PER_SIGNER) -> None:
         self._cas = _load_cas(ca_pem)
-        self.fresh_s, self.max_nonces = fresh_s, max_nonces
-        self._seen: dict[tuple[str, str], float] = {}  # (signer, nonce) -> when it may be forgotten
+        self.fresh_s, self.max_nonces, self.max_per_signer = fresh_s, max_nonces, max_per_signer
+        self._held: dict[Principal, _Held] = {}
+        self._pooled: dict[CallerRole, int] = {}  # nonces held for the signers of each role
 
     def check(self, header: str | None, method: str, request: Any, claimed: Principal, now: float) -> str | None:
         """None when header proves that `claimed` asked exactly this request within FRESH_S of now
@@ -166,7 +199,7 @@ class Verifier:
             public.verify(signature, canonical(method, request, time_ms, nonce), *_signature_args(public))  # type: ignore[call-arg,arg-type]
         except (InvalidSignature, ProofError, ValueError):
             return "its proof's signature does not match the request (altered on the way, or made for another)"
-        return self._once(str(claimed), nonce, time_ms / 1000 + self.fresh_s, now)
+        return self._once(claimed, nonce, time_ms / 1000 + self.fresh_s, now)
 
     def forget(self, header: str, claimed: Principal) -> None:
         """Let an accepted proof's nonce go (the command it proved failed and may be tried again)."""
@@ -174,7 +207,15 @@ class Verifier:
             nonce = _parse(header)[1]
         except ProofError:
             return
-        self._seen.pop((str(claimed), nonce), None)
+        held = self._held.get(claimed)
+        if held is not None and held.nonces.pop(nonce, None) is not None:
+            self._pooled[claimed.role] -= 1
+            if not held.nonces:
+                del self._held[claimed]
+
+    def held(self, role: CallerRole) -> int:
+        """How many nonces this verifier holds for the signers of role."""
+        return self._pooled.get(role, 0)
 
     def _certificate(self, cert: x509.Certificate, claimed: Principal, now: float) -> str | None:
         """Why the proof's certificate cannot speak for claimed now, or None."""
@@ -194,17 +235,34 @@ class Verifier:
                 return None
         return "its proof's certificate is not issued by this cluster's CA (tls_ca)"
 
-    def _once(self, signer: str, nonce: str, expires: float, now: float) -> str | None:
-        """Record a verified proof's nonce; why not when it was seen before or too many are held."""
-        key = (signer, nonce)
-        if key in self._seen:
+    def _once(self, signer: Principal, nonce: str, expires: float, now: float) -> str | None:
+        """Record a verified proof's nonce; why not when it was seen before, or when its signer (or
+        its signer's role) holds its most fresh proofs already."""
+        held = self._held.get(signer) or _Held()
+        if nonce in held.nonces:
             return "its proof was used before (a replay); run the command again for a new one"
-        if len(self._seen) >= self.max_nonces:
-            self._seen = {k: t for k, t in self._seen.items() if t >= now}
-            if len(self._seen) >= self.max_nonces:
-                return f"this node holds {self.max_nonces} fresh proofs already; try again in a minute"
-        self._seen[key] = expires
+        if len(held.nonces) >= self.max_per_signer:
+            self._pooled[signer.role] -= held.expire(now)
+            if len(held.nonces) >= self.max_per_signer:
+                return (f"this node holds {self.max_per_signer} fresh proofs of {signer} already (the most for "
+                        "one caller within a minute); try again in a minute")
+        if self.held(signer.role) >= self.max_nonces:
+            self._expire(signer.role, now)
+            if self.held(signer.role) >= self.max_nonces:
+                return (f"this node holds {self.max_nonces} fresh proofs of {signer.role.value}s already; "
+                        "try again in a minute")
+        held.add(nonce, expires)
+        self._held[signer] = held
+        self._pooled[signer.role] = self.held(signer.role) + 1
         return None
+
+    def _expire(self, role: CallerRole, now: float) -> None:
+        """Forget the stale nonces of role's signers, and the signers left with none."""
+        for signer in [s for s in self._held if s.role is role]:
+            held = self._held[signer]
+            self._pooled[role] -= held.expire(now)
+            if not held.nonces:
+                del self._held[signer]
 
 
 def _parse(header: str) -> tuple[int, str, x509.Certificate, bytes]:

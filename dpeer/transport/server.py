@@ -65,8 +65,9 @@ class PeerHandler(Protocol):
         """This node's id (a call in its own name is never forwarded to it)."""
 
     def may_forward(self, node_id: str) -> bool:
-        """Whether node_id is a member of the cluster, whose forwarded commands are judged as the
-        callers it names (a stranger's or a retired box's certificate forwards nothing)."""
+        """Whether node_id is a member of the cluster: only a member's certificate forwards commands
+        (judged as the callers it names) and reads the log and checkpoints; a stranger's or a
+        retired box's does neither."""
 
     async def status(self) -> pb.StatusReply:
         """This node's status document."""
@@ -92,8 +93,8 @@ class PeerHandler(Protocol):
 
 class Guard:
     """Admits or refuses each call before its handler runs: the cluster token, the caller's role from
-    its certificate, a forwarded call's proof, and the node ids the request speaks for
-    (dpeer.security.auth). Every refusal is counted by method and reason, and logged once per peer,
+    its certificate, a member's certificate for the log, the node ids the request speaks for, and a
+    forwarded call's proof (dpeer.security.auth). Every refusal is counted by method and reason, and logged once per peer,
     method and reason per interval."""
 
     def __init__(self, security: Security, clock: Callable[[], float] = time.monotonic,
@@ -108,7 +109,8 @@ class Guard:
     def principal(self, context: grpc.aio.ServicerContext, method: str, receiver: str,
                   may_forward: Callable[[str], bool]) -> auth.Caller | tuple[auth.Refusal, str]:
         """Who calls (after the token gate), or why the call is refused before it is even read;
-        a forwarded call is judged as the caller the forwarding node names (auth.effective)."""
+        a forwarded call is judged as the caller the forwarding node names (auth.effective), and
+        only a member's node certificate reads the log (auth.member_only)."""
         metadata = dict(context.invocation_metadata() or ())
         if self._token is not None and not hmac.compare_digest(str(metadata.get(TOKEN_HEADER, "")).encode(),
                                                                self._token):
@@ -116,6 +118,9 @@ class Guard:
         if self.mode in (auth.Mode.MTLS, auth.Mode.MTLS_TOKEN):
             uris = [u.decode(errors="replace") for u in context.auth_context().get("peer_uri", ())]
             caller = auth.principal_from_uris(uris)
+            outsider = auth.member_only(caller, method, may_forward)
+            if outsider is not None:
+                return outsider
             judged = auth.effective(caller, metadata.get(auth.ON_BEHALF_OF), method, receiver, may_forward)
             if isinstance(judged, tuple):
                 return judged
@@ -125,12 +130,17 @@ class Guard:
 
     def proven(self, caller: auth.Caller, method: str, request: object,
                receiver: str) -> auth.Caller | tuple[auth.Refusal, str]:
-        """A forwarded call within its node's own rights stands as the node's own; beyond them it
-        stands as the caller it names only with that caller's proof (security/proof.py)."""
+        """Who the call stands as once the policy allows it, or why it is refused. A forwarded call
+        within its node's own rights stands as the node's own; beyond them it stands as the caller
+        it names only with that caller's proof (security/proof.py), checked last, once the named
+        caller may make the call at all, so that a refused caller's proof takes no nonce."""
+        if caller.via is not None and not auth.beyond_the_node(self.mode, method, request, caller):
+            caller = auth.Caller(caller.via)
+        refused = auth.authorize(self.mode, method, request, caller.principal)
+        if refused is not None:
+            return refused
         if caller.via is None:
             return caller
-        if not auth.beyond_the_node(self.mode, method, request, caller):
-            return auth.Caller(caller.via)
         assert self._proofs is not None  # a call is forwarded only under mutual TLS
         problem = self._proofs.check(caller.proof, method, request, caller.principal, self._wall())
         return caller if problem is None else auth.unproven(receiver, method, caller.via, caller.principal, problem)
@@ -211,7 +221,7 @@ class _Servicer:
         await context.abort(_ABORT_CODES[refusal], why)
 
     async def _admit(self, method: str, request: object, context: grpc.aio.ServicerContext) -> auth.Caller:
-        """The caller, once the token, the request's shape, a forwarded call's proof and the policy
+        """The caller, once the token, the request's shape, the policy and a forwarded call's proof
         all allow the call (else abort)."""
         receiver = self._h.node_id()
         caller = self.guard.principal(context, method, receiver, self._h.may_forward)
@@ -225,11 +235,8 @@ class _Servicer:
                               f"bytes: {request.reason})", caller.principal)
         proven = self.guard.proven(caller, method, request, receiver)
         if isinstance(proven, tuple):
-            await self._abort(context, method, *proven, caller.via)
+            await self._abort(context, method, *proven, caller.via or caller.principal)
         assert isinstance(proven, auth.Caller)
-        refused = auth.authorize(self.guard.mode, method, request, proven.principal)
-        if refused is not None:
-            await self._abort(context, method, *refused, proven.principal)
         auth.CALLER.set(proven)
         return proven
 

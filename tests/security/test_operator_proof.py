@@ -16,8 +16,16 @@ from dpeer.security.auth import CallerRole as Role, Principal
 from tests.support.pki import Pki
 
 ALICE = Principal(Role.OPERATOR, "alice")
-NOW = time.time()
 NONCE = bytes(range(16))
+NOW = time.time()
+
+
+@pytest.fixture(autouse=True)
+def fresh_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOW, when proofs are made and checked, is read as each test starts: the pki fixture's
+    certificates are valid from 5 minutes before they are made, so a NOW read when this module
+    was collected falls before them once a session has run longer."""
+    monkeypatch.setitem(globals(), "NOW", time.time())
 
 
 def signer(pki: Pki, stem: str, other_ca: bool = False) -> proof.Signer:
