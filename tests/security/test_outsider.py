@@ -9,6 +9,7 @@ import asyncio
 import json
 import os
 import random
+import ssl
 import time
 import urllib.request
 from typing import Any
@@ -221,8 +222,12 @@ def test_a_thousand_absurd_calls_leave_the_node_up_unchanged_and_its_log_quiet(d
     doc = wait_until(lambda: asyncio.run(status_of(n1.addr, operator)), 10, "a status")
     assert doc["security"]["refused"] > len(lines), (doc["security"], len(lines))
 
+    tls = ssl.create_default_context(cafile=str(pki.ca))  # a secured node serves /metrics over TLS
+    tls.check_hostname = False  # node certificates name "dpeer", not 127.0.0.1; the CA is still checked
+    tls.load_cert_chain(*map(str, pki.files("operator-alice")))
+
     def counted() -> float:
-        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5).read().decode()
+        text = urllib.request.urlopen(f"https://{metrics}/metrics", timeout=5, context=tls).read().decode()
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith("dpeer_refused_requests_total{"))
     # the metric catches up with the status within a metrics period (0.5 s)
