@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from dpeer import chaos
-from dpeer.chaos.checks import after_the_last_step, check_liveness, check_protocol, check_training, protocol_notes
-from dpeer.chaos.linear import check_history
+from dpeer.chaos.checks import (after_the_last_step, check_kv_history, check_liveness, check_protocol, check_training,
+                                protocol_notes)
 from dpeer.chaos.options import ChaosOptions, add_arguments, options_from, validate
 from dpeer.chaos.report import violations, write_report
 from dpeer.chaos.run import Run
@@ -54,11 +54,7 @@ def _history_and_logs(run: Run, checks: dict[str, list[str]], notes: dict[str, s
     if run.opts.kv_clients == 0:
         skipped[lin] = "not run (--kv-clients 0)"
     else:
-        result = check_history(run.history)
-        checks[lin] = result.problems()
-        if result.ops == result.unknown:
-            checks[lin].append("no kv operation was answered: nothing checked")
-        notes[lin] = f"{result.note()}; {run.opts.kv_clients} clients, then every key read through every node"
+        checks[lin], notes[lin] = check_kv_history(run.history, run.opts.kv_clients)
     if run.prefixes is None:
         checks[prefixes] = ["not run: the run stopped before the logs were read"]
         notes[prefixes] = "nothing compared"
