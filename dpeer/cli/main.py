@@ -63,6 +63,8 @@ def cmd_members(args: argparse.Namespace) -> int:
 def _check_kv(args: argparse.Namespace) -> None:
     """UsageError for a key, value or prefix the node would refuse as too long, before dialling it."""
     from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
+    for name, attr in (("KEY", "key"), ("VALUE", "value"), ("--prefix", "prefix")):
+        _check_utf8(name, getattr(args, attr, None))
     key = getattr(args, "key", None)
     if key is not None and not 1 <= len(key) <= MAX_KEY:
         raise UsageError(f"KEY must be 1 to {MAX_KEY} characters, not {len(key)}")
@@ -70,6 +72,20 @@ def _check_kv(args: argparse.Namespace) -> None:
         raise UsageError(f"VALUE must be at most {MAX_VALUE} characters, not {len(args.value)}")
     if len(getattr(args, "prefix", "")) > MAX_KEY:
         raise UsageError(f"--prefix must be at most {MAX_KEY} characters, not {len(args.prefix)}")
+
+
+def _check_utf8(name: str, text: str | None) -> None:
+    """UsageError naming the argument when it holds bytes that are not UTF-8 (Python keeps them
+    as lone surrogates, which no node would take), as stdin's and --file's values get."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xdc00:02x}" if 0xdc80 <= code <= 0xdcff else f"character U+{code:04X}"
+        raise UsageError(f"{name} is not UTF-8 text ({what} at character {exc.start + 1}); kv keys, values "
+                         "and prefixes are UTF-8 text: encode other bytes as text first (base64, say)") from None
 
 
 def _put_value(args: argparse.Namespace) -> str:
