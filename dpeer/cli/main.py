@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from dpeer.daemon import config as cfg
@@ -243,7 +244,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.config_command == "check":
         try:
-            cfg.check_file(args.file)
+            _check_config_file(args.file)
         except cfg.ConfigError as exc:
             if args.json:
                 print(json.dumps({"file": str(args.file), "ok": False, "error": str(exc)}))
@@ -257,6 +258,17 @@ def cmd_config(args: argparse.Namespace) -> int:
     else:
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     return EXIT_OK
+
+
+def _check_config_file(path: Path) -> None:
+    """ConfigError unless `dpeer start --config path` would get past its checks: the file's own
+    (cfg.check_file), then the refusals start runs before the worker (check_security), so that
+    check and start agree on every file."""
+    config = cfg.check_file(path)
+    try:
+        check_security(config)
+    except UsageError as exc:
+        raise cfg.ConfigError(f"{path}: {exc}") from None
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -312,8 +324,9 @@ def _job_options(given: list[str] | None) -> dict[str, str] | None:
 
 def check_security(config: cfg.NodeConfig) -> None:
     """Refuse (exit 2) to start exposed without mutual TLS and token, with a key or token others
-    can read, with /metrics in clear off loopback, or with a certificate that names another node;
-    before the worker is spawned, so nothing is left running."""
+    can read, with /metrics in clear off loopback, or with a certificate that names another node
+    (when the node id is known: `config check` of a file without one); before the worker is
+    spawned, so nothing is left running."""
     from dpeer.security import auth, exposure
     s = config.security
     tls = [s.tls_cert, s.tls_key, s.tls_ca]
@@ -338,7 +351,7 @@ def check_security(config: cfg.NodeConfig) -> None:
         assert s.tls_key is not None  # all three TLS files or none, checked above
         check_pair(("security.tls_cert", s.tls_cert, contents["tls_cert"]),
                     ("security.tls_key", s.tls_key, contents["tls_key"]))
-        if named != auth.Principal(auth.CallerRole.NODE, config.node_id or ""):
+        if config.node_id is not None and named != auth.Principal(auth.CallerRole.NODE, config.node_id):
             raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
                              f"node's certificate with `dpeer certs create-node {config.node_id}`")
 
