@@ -35,6 +35,7 @@ def run_chaos(opts: ChaosOptions) -> int:
              "training resumes after every fault (liveness)": _liveness_note(run.faults, opts)}
     skipped: dict[str, str] = {}
     _history_and_logs(run, checks, notes, skipped)
+    _stranger_row(run, checks, notes, skipped)
     checks.update(check_protocol(run.samples))
     notes.update(protocol_notes(run.samples))
     rows, figures = check_training(run)
@@ -60,6 +61,19 @@ def _history_and_logs(run: Run, checks: dict[str, list[str]], notes: dict[str, s
         notes[prefixes] = "nothing compared"
     else:
         checks[prefixes], notes[prefixes] = run.prefixes.problems, run.prefixes.note
+
+
+def _stranger_row(run: Run, checks: dict[str, list[str]], notes: dict[str, str], skipped: dict[str, str]) -> None:
+    """The row "stranger's store requests refused": every request the stranger made on the store's
+    wire under a guessed key was refused or not served; "not run" when no store met one."""
+    name, tally = "stranger's store requests refused", run.stranger
+    if "stranger" not in run.opts.kinds:
+        skipped[name] = "not run (stranger is not among --kinds)"
+    elif tally.answered() == 0:
+        skipped[name] = (f"not run: no rendezvous store met the stranger's requests "
+                         f"({sum(tally.requests.values())} made, none greeted and answered)")
+    else:
+        checks[name], notes[name] = list(tally.ran), tally.requests_note()
 
 
 def _terminate(signum: int, frame: Any) -> None:

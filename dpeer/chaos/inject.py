@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from dpeer.chaos.options import DISRUPTIVE
 from dpeer.chaos.sample import group_of
 from dpeer.chaos.schedule import Fault, Plan
+from dpeer.chaos.store_probe import Outcome
 from dpeer.chaos.stranger import visit
 from dpeer.launch.cluster import LocalNode
 
@@ -147,7 +148,9 @@ async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fau
     """Visit the victim's worker (and its warm spare) every PESTER_GAP seconds until `stop`; with
     no victim (while the first group forms), a seeded pick of the running nodes each time. The
     fault's detail gets the connections it made."""
-    before = sum(run.stranger.connections.values()), run.stranger.store_sets
+    tally = run.stranger
+    refused = Outcome.REFUSED.value
+    before = sum(tally.connections.values()), tally.store_sets, sum(tally.requests.values()), tally.requests[refused]
     while not stop.is_set():
         running = [n for n in run.cluster.nodes if n.running]
         node = victim or (running[run.stranger_rng.randrange(len(running))] if running else None)
@@ -155,17 +158,19 @@ async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fau
         if node is not None and doc:
             worker = doc.get("worker") or {}
             training = victim is not None and (doc.get("job") or {}).get("state") == "training"
+            generation = group_of(doc).get("generation")
             for pid in (worker.get("pid"), worker.get("spare_pid")):
                 if type(pid) is int:
-                    await visit(run.stranger, "training" if training else "formation", node.node_id, node.host,
-                                pid, worker.get("store_port") or 0, run.stranger_rng)
+                    await visit(tally, "training" if training else "formation", node.node_id, node.host,
+                                pid, worker.get("store_port") or 0, generation, run.stranger_rng)
         try:
             await asyncio.wait_for(stop.wait(), PESTER_GAP)
         except TimeoutError:
             pass
     if f is not None:
-        f.detail += (f": {sum(run.stranger.connections.values()) - before[0]} connections, "
-                     f"{run.stranger.store_sets - before[1]} store SETs")
+        f.detail += (f": {sum(tally.connections.values()) - before[0]} connections, "
+                     f"{tally.store_sets - before[1]} TCPStore SETs, {sum(tally.requests.values()) - before[2]} "
+                     f"store requests under guessed keys ({tally.requests[refused] - before[3]} refused)")
 
 
 APPLY: dict[str, Callable[[Run, Fault, LocalNode, Plan], Awaitable[None]]] = {
