@@ -12,13 +12,13 @@ fault come from the seed; which nodes are eligible depends on the run):
   partition  cut one node (a minority) off from the others for 3-8 s, both directions
   loss       the node drops 10-30 % of its outgoing protocol messages for 5-10 s
   slow       the node holds each outgoing protocol message 50-200 ms for 5-10 s
-  stranger   for 3-6 s a stranger connects to the node's worker ports every 0.5 s: requests on
-             the rendezvous store's own wire under guessed keys (`sealed` set to "abandoned", a
-             get, a 256 KiB value; the current generation and the next two), a TCPStore SET of
-             `<prefix>/sealed` and random bytes to its store port (`worker.store_port`), random
-             bytes to every other port its process listens on (dpeer/chaos/stranger.py,
-             store_probe.py); with stranger among the kinds it also visits the workers while the
-             first group forms
+  stranger   for 3-6 s a stranger visits the node every 0.5 s: requests on the rendezvous
+             store's own wire under guessed keys to the store its status names (`sealed` set to
+             "abandoned", a get, a 256 KiB value; the current generation and the next two), a
+             TCPStore SET of `<prefix>/sealed` and random bytes to its worker's store port
+             (`worker.store_port`), random bytes to every other port the worker listens on
+             (dpeer/chaos/stranger.py, store_probe.py); with stranger among the kinds it also
+             visits the nodes while the first group forms
 
 partition, loss and slow go through the chaos daemons' transport wrapper (the cluster runs
 `python -m dpeer.chaos.daemon`, dpeer/chaos/daemon.py; faults in <data_dir>/faults.json, read by

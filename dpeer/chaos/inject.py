@@ -12,7 +12,7 @@ from dpeer.chaos.options import DISRUPTIVE
 from dpeer.chaos.sample import group_of
 from dpeer.chaos.schedule import Fault, Plan
 from dpeer.chaos.store_probe import Outcome
-from dpeer.chaos.stranger import visit
+from dpeer.chaos.stranger import speak_the_wire, visit
 from dpeer.launch.cluster import LocalNode
 
 if TYPE_CHECKING:
@@ -145,9 +145,9 @@ async def _stranger(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
 
 
 async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fault | None = None) -> None:
-    """Visit the victim's worker (and its warm spare) every PESTER_GAP seconds until `stop`; with
-    no victim (while the first group forms), a seeded pick of the running nodes each time. The
-    fault's detail gets the connections it made."""
+    """Visit the victim's worker (and its warm spare) and the store its status names every
+    PESTER_GAP seconds until `stop`; with no victim (while the first group forms), a seeded pick
+    of the running nodes each time. The fault's detail gets the connections it made."""
     tally = run.stranger
     refused = Outcome.REFUSED.value
     before = sum(tally.connections.values()), tally.store_sets, sum(tally.requests.values()), tally.requests[refused]
@@ -158,11 +158,13 @@ async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fau
         if node is not None and doc:
             worker = doc.get("worker") or {}
             training = victim is not None and (doc.get("job") or {}).get("state") == "training"
-            generation = group_of(doc).get("generation")
+            phase, group = "training" if training else "formation", group_of(doc)
+            if group.get("store_host"):
+                await speak_the_wire(tally, phase, group["store_host"], group.get("generation"), run.stranger_rng)
             for pid in (worker.get("pid"), worker.get("spare_pid")):
                 if type(pid) is int:
-                    await visit(tally, "training" if training else "formation", node.node_id, node.host,
-                                pid, worker.get("store_port") or 0, generation, run.stranger_rng)
+                    await visit(tally, phase, node.node_id, node.host, pid, worker.get("store_port") or 0,
+                                run.stranger_rng)
         try:
             await asyncio.wait_for(stop.wait(), PESTER_GAP)
         except TimeoutError:

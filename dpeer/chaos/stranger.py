@@ -1,12 +1,12 @@
 """A stranger on the data plane: connections to a worker's listening ports, from outside the group.
 
 The chaos run's `stranger` fault (and, while the first group forms, a stranger at every node in
-turn) connects to the worker's rendezvous store port (`worker.store_port` in its status): it speaks
-the store's own wire with guessed keys (dpeer/chaos/store_probe.py: `sealed` set to "abandoned", a
-get of it and a value of the largest size, for the current generation and the next two), sends a
-TCPStore-style SET of `<prefix>/sealed` (torch's store, which answered anyone, is what a stranger
-would expect there) and random bytes; and it connects to every other TCP port the worker's
-process listens on (its Gloo and heal listeners: the process's sockets in LISTEN state, from
+turn) speaks the rendezvous store's own wire, with guessed keys, to the store its status names
+(`group.store_host`; dpeer/chaos/store_probe.py: `sealed` set to "abandoned", a get of it and a
+value of the largest size, for the current generation and the next two); sends the worker's store
+port (`worker.store_port`) a TCPStore-style SET of `<prefix>/sealed` (torch's store, which
+answered anyone, is what a stranger would expect there) and random bytes; and connects to every
+other TCP port the worker's process listens on (its Gloo and heal listeners: the process's sockets in LISTEN state, from
 /proc/<pid>/fd and /proc/<pid>/net/tcp{,6}), sending random bytes. The group must shrug it off:
 the store refuses every request (the row "stranger's store requests refused"), training goes on
 and the run's checks (the ledger audit, the final model equal to the fault-free run) still pass.
@@ -113,16 +113,14 @@ def listening_ports(pid: int) -> list[tuple[str | None, int]]:
 
 
 async def visit(tally: Tally, phase: str, node_id: str, host: str, pid: int, store_port: int,
-                generation: int | None, rng: random.Random) -> None:
-    """Connect to every port the worker `pid` listens on: the store port gets requests on its own
-    wire under guessed keys (`generation`: the node's current one, None when it has none), a
-    TCPStore SET of `<prefix>/sealed` and random bytes, every other port random bytes."""
+                rng: random.Random) -> None:
+    """Connect to every port the worker `pid` listens on: the store port gets a TCPStore SET of
+    `<prefix>/sealed` and random bytes, every other port random bytes."""
     for bound, port in listening_ports(pid):
         target = bound or host
         if target.startswith("127.") and not host.startswith("127."):
             continue  # a loopback listener in another network namespace: out of a stranger's reach
         if port == store_port:
-            await _speak_the_wire(tally, phase, node_id, target, port, generation, rng)
             prefix = f"stranger-{rng.getrandbits(32):08x}"
             if await _send(tally, phase, target, port, store_set(f"{prefix}/sealed", b"abandoned")):
                 tally.store_sets += 1
@@ -130,13 +128,15 @@ async def visit(tally: Tally, phase: str, node_id: str, host: str, pid: int, sto
             tally.ports.add(f"{node_id}:{port}")
 
 
-async def _speak_the_wire(tally: Tally, phase: str, node_id: str, host: str, port: int,
-                          generation: int | None, rng: random.Random) -> None:
-    """The visit's requests on the store's wire, one connection each; the rest are skipped once
-    the port does not greet (a worker that hosts no store now), so a visit stays short."""
+async def speak_the_wire(tally: Tally, phase: str, store: str, generation: int | None, rng: random.Random) -> None:
+    """Requests on the store's own wire under guessed keys, one connection each, to the store the
+    status names (`group.store_host`, HOST:PORT: what a read-only client sees); `generation`: the
+    view's. The rest are skipped once the port does not greet, so a visit stays short."""
+    host, _, port = store.rpartition(":")
+    host = host.strip("[]")
     for g, key, op, args in probes(generation, rng):
         try:
-            outcome, sent = await probe(host, port, g, key, op, args, CONNECT_TIMEOUT)
+            outcome, sent = await probe(host, int(port), g, key, op, args, CONNECT_TIMEOUT)
         except (OSError, TimeoutError):
             tally.refused += 1
             return
@@ -144,7 +144,7 @@ async def _speak_the_wire(tally: Tally, phase: str, node_id: str, host: str, por
         tally.sent += sent
         tally.requests[outcome.value] += 1
         if outcome is Outcome.RAN:
-            tally.ran.append(f"{node_id}:{port} ran a stranger's {op} for generation {g} during {phase}")
+            tally.ran.append(f"the store at {store} ran a stranger's {op} for generation {g} during {phase}")
         if outcome is Outcome.SILENT:
             return
 

@@ -6,7 +6,6 @@ would be run, which the probe tells apart)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import socket
 from types import SimpleNamespace
@@ -15,7 +14,7 @@ from dpeer.chaos import store_probe
 from dpeer.chaos.command import _stranger_row
 from dpeer.chaos.options import ChaosOptions
 from dpeer.chaos.store_probe import Outcome, probe, probes, request
-from dpeer.chaos.stranger import Tally, visit
+from dpeer.chaos.stranger import Tally, speak_the_wire
 from dpeer.trainer import rendezvous_wire as wire
 from dpeer.trainer.group import derive
 from dpeer.trainer.rendezvous import RendezvousClient
@@ -59,7 +58,7 @@ def test_a_live_store_refuses_the_stranger_and_keeps_nothing() -> None:
     server = _served()
     try:
         tally = Tally()
-        asyncio.run(visit(tally, "training", "n1", "127.0.0.1", os.getpid(), server.port, 5, random.Random(7)))
+        asyncio.run(speak_the_wire(tally, "training", f"127.0.0.1:{server.port}", 5, random.Random(7)))
         assert tally.requests == {"refused": 3, "not served": 6, "ran": 0, "silent": 0}, tally.requests
         assert tally.ran == [] and tally.answered() == 9 and tally.sent > 3 * LIMITS.max_value
         assert "9 store requests under guessed keys" in tally.note() and "3 refused" in tally.note()
@@ -90,3 +89,13 @@ def test_the_row_fails_on_a_request_run_and_says_not_run_when_no_store_answered(
     run, skipped = SimpleNamespace(opts=ChaosOptions(kinds=("kill",)), stranger=Tally()), {}
     _stranger_row(run, {}, {}, skipped)
     assert skipped == {"stranger's store requests refused": "not run (stranger is not among --kinds)"}
+
+
+def test_a_port_that_does_not_greet_gets_one_request_then_no_more() -> None:
+    """A worker's store port that serves no store now (bound and listening, nobody answering): the
+    visit's first request goes unanswered and the rest are skipped, so a visit stays short."""
+    with socket.create_server(("127.0.0.1", 0)) as quiet:
+        tally = Tally()
+        asyncio.run(speak_the_wire(tally, "formation", f"127.0.0.1:{quiet.getsockname()[1]}", None, random.Random(1)))
+    assert tally.requests == {"refused": 0, "not served": 0, "ran": 0, "silent": 1} and tally.answered() == 0
+    assert tally.connections == {"formation": 1}

@@ -67,7 +67,7 @@ def test_a_visit_reaches_every_port_and_counts_what_it_did() -> None:
         servers = [await asyncio.start_server(serve, "127.0.0.1", 0) for _ in range(2)]
         ports = [s.sockets[0].getsockname()[1] for s in servers]
         tally = Tally()
-        await visit(tally, "training", "n1", "127.0.0.1", os.getpid(), ports[0], 4, random.Random(1))
+        await visit(tally, "training", "n1", "127.0.0.1", os.getpid(), ports[0], random.Random(1))
         for _ in range(100):
             if len(received) == 2:
                 break
@@ -79,8 +79,6 @@ def test_a_visit_reaches_every_port_and_counts_what_it_did() -> None:
     tally, ports = asyncio.run(go())
     assert received[ports[0]].startswith(store_set("x", b"")[:6]) and b"/sealed" in received[ports[0]]
     assert len(received[ports[1]]) >= 16
-    assert tally.store_sets == 1 and tally.connections["training"] >= 4 and tally.refused == 0
+    assert tally.store_sets == 1 and tally.connections["training"] >= 3 and tally.refused == 0
     assert {f"n1:{p}" for p in ports} <= tally.ports
     assert "1 TCPStore SETs of <prefix>/sealed" in tally.note() and "during training" in tally.note()
-    # a port that does not greet as the store gets one request on its wire, then no more that visit
-    assert tally.requests == {"refused": 0, "not served": 0, "ran": 0, "silent": 1} and tally.answered() == 0
