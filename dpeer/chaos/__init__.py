@@ -12,10 +12,13 @@ fault come from the seed; which nodes are eligible depends on the run):
   partition  cut one node (a minority) off from the others for 3-8 s, both directions
   loss       the node drops 10-30 % of its outgoing protocol messages for 5-10 s
   slow       the node holds each outgoing protocol message 50-200 ms for 5-10 s
-  stranger   for 3-6 s a stranger connects to the node's worker ports every 0.5 s: a TCPStore SET
-             of `<prefix>/sealed` and random bytes to its store port (`worker.store_port`),
-             random bytes to every other port its process listens on (dpeer/chaos/stranger.py);
-             with stranger among the kinds it also visits the workers while the first group forms
+  stranger   for 3-6 s a stranger visits the node every 0.5 s: requests on the rendezvous
+             store's own wire under guessed keys to the store its status names (`sealed` set to
+             "abandoned", a get, a 256 KiB value; the current generation and the next two), a
+             TCPStore SET of `<prefix>/sealed` and random bytes to its worker's store port
+             (`worker.store_port`), random bytes to every other port the worker listens on
+             (dpeer/chaos/stranger.py, store_probe.py); with stranger among the kinds it also
+             visits the nodes while the first group forms
 
 partition, loss and slow go through the chaos daemons' transport wrapper (the cluster runs
 `python -m dpeer.chaos.daemon`, dpeer/chaos/daemon.py; faults in <data_dir>/faults.json, read by
@@ -46,7 +49,10 @@ Then the checks, each a list of violations (exit 1 if any):
   random nodes during the chaos window, then every key is read through every node; each
   operation's call and answer times are recorded (dpeer/chaos/history.py) and Wing and Gong's
   search checks every key as a register (dpeer/chaos/linear.py); an operation without an answer
-  may take effect late or never;
+  may take effect late or never; the row needs at least one answered operation of the chaos
+  window (the end-of-run reads alone show nothing of the faults);
+- the stranger's store requests refused: the store closed, or answered "generation not served"
+  to, every request the stranger made under a guessed key ("not run" when no store met one);
 - committed prefixes equal: every node's `dpeer log --json` at the end, every pair equal (by
   entry hash) on the indexes both hold and have committed (dpeer/chaos/prefix.py);
 - the audit of every ledger (dpeer/trainer/audit.py; ledgers of wiped data dirs included): no
@@ -68,7 +74,8 @@ timing, is what a seed reproduces: the machine's load decides where in training 
 
 Layout: options.py (the flags; light, imported by every `dpeer` command), schedule.py (the seeded
 plan), run.py (the run loop and sampling), inject.py (applying and ending faults), track.py
-(recovery times), kv.py (the kv writer), history.py (the kv clients), stranger.py (the stranger),
+(recovery times), kv.py (the kv writer), history.py (the kv clients), stranger.py and
+store_probe.py (the stranger),
 checks.py, linear.py, prefix.py, logs.py and reference.py (the checks), report.py (the summary and
 timeline), command.py (run_chaos, main). The package imports only options.py eagerly;
 everything else loads on first use, so building the `dpeer` parser stays cheap.

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpeer.chaos.history import window_counts
+from dpeer.chaos.linear import Op, check_history
 from dpeer.chaos.options import DISRUPTIVE
 from dpeer.chaos.reference import reference_final
 from dpeer.chaos.schedule import Fault
@@ -42,6 +44,21 @@ def _slow_recovery(f: Fault, max_recovery: float) -> str:
     if f.recovered_s is None:
         return head + "the survivors never committed another step"
     return head + f"the survivors' next committed step came {f.recovered_s:.0f}s later (limit {max_recovery:.0f}s)"
+
+
+def check_kv_history(history: list[Op], clients: int) -> tuple[list[str], str]:
+    """The row "kv history linearizable": the search's problems and figures. The end-of-run reads
+    alone show nothing of the faults, so the row also needs at least one answered operation of the
+    chaos window, and fails without one."""
+    result = check_history(history)
+    sent, answered = window_counts(history, clients)
+    problems = result.problems()
+    if answered == 0:
+        problems.append(f"no operation of the chaos window was answered ({sent} sent): only the end-of-run reads "
+                        "could be checked, which show nothing of the faults")
+    note = (f"{result.note()}; chaos window: {answered} of {sent} operations answered by {clients} clients "
+            "(the row needs at least 1), then every key read through every node")
+    return problems, note
 
 
 def check_protocol(samples: list[dict]) -> dict[str, list[str]]:

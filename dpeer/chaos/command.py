@@ -10,8 +10,8 @@ import time
 from typing import Any
 
 from dpeer import chaos
-from dpeer.chaos.checks import after_the_last_step, check_liveness, check_protocol, check_training, protocol_notes
-from dpeer.chaos.linear import check_history
+from dpeer.chaos.checks import (after_the_last_step, check_kv_history, check_liveness, check_protocol, check_training,
+                                protocol_notes)
 from dpeer.chaos.options import ChaosOptions, add_arguments, options_from, validate
 from dpeer.chaos.report import violations, write_report
 from dpeer.chaos.run import Run
@@ -35,6 +35,7 @@ def run_chaos(opts: ChaosOptions) -> int:
              "training resumes after every fault (liveness)": _liveness_note(run.faults, opts)}
     skipped: dict[str, str] = {}
     _history_and_logs(run, checks, notes, skipped)
+    _stranger_row(run, checks, notes, skipped)
     checks.update(check_protocol(run.samples))
     notes.update(protocol_notes(run.samples))
     rows, figures = check_training(run)
@@ -54,16 +55,25 @@ def _history_and_logs(run: Run, checks: dict[str, list[str]], notes: dict[str, s
     if run.opts.kv_clients == 0:
         skipped[lin] = "not run (--kv-clients 0)"
     else:
-        result = check_history(run.history)
-        checks[lin] = result.problems()
-        if result.ops == result.unknown:
-            checks[lin].append("no kv operation was answered: nothing checked")
-        notes[lin] = f"{result.note()}; {run.opts.kv_clients} clients, then every key read through every node"
+        checks[lin], notes[lin] = check_kv_history(run.history, run.opts.kv_clients)
     if run.prefixes is None:
         checks[prefixes] = ["not run: the run stopped before the logs were read"]
         notes[prefixes] = "nothing compared"
     else:
         checks[prefixes], notes[prefixes] = run.prefixes.problems, run.prefixes.note
+
+
+def _stranger_row(run: Run, checks: dict[str, list[str]], notes: dict[str, str], skipped: dict[str, str]) -> None:
+    """The row "stranger's store requests refused": every request the stranger made on the store's
+    wire under a guessed key was refused or not served; "not run" when no store met one."""
+    name, tally = "stranger's store requests refused", run.stranger
+    if "stranger" not in run.opts.kinds:
+        skipped[name] = "not run (stranger is not among --kinds)"
+    elif tally.answered() == 0:
+        skipped[name] = (f"not run: no rendezvous store met the stranger's requests "
+                         f"({sum(tally.requests.values())} made, none greeted and answered)")
+    else:
+        checks[name], notes[name] = list(tally.ran), tally.requests_note()
 
 
 def _terminate(signum: int, frame: Any) -> None:

@@ -79,6 +79,13 @@ async def perform(run: Run, c: int, node: LocalNode, kind: Kind, key: str, value
         return Op(c, kind, key, call, None, value=written, node=node.node_id)
 
 
+def window_counts(history: list[Op], clients: int) -> tuple[int, int]:
+    """The chaos window's operations (those of clients below `clients`; the end-of-run reads are
+    client `clients`): how many were sent and how many answered."""
+    window = [op for op in history if op.client < clients]
+    return len(window), sum(op.ret is not None for op in window)
+
+
 async def final_reads(run: Run) -> None:
     """Read every key through every running node once the faults are over (client number
     `kv_clients`): the end state joins the history the check judges."""

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 from dpeer.chaos.options import DISRUPTIVE
 from dpeer.chaos.sample import group_of
 from dpeer.chaos.schedule import Fault, Plan
-from dpeer.chaos.stranger import visit
+from dpeer.chaos.store_probe import Outcome
+from dpeer.chaos.stranger import speak_the_wire, visit
 from dpeer.launch.cluster import LocalNode
 
 if TYPE_CHECKING:
@@ -144,10 +145,12 @@ async def _stranger(run: Run, f: Fault, victim: LocalNode, plan: Plan) -> None:
 
 
 async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fault | None = None) -> None:
-    """Visit the victim's worker (and its warm spare) every PESTER_GAP seconds until `stop`; with
-    no victim (while the first group forms), a seeded pick of the running nodes each time. The
-    fault's detail gets the connections it made."""
-    before = sum(run.stranger.connections.values()), run.stranger.store_sets
+    """Visit the victim's worker (and its warm spare) and the store its status names every
+    PESTER_GAP seconds until `stop`; with no victim (while the first group forms), a seeded pick
+    of the running nodes each time. The fault's detail gets the connections it made."""
+    tally = run.stranger
+    refused = Outcome.REFUSED.value
+    before = sum(tally.connections.values()), tally.store_sets, sum(tally.requests.values()), tally.requests[refused]
     while not stop.is_set():
         running = [n for n in run.cluster.nodes if n.running]
         node = victim or (running[run.stranger_rng.randrange(len(running))] if running else None)
@@ -155,17 +158,21 @@ async def pester(run: Run, victim: LocalNode | None, stop: asyncio.Event, f: Fau
         if node is not None and doc:
             worker = doc.get("worker") or {}
             training = victim is not None and (doc.get("job") or {}).get("state") == "training"
+            phase, group = "training" if training else "formation", group_of(doc)
+            if group.get("store_host"):
+                await speak_the_wire(tally, phase, group["store_host"], group.get("generation"), run.stranger_rng)
             for pid in (worker.get("pid"), worker.get("spare_pid")):
                 if type(pid) is int:
-                    await visit(run.stranger, "training" if training else "formation", node.node_id, node.host,
-                                pid, worker.get("store_port") or 0, run.stranger_rng)
+                    await visit(tally, phase, node.node_id, node.host, pid, worker.get("store_port") or 0,
+                                run.stranger_rng)
         try:
             await asyncio.wait_for(stop.wait(), PESTER_GAP)
         except TimeoutError:
             pass
     if f is not None:
-        f.detail += (f": {sum(run.stranger.connections.values()) - before[0]} connections, "
-                     f"{run.stranger.store_sets - before[1]} store SETs")
+        f.detail += (f": {sum(tally.connections.values()) - before[0]} connections, "
+                     f"{tally.store_sets - before[1]} TCPStore SETs, {sum(tally.requests.values()) - before[2]} "
+                     f"store requests under guessed keys ({tally.requests[refused] - before[3]} refused)")
 
 
 APPLY: dict[str, Callable[[Run, Fault, LocalNode, Plan], Awaitable[None]]] = {

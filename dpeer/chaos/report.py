@@ -95,7 +95,8 @@ def write_report(run: Run, checks: dict[str, list[str]], figures: dict[str, Any]
         "history": [asdict(op) for op in run.history],
         "stranger": {"ran": "stranger" in opts.kinds, "connections": run.stranger.connections,
                      "refused": run.stranger.refused, "bytes": run.stranger.sent,
-                     "store_sets": run.stranger.store_sets, "ports": sorted(run.stranger.ports)},
+                     "store_sets": run.stranger.store_sets, "ports": sorted(run.stranger.ports),
+                     "requests": run.stranger.requests, "requests_run": run.stranger.ran},
         "figures": figures, "checks": checks, "notes": notes, "not_run": skipped, "violations": violations(checks),
     }
     (opts.out / "timeline.json").write_text(json.dumps(timeline, indent=1))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from dpeer.daemon import config as cfg
@@ -63,6 +64,8 @@ def cmd_members(args: argparse.Namespace) -> int:
 def _check_kv(args: argparse.Namespace) -> None:
     """UsageError for a key, value or prefix the node would refuse as too long, before dialling it."""
     from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
+    for name, attr in (("KEY", "key"), ("VALUE", "value"), ("--prefix", "prefix")):
+        _check_utf8(name, getattr(args, attr, None))
     key = getattr(args, "key", None)
     if key is not None and not 1 <= len(key) <= MAX_KEY:
         raise UsageError(f"KEY must be 1 to {MAX_KEY} characters, not {len(key)}")
@@ -70,6 +73,20 @@ def _check_kv(args: argparse.Namespace) -> None:
         raise UsageError(f"VALUE must be at most {MAX_VALUE} characters, not {len(args.value)}")
     if len(getattr(args, "prefix", "")) > MAX_KEY:
         raise UsageError(f"--prefix must be at most {MAX_KEY} characters, not {len(args.prefix)}")
+
+
+def _check_utf8(name: str, text: str | None) -> None:
+    """UsageError naming the argument when it holds bytes that are not UTF-8 (Python keeps them
+    as lone surrogates, which no node would take), as stdin's and --file's values get."""
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        what = f"byte 0x{code - 0xdc00:02x}" if 0xdc80 <= code <= 0xdcff else f"character U+{code:04X}"
+        raise UsageError(f"{name} is not UTF-8 text ({what} at character {exc.start + 1}); kv keys, values "
+                         "and prefixes are UTF-8 text: encode other bytes as text first (base64, say)") from None
 
 
 def _put_value(args: argparse.Namespace) -> str:
@@ -227,7 +244,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
     if args.config_command == "check":
         try:
-            cfg.check_file(args.file)
+            _check_config_file(args.file)
         except cfg.ConfigError as exc:
             if args.json:
                 print(json.dumps({"file": str(args.file), "ok": False, "error": str(exc)}))
@@ -241,6 +258,17 @@ def cmd_config(args: argparse.Namespace) -> int:
     else:
         print(yaml.safe_dump(doc, sort_keys=False), end="")
     return EXIT_OK
+
+
+def _check_config_file(path: Path) -> None:
+    """ConfigError unless `dpeer start --config path` would get past its checks: the file's own
+    (cfg.check_file), then the refusals start runs before the worker (check_security), so that
+    check and start agree on every file."""
+    config = cfg.check_file(path)
+    try:
+        check_security(config)
+    except UsageError as exc:
+        raise cfg.ConfigError(f"{path}: {exc}") from None
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -296,8 +324,9 @@ def _job_options(given: list[str] | None) -> dict[str, str] | None:
 
 def check_security(config: cfg.NodeConfig) -> None:
     """Refuse (exit 2) to start exposed without mutual TLS and token, with a key or token others
-    can read, with /metrics in clear off loopback, or with a certificate that names another node;
-    before the worker is spawned, so nothing is left running."""
+    can read, with /metrics in clear off loopback, or with a certificate that names another node
+    (when the node id is known: `config check` of a file without one); before the worker is
+    spawned, so nothing is left running."""
     from dpeer.security import auth, exposure
     s = config.security
     tls = [s.tls_cert, s.tls_key, s.tls_ca]
@@ -322,7 +351,7 @@ def check_security(config: cfg.NodeConfig) -> None:
         assert s.tls_key is not None  # all three TLS files or none, checked above
         check_pair(("security.tls_cert", s.tls_cert, contents["tls_cert"]),
                     ("security.tls_key", s.tls_key, contents["tls_key"]))
-        if named != auth.Principal(auth.CallerRole.NODE, config.node_id or ""):
+        if config.node_id is not None and named != auth.Principal(auth.CallerRole.NODE, config.node_id):
             raise UsageError(f"security.tls_cert {s.tls_cert} names {named}, not node/{config.node_id}; make this "
                              f"node's certificate with `dpeer certs create-node {config.node_id}`")
 

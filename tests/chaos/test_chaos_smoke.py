@@ -37,5 +37,12 @@ def test_short_seeded_chaos_run_has_no_violations(tmp_path: Path, reference_cach
     assert compared and int(compared.group(3)) > 100, notes["committed prefixes equal"]
     stranger = timeline["stranger"]
     assert stranger["ran"] and stranger["store_sets"] > 0, stranger
+    # its requests on the store's own wire reached a store that refused them (review of issue 35)
+    requests = stranger["requests"]
+    assert requests["refused"] > 0 and requests["ran"] == 0 and stranger["requests_run"] == [], stranger
+    assert timeline["checks"]["stranger's store requests refused"] == []
+    assert f"{requests['refused']} refused" in notes["stranger's store requests refused"]
+    window = re.search(r"chaos window: (\d+) of (\d+) operations answered", notes["kv history linearizable"])
+    assert window and int(window.group(1)) > 0, notes["kv history linearizable"]
     assert stranger["connections"].get("formation", 0) > 0 and stranger["connections"].get("training", 0) > 0, stranger
     assert "stranger on the data plane:" in output

@@ -1,6 +1,7 @@
 """The chaos run's stranger on the data plane (dpeer/chaos/stranger.py): it finds a process's
-listening ports as /proc shows them, its store payload is a SET a real TCPStore takes, and a visit
-reaches every port, counting what it did."""
+listening ports as /proc shows them, its TCPStore payload is a SET a real TCPStore takes, and a
+visit reaches every port, counting what it did (its requests on dpeer's store wire:
+test_store_probe.py)."""
 
 from __future__ import annotations
 
@@ -80,4 +81,4 @@ def test_a_visit_reaches_every_port_and_counts_what_it_did() -> None:
     assert len(received[ports[1]]) >= 16
     assert tally.store_sets == 1 and tally.connections["training"] >= 3 and tally.refused == 0
     assert {f"n1:{p}" for p in ports} <= tally.ports
-    assert "1 store SETs of <prefix>/sealed" in tally.note() and "during training" in tally.note()
+    assert "1 TCPStore SETs of <prefix>/sealed" in tally.note() and "during training" in tally.note()

@@ -130,7 +130,8 @@ def test_a_job_module_on_pythonpath_passes_config_check(tmp_path: Path) -> None:
     (tmp_path / "jobs").mkdir()
     (tmp_path / "jobs" / "myjob.py").write_text("def build(ctx):\n    raise NotImplementedError\n")
     path = tmp_path / "dpeer.yaml"
-    path.write_text("job: myjob:build\nlisten: 0.0.0.0:7100\nadvertise: 10.0.0.1:7100\n")
+    # off loopback, start (and so config check) needs TLS and a token or --insecure
+    path.write_text("job: myjob:build\nlisten: 0.0.0.0:7100\nadvertise: 10.0.0.1:7100\nsecurity:\n  insecure: true\n")
     ok = cli("config", "check", str(path), env={"PYTHONPATH": str(tmp_path / "jobs")})
     assert ok.returncode == 0, ok.stderr
 

@@ -84,3 +84,21 @@ def test_kv_values_from_stdin_and_files_keys_after_dashes_and_escaped_listing(da
     assert "not both" in both and "as - to read it from stdin" in neither
     assert "unrecognized arguments: -dash" in dash and "goes after '--'" in dash
     assert cli("kv", "get", "big", "--addr", n1.addr).returncode == 1, "nothing was written"
+
+
+def test_a_non_utf8_argument_is_refused_with_a_sentence() -> None:
+    """A key, value or prefix holding bytes that are not UTF-8 (0xff from a shell's $'\\xff'; Python
+    keeps it as the lone surrogate U+DCFF) gets the sentence stdin and --file get, exit 2, before any
+    node is dialled (review of issue 35: it was Python's codec error)."""
+    cases = {("put", "k", "\udcff"): "VALUE is not UTF-8 text (byte 0xff at character 1)",
+             ("put", "\udcff", "v"): "KEY is not UTF-8 text (byte 0xff at character 1)",
+             ("get", "a\udcff"): "KEY is not UTF-8 text (byte 0xff at character 2)",
+             ("delete", "\udcfe"): "KEY is not UTF-8 text (byte 0xfe at character 1)",
+             ("list", "--prefix", "\udcff"): "--prefix is not UTF-8 text (byte 0xff at character 1)"}
+    results = cli_many([["kv", *args, "--addr", "127.0.0.1:1", "--timeout", "2"] for args in cases])
+    for (args, expected), done in zip(cases.items(), results):
+        line = one_sentence(done.stderr)
+        assert done.returncode == 2, (args, line)
+        assert expected in line and "codec" not in line and "surrogates" not in line, (args, line)
+        assert line.endswith("kv keys, values and prefixes are UTF-8 text: encode other bytes as text first "
+                             "(base64, say)"), line
