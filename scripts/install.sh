@@ -4,10 +4,12 @@
 # --job: the job every box runs (docs/jobs.md); put a MODULE of your own in /opt/dpeer/jobs first.
 # --preset: the timing preset (lan, wan or edge); --metrics-listen: HOST:PORT for Prometheus.
 # --from: a dpeer wheel or a bundle (scripts/bundle: no index needed, nor a network when it holds
-# torch) instead of the checkout or bundle this script lies in. The certificates a joining box needs
-# are checked before anything is installed. Sourcing this file defines its steps without running them.
+# torch) instead of the checkout or bundle this script lies in; --insecure-data-plane: the job trains
+# between boxes unencrypted (README "Security"; off loopback dpeer refuses a job without it, or an
+# encrypted network). The certificates a joining box needs are checked before anything is installed.
+# Sourcing this file defines its steps without running them.
 set -euo pipefail
-usage="usage: $0 [--job demo|MODULE:FUNCTION] [--preset lan|wan|edge] [--metrics-listen HOST:PORT] [--from WHEEL|BUNDLE] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]"
+usage="usage: $0 [--job demo|MODULE:FUNCTION] [--preset lan|wan|edge] [--metrics-listen HOST:PORT] [--from WHEEL|BUNDLE] [--insecure-data-plane] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 certs=/etc/dpeer/certs
 bin=/opt/dpeer/venv/bin/dpeer
@@ -17,9 +19,10 @@ bad_usage() { [ "$#" -eq 0 ] || echo "install.sh: $*" >&2; echo "$usage" >&2; ex
 # Sets job, preset, metrics, from, node_id, listen and join from the command line; exit 2 on a bad one
 # (the config check after the install is the authority on values; this catches typos before it).
 parse_args() {
-  job="" preset="" metrics="" from=""
+  job="" preset="" metrics="" from="" data_plane=""
   while [ "$#" -gt 0 ]; do
     case "$1" in
+      --insecure-data-plane) data_plane=insecure; shift ;;
       --job|--preset|--metrics-listen|--from)
         [ "$#" -ge 2 ] || bad_usage
         case "$1" in
@@ -150,6 +153,7 @@ write_config() {
     [ -z "$job" ] || echo "install.sh: --job $job was not written: set job: in /etc/dpeer/dpeer.yaml" >&2
     [ -z "$preset" ] || echo "install.sh: --preset $preset was not written: set preset: in /etc/dpeer/dpeer.yaml" >&2
     [ -z "$metrics" ] || echo "install.sh: --metrics-listen $metrics was not written: set metrics_listen: in /etc/dpeer/dpeer.yaml" >&2
+    [ -z "$data_plane" ] || echo "install.sh: --insecure-data-plane was not written: set security.insecure_data_plane: true in /etc/dpeer/dpeer.yaml" >&2
     return 0
   fi
   {
@@ -165,6 +169,8 @@ write_config() {
     echo "  tls_cert: $certs/node-$node_id.pem"
     echo "  tls_key: $certs/node-$node_id.key"
     echo "  cluster_token_file: $certs/cluster.token"
+    # the job's collectives and heal travel unencrypted between boxes (README "Security")
+    [ -n "$data_plane" ] && echo "  insecure_data_plane: true"
   } > /etc/dpeer/dpeer.yaml
   echo "wrote /etc/dpeer/dpeer.yaml"
 }

@@ -228,6 +228,8 @@ def test_install_takes_the_preset_metrics_address_job_and_source_as_flags(tmp_pa
                      str(wheel), "n2", "10.0.0.2:7100", "10.0.0.1:7100")
     assert result.stdout.strip() == f"demo|edge|10.0.0.1:7190|{wheel}|n2|10.0.0.2:7100|10.0.0.1:7100", result.stderr
     assert sourced(shown, "n1", "[::1]:7100").stdout.strip() == "||||n1|[::1]:7100|"
+    plane = sourced('parse_args "$@"; echo "$data_plane"', "--insecure-data-plane", "--job", "demo", "n1", "h:7100")
+    assert plane.stdout.strip() == "insecure", plane.stderr
 
 
 def test_install_refuses_a_bad_flag_with_one_sentence_and_its_usage(tmp_path: Path) -> None:
