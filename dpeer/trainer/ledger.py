@@ -75,10 +75,18 @@ def compact(lines: list[str], below: int) -> list[str] | None:
     foldable = sorted((k for k, kinds in by_key.items()
                        if len(kinds.get(TRAINED, ())) == 1 and len(kinds.get(COMMITTED, ())) == 1),
                       key=lambda k: (k[1], k[2], k[3], k[0]))
-    if not foldable:
-        return None
     for key in foldable:
         _fold(key, by_key[key], slots, open_ranges)
+    late = [(k, r) for k, kinds in by_key.items() if set(kinds) == {DIGEST}
+            and (r := open_ranges.get(k[1:])) is not None and r["first"] <= k[0] <= r["last"]]
+    if not foldable and not late:
+        return None
+    for key, run in late:  # a digest hashed beside the step after a fold's bound: folded too
+        for where, record in by_key[key][DIGEST]:
+            if key[0] == run["first"] and record.get("digest"):
+                run["digest_steps"].append(key[0])
+                run["digests"].append(record["digest"])
+            slots[where] = None
     _keep_newest_digests([s for s in slots if isinstance(s, dict)])
     return [s if isinstance(s, str) else json.dumps(s) for s in slots if s is not None]
 

@@ -256,3 +256,14 @@ def test_folds_on_their_thread_lose_no_record_written_meanwhile(tmp_path) -> Non
     assert audit({"a": recs}, 400, SAMPLER, MICRO) == []
     assert sum(r["kind"] == "range" for r in recs) == 1 and os.listdir(tmp_path) == ["ledger.jsonl"]
     assert [e["step"] for e in read_ledger(path)] == list(range(400))
+
+
+def test_a_digest_written_after_its_step_was_folded_is_folded_at_the_next_fold() -> None:
+    """Without checkpoints a fold's bound is the current step: the step before it is hashed beside
+    the next one, so its digest record lands after the fold; the next fold takes it in."""
+    recs = records(range(STEPS), 1)["n0"]
+    first = compact(as_lines(recs[:20]), 10)  # steps 0..9 trained and committed, then folded
+    late = {"kind": "digest", "step": 9, "gen": 1, "world": 1, "rank": 0, "digest": "late9"}
+    lines = compact(first + [json.dumps(late)] + as_lines(recs[20:]), 30)
+    assert lines is not None and '"late9"' not in "".join(lines) and len(lines) == 1 + 2 * (STEPS - 30)
+    assert run_audit({"n0": [json.loads(line) for line in lines]}, steps=STEPS) == []
