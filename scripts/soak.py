@@ -8,10 +8,11 @@ The bound of one data dir, in allocated bytes (what ``du`` counts; 4 KiB blocks)
   compacted into a snapshot; LMDB's file holds its high-water mark, at most twice what the
   entries and two snapshots of the state take (copy-on-write pages, half-full B-tree pages);
 - checkpoints: the two newest, the committed one and one being written: 4 checkpoints;
-- ledger: the steps since the committed checkpoint before last, at most 2 x checkpoint_every
-  steps, in full (320 bytes and one index per sample of the global batch a step, at most), plus
-  the folded head: 0.3 KB and one step's records a generation, 0.1 KB a digest kept (one a
-  checkpoint and one a generation, at most DIGESTS_KEPT);
+- ledger: at most the last 2 x checkpoint_every steps in full (a fold at each checkpoint keeps
+  those since the committed checkpoint, or since the previous one when the commit lags), 320
+  bytes and one index per sample of the global batch a step at most, plus the folded head:
+  0.3 KB and one step's records a generation, 0.1 KB a digest kept (one a checkpoint and one a
+  generation, at most DIGESTS_KEPT);
 - reports: the live file and REPORTS_KEPT sealed ones, REPORTS_ROTATE_BYTES and a record each;
 - views: VIEWS_KEPT files; other: checkpoint.json, final.pt (a checkpoint's size), the socket.
 

@@ -114,34 +114,13 @@ def audit_run(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: Global
     fast mode: within a generation). Records of later steps (a run still training) are left out."""
     result = Audit()
     seeded = _memo(sampler.indices_for_step)
-    committed: dict[tuple[int, int], int] = {}
-    trained: dict[tuple[int, int], dict[int, list[dict]]] = {}
-    digests: dict[tuple[int, int], dict[str, str]] = {}
-
-    def digested(node: str, step: int, gen: int, digest: str) -> None:
-        scope = (step, -1 if micro_batch else gen)
-        digests.setdefault(scope, {})[f"{node}@{gen}"] = digest
-
+    seen = _Seen(steps, -1 if micro_batch else None)
     for node, records in ledgers.items():
         for e in records:
             if e.get("kind") == RANGE:
                 _check_range(e, seeded, micro_batch, result)
-                for s in range(e["first"], min(e["last"] + 1, steps)):
-                    committed[(s, e["gen"])] = e["world"]
-                    trained.setdefault((s, e["gen"]), {}).setdefault(e["rank"], []).append(e)
-                for s, d in range_digests(e):
-                    digested(node, s, e["gen"], d)
-                continue
-            if e["step"] >= steps:
-                continue
-            key = (e["step"], e["gen"])
-            if e.get("kind") == TRAINED:
-                trained.setdefault(key, {}).setdefault(e["rank"], []).append(e)
-                continue
-            if e.get("kind") != DIGEST:
-                committed[key] = e["world"]
-            if e["digest"]:  # only every training.digest_every-th step carries one
-                digested(node, e["step"], e["gen"], e["digest"])
+            seen.take(node, e)
+    committed, trained, digests = seen.committed, seen.trained, seen.digests
     fed: dict[int, list[int]] = {}
     for (step, gen), world in sorted(committed.items()):
         sequence = _check_group(step, gen, world, trained.get((step, gen), {}), seeded(step), micro_batch, result)
@@ -157,6 +136,43 @@ def audit_run(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: Global
     if twice:
         result.problems.append(f"{twice} samples consumed twice within an epoch")
     return result
+
+
+class _Seen:
+    """What the records say, by (step, generation) below ``steps``: the committed groups' worlds,
+    each rank's trained records (a range stands for its rank's), and the digests by scope
+    (exact mode: the step alone, ``every_gen`` -1; fast mode: the step and the generation)."""
+
+    def __init__(self, steps: int, every_gen: int | None) -> None:
+        self.steps, self.every_gen = steps, every_gen
+        self.committed: dict[tuple[int, int], int] = {}
+        self.trained: dict[tuple[int, int], dict[int, list[dict]]] = {}
+        self.digests: dict[tuple[int, int], dict[str, str]] = {}
+
+    def take(self, node: str, e: dict) -> None:
+        """Note one record of `node`'s ledger."""
+        if e.get("kind") == RANGE:
+            for s in range(e["first"], min(e["last"] + 1, self.steps)):
+                self.committed[(s, e["gen"])] = e["world"]
+                self.trained.setdefault((s, e["gen"]), {}).setdefault(e["rank"], []).append(e)
+            for s, d in range_digests(e):
+                if s < self.steps:
+                    self._digest(node, s, e["gen"], d)
+            return
+        if e["step"] >= self.steps:
+            return
+        key = (e["step"], e["gen"])
+        if e.get("kind") == TRAINED:
+            self.trained.setdefault(key, {}).setdefault(e["rank"], []).append(e)
+            return
+        if e.get("kind") != DIGEST:
+            self.committed[key] = e["world"]
+        if e["digest"]:  # only every training.digest_every-th step carries one
+            self._digest(node, e["step"], e["gen"], e["digest"])
+
+    def _digest(self, node: str, step: int, gen: int, digest: str) -> None:
+        scope = (step, gen if self.every_gen is None else self.every_gen)
+        self.digests.setdefault(scope, {})[f"{node}@{gen}"] = digest
 
 
 def _memo(fn: Callable[[int], list[int]]) -> Callable[[int], list[int]]:

@@ -331,11 +331,15 @@ class Trainer:
 
     def _fold_ledger(self) -> None:
         """Fold the ledger's steps that a committed checkpoint covers into ranges (ledger.py), at
-        each checkpoint this worker writes; without checkpoints, every FOLD_EVERY steps, up to this one."""
+        each checkpoint this worker writes: those below the committed checkpoint, or below this
+        worker's previous checkpoint when the commit lags further (the tail stays within two
+        intervals; a range keeps what the audit needs either way). Without checkpoints, every
+        FOLD_EVERY steps, up to this one."""
         if self._ledger is None:
             return
         if self.cfg.ckpt_dir and self.cfg.ckpt_every:
-            below = min(self._committed_hint()[0], self.step) if self._checkpoint_due() else 0
+            committed = max(self._committed_hint()[0], self.step - self.cfg.ckpt_every)
+            below = min(committed, self.step) if self._checkpoint_due() else 0
         else:
             below = self.step if self.step % FOLD_EVERY == 0 else 0
         if below > self._folded_below:

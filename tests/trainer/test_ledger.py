@@ -67,27 +67,17 @@ def test_folding_twice_extends_the_range_and_equals_folding_once() -> None:
     assert compact(once, 35) is None  # nothing left to fold below 35
 
 
-def test_read_ledger_and_step_digests_see_through_ranges() -> None:
+def test_read_ledger_and_step_digests_see_through_ranges(tmp_path) -> None:
     recs = records(range(STEPS), 1)["n0"]
     lines = compact(as_lines(recs), 20)
     assert lines is not None
     compacted = [json.loads(line) for line in lines]
-    expanded = read_ledger_of(compacted)
+    (tmp_path / "ledger.jsonl").write_text("".join(line + "\n" for line in lines))
+    expanded = read_ledger(str(tmp_path / "ledger.jsonl"))
     assert [e["step"] for e in expanded] == list(range(STEPS))
     assert expanded[-1]["digest"] == f"d{STEPS - 1}" and expanded[5]["digest"] == "d5"  # committed digests kept
     assert expanded[5]["loss"] is None and expanded[25]["loss"] == 1.0
     assert step_digests(compacted) == step_digests(recs)
-
-
-def read_ledger_of(recs: list[dict], tmp: str | None = None) -> list[dict]:
-    import tempfile
-
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, dir=tmp) as f:
-        f.write("".join(json.dumps(r) + "\n" for r in recs))
-    try:
-        return read_ledger(f.name)
-    finally:
-        os.remove(f.name)
 
 
 def test_a_range_keeps_checkpoint_digests_and_a_groups_first_and_drops_the_rest() -> None:
@@ -96,7 +86,7 @@ def test_a_range_keeps_checkpoint_digests_and_a_groups_first_and_drops_the_rest(
     assert range_digests(range_) == [(0, "d0"), (9, "d9"), (19, "d19"), (29, "d29")]
     # a disagreement at a kept step is still found after folding; one at a dropped step no longer is
     other = records(range(STEPS), 1, gen=2, digest="x")["n0"]
-    assert any("disagree at step 9" in p for p in run_audit(folded({"a": recs, "b": other}, 30)))
+    assert any("disagree at step 9" in p for p in run_audit(folded({"a": recs, "b": other}, 30), steps=STEPS))
 
 
 def test_a_folded_rank_that_fed_other_samples_is_flagged_by_its_range() -> None:
@@ -112,7 +102,7 @@ def test_a_folded_rank_that_fed_other_samples_is_flagged_by_its_range() -> None:
 def test_a_folded_micro_batch_trained_twice_is_flagged() -> None:
     ledgers = records(range(STEPS), 2)
     ledgers["n1"][4] = {**ledgers["n1"][4], "micro_batches": [1, 3]}  # step 2, rank 1
-    assert any("rank 1's folded records" in p for p in run_audit(folded(ledgers, 30)))
+    assert any("rank 1's folded records" in p for p in run_audit(folded(ledgers, 30), steps=STEPS))
 
 
 def test_a_rank_killed_between_trained_and_committed_keeps_its_trained_record() -> None:
