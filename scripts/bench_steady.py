@@ -34,6 +34,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recovery_common import descendants, read_jsonl  # noqa: E402
 
+from dpeer.channel.local import read_reports  # noqa: E402
 from dpeer.launch.cluster import LocalCluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,13 +102,13 @@ def run_dpeer(out: Path, dim: int, hidden: int, steps: int, reduction: str) -> t
                            "options": {"dim": dim, "hidden": hidden}}}
     cluster = LocalCluster(out, 2, job="demo", config=config, env={"OMP_NUM_THREADS": "1"})
     peak = Peak()
-    reports = out / "n1" / "worker" / "reports" / "n1.jsonl"
+    reports = str(out / "n1" / "worker")  # n1's reports, as long as its daemon keeps them (read_reports)
     try:
         cluster.start_all()
         deadline = time.monotonic() + 60 + steps * 2.0
         while time.monotonic() < deadline:
             peak.sample([n.proc.pid for n in cluster.nodes], skip_tops=True)
-            done = [r for r in read_jsonl(reports) if r.get("kind") == "progress"]
+            done = [r for r in read_reports(reports, "n1") if r.get("kind") == "progress"]
             if done and done[-1]["step"] >= steps:
                 break
             time.sleep(0.25)
@@ -116,7 +117,7 @@ def run_dpeer(out: Path, dim: int, hidden: int, steps: int, reduction: str) -> t
     finally:
         cluster.stop_all()
     records, world = [], 0
-    for r in read_jsonl(reports):  # only steps committed by both boxes together
+    for r in read_reports(reports, "n1"):  # only steps committed by both boxes together
         world = r.get("world", world) if r.get("kind") == "formed" else world
         if r.get("kind") == "progress" and world == 2:
             records.append(r)

@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from dpeer.channel.local import read_reports  # noqa: E402
 from dpeer.launch.cluster import LocalCluster  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,14 +40,7 @@ TRAINING = {"steps": 1000000, "global_batch": 16, "micro_batch": 8, "checkpoint_
 
 
 def reports(cluster: LocalCluster, node: str) -> list[dict[str, Any]]:
-    path = cluster.node(node).data_dir / "worker" / "reports" / f"{node}.jsonl"
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return records
+    return read_reports(str(cluster.node(node).data_dir / "worker"), node)
 
 
 def cpu_ticks(pid: int) -> int:

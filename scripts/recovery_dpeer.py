@@ -25,6 +25,7 @@ from recovery_common import (
     wait_until,
 )
 
+from dpeer.channel.local import read_reports
 from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.trainer.audit import audit, read_ledger, read_records
 from dpeer.trainer.demo import DEFAULTS
@@ -70,7 +71,7 @@ class DpeerSide:
 
     def reports(self, n: str) -> list[dict]:
         """Every report n's worker wrote so far."""
-        return read_jsonl(self.node(n).data_dir / "worker" / "reports" / f"{n}.jsonl")
+        return read_reports(str(self.node(n).data_dir / "worker"), n)
 
     def ledger(self, n: str) -> list[dict]:
         """n's ledger of committed steps."""
@@ -211,10 +212,9 @@ def audit_ledgers(side: DpeerSide) -> dict:
     """Audit every ledger: no committed step lost, each micro-batch trained once by the group that
     committed it (as its ranks recorded), each sample once per epoch, replicas agree."""
     # The group trains on while this reads: first the steps every box has committed, then the
-    # records below them (a rank writes what it trained before the step commits anywhere), so no
-    # step in flight while the files were read looks half-recorded.
+    # records, audited below them (a rank writes what it trained before the step commits
+    # anywhere), so no step in flight while the files were read looks half-recorded.
     upto = min(max((e["step"] for e in side.ledger(n)), default=-1) for n in side.nodes) + 1
-    ledgers = {n: [e for e in read_records(str(side.node(n).data_dir / "worker" / "ledger.jsonl")) if e["step"] < upto]
-               for n in side.nodes}
+    ledgers = {n: read_records(str(side.node(n).data_dir / "worker" / "ledger.jsonl")) for n in side.nodes}
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], GLOBAL_BATCH, SEED)
     return {"steps_checked": upto, "problems": audit(ledgers, upto, sampler, MICRO_BATCH)}

@@ -101,10 +101,37 @@ def load_latest_checkpoint(directory: str) -> tuple[int, bytes] | None:
 
 def prune_checkpoints(directory: str, keep: int, protect: int = 0) -> None:
     """Delete all but the ``keep`` newest checkpoints and the one of step ``protect`` (the newest
-    committed checkpoint, which a restart after a full power loss resumes from)."""
+    committed checkpoint, which a restart after a full power loss resumes from), and the temp
+    files of writes whose process is gone (killed mid-write: each as big as a checkpoint)."""
     for step, path in list_checkpoints(directory)[keep:]:
         if step != protect:
             os.remove(path)
+    for name in os.listdir(directory):
+        pid = _writer(name)
+        if pid is not None and not _alive(pid):
+            try:
+                os.remove(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass  # another pruner took it
+
+
+def _writer(name: str) -> int | None:
+    """The pid in a checkpoint temp file's name (``.ckpt-<step>.bin.<pid>.tmp``), None for any other file."""
+    if not (name.startswith("." + CKPT_PREFIX) and name.endswith(".tmp")):
+        return None
+    pid = name[: -len(".tmp")].rsplit(".", 1)[-1]
+    return int(pid) if pid.isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def read_state_header(data: bytes) -> dict[str, Any]:

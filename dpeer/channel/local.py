@@ -1,12 +1,20 @@
 """The local channel between a daemon and its worker: a directory on the node's own disk.
 
 The daemon (the view authority) writes each committed view atomically as
-``views/view-<generation>.json`` and the newest committed checkpoint as ``checkpoint.json``; the worker appends its reports (waiting, progress, failure)
+``views/view-<generation>.json`` (keeping the newest VIEWS_KEPT) and the newest committed
+checkpoint as ``checkpoint.json``; the worker appends its reports (waiting, progress, failure)
 to ``reports/<node>.jsonl``. Files survive either side restarting, need no port, and a torn
 last line is simply skipped. After any report but a step's progress the worker also rings a
 doorbell (a datagram to the daemon's Unix socket ``doorbell`` in the directory, which only the
 data dir's owner can reach), so the daemon reads the reports at once instead of polling them
 often. This module is peer's local API; the trainer imports it.
+
+Reports stay bounded: once the live file passes REPORTS_ROTATE_BYTES the worker renames it to
+``reports/<node>.jsonl.<seq>`` (sealed: never written again) and starts a new one; the daemon's
+ReportTail reads sealed segments to their end, then the live file, following each file by its
+inode, and deletes what it has read but the newest REPORTS_KEPT segments (history for
+read_reports). A data dir's reports hold at most (REPORTS_KEPT + 1) segments and a record while
+its daemon reads them.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import BinaryIO, Iterator, Protocol, TextIO
 
 from dpeer.address import Address
 from dpeer.view import View
@@ -27,6 +35,9 @@ POLL_INTERVAL_S = 0.005
 # A training worker peeks for a newer view every step; the folder is scanned only when its mtime
 # moved or PEEK_RESCAN_S passed (mtimes can be coarser than the gap between two renames).
 PEEK_RESCAN_S = 0.05
+VIEWS_KEPT = 4  # view files kept: a worker reads only the newest
+REPORTS_ROTATE_BYTES = 512 * 1024  # a live reports file past this is sealed (about 4000 steps' progress)
+REPORTS_KEPT = 1  # sealed segments the daemon keeps once read, as history (read_reports)
 CHECKPOINT_FILE = "checkpoint.json"
 # A warm spare worker (daemon/spare.py) waits for this line on its stdin; end of file means: exit unused
 SPARE_GO = b"go\n"
@@ -110,6 +121,17 @@ def publish_view(directory: str, assignment: Assignment) -> None:
     views = os.path.join(directory, "views")
     os.makedirs(views, exist_ok=True)
     _atomic_write(os.path.join(views, f"view-{assignment.view.generation:012d}.json"), assignment.to_json())
+    for old in sorted(n for n in os.listdir(views) if _view_generation(n) is not None)[:-VIEWS_KEPT]:
+        try:
+            os.remove(os.path.join(views, old))
+        except FileNotFoundError:
+            pass
+
+
+def _view_generation(name: str) -> int | None:
+    """The generation of a view file's name, None for any other name (a temp file)."""
+    core = name[5:-5] if name.startswith("view-") and name.endswith(".json") else ""
+    return int(core) if core.isdigit() else None
 
 
 def publish_checkpoint(directory: str, step: int, digest: str) -> None:
@@ -136,22 +158,47 @@ def read_committed_checkpoint(directory: str) -> tuple[int, str]:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """Every complete JSON record of a JSON-lines file (a torn line, from a kill mid-write, is skipped)."""
-    if not os.path.exists(path):
+    """Every complete JSON record of a JSON-lines file (a torn line, from a kill mid-write, is
+    skipped); none for a file that does not exist (or was removed while this read)."""
+    try:
+        with open(path, "rb") as f:
+            return _records(f.read())
+    except FileNotFoundError:
         return []
+
+
+def _records(data: bytes) -> list[dict]:
+    """The JSON objects of JSON-lines bytes; lines that are not one (torn, garbled) are skipped."""
     out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in data.splitlines():
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 
+def report_segments(reports: str, node_id: str) -> list[tuple[int, str]]:
+    """(seq, path) of a node's sealed reports files in the ``reports`` folder, oldest first."""
+    prefix = f"{node_id}.jsonl."
+    try:
+        names = os.listdir(reports)
+    except FileNotFoundError:
+        return []
+    return sorted((int(n[len(prefix):]), os.path.join(reports, n)) for n in names
+                  if n.startswith(prefix) and n[len(prefix):].isdigit())
+
+
 def read_reports(directory: str, node_id: str) -> list[dict]:
-    """All reports a node appended so far."""
-    return read_jsonl(os.path.join(directory, "reports", f"{node_id}.jsonl"))
+    """The reports a node appended that are still kept, in order: under a daemon, at least the last
+    REPORTS_ROTATE_BYTES of them (a benchmark reading progress times reads here)."""
+    reports = os.path.join(directory, "reports")
+    out: list[dict] = []
+    for _, path in report_segments(reports, node_id):
+        out += read_jsonl(path)  # one deleted meanwhile reads as empty
+    return out + read_jsonl(os.path.join(reports, f"{node_id}.jsonl"))
 
 
 DOORBELL = "doorbell"  # the daemon's socket inside the channel directory
@@ -253,16 +300,17 @@ class DirViewSource:
         self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._bell.setblocking(False)
         self._bell_path = doorbell_path(directory)
-        self._reports = None  # kept open: a training worker reports every step
+        self._reports: TextIO | None = None  # kept open: a training worker reports every step
+        self._report_bytes = 0  # the live file's size
         self._scanned: tuple[int, float] = (-1, -1.0)  # (views folder mtime_ns, monotonic time)
 
     def _newest_generation(self) -> int:
         newest = -1
         with os.scandir(self._views) as it:
             for entry in it:
-                name = entry.name
-                if name.startswith("view-") and name.endswith(".json"):
-                    newest = max(newest, int(name[5:-5]))
+                generation = _view_generation(entry.name)
+                if generation is not None:
+                    newest = max(newest, generation)
         return newest
 
     def _unchanged(self) -> bool:
@@ -282,8 +330,11 @@ class DirViewSource:
         while True:
             newest = self._newest_generation()
             if newest > after_generation:
-                with open(os.path.join(self._views, f"view-{newest:012d}.json")) as f:
-                    return Assignment.from_json(f.read())
+                try:
+                    with open(os.path.join(self._views, f"view-{newest:012d}.json")) as f:
+                        return Assignment.from_json(f.read())
+                except FileNotFoundError:
+                    continue  # pruned as newer views came in since the scan: scan again
             if self.clock.now() >= deadline:
                 return None
             self.clock.sleep(POLL_INTERVAL_S)
@@ -291,10 +342,35 @@ class DirViewSource:
     def _append(self, record: dict, ring: bool = True) -> None:
         record["t"] = self.clock.wall()
         if self._reports is None:
-            self._reports = open(self._report_path, "a", buffering=1)  # noqa: SIM115 (lives with the source)
-        self._reports.write(json.dumps(record) + "\n")
+            self._reports = self._open_reports()
+        line = json.dumps(record) + "\n"
+        self._reports.write(line)
+        self._report_bytes += len(line)  # ASCII: json.dumps escapes the rest
+        if self._report_bytes > REPORTS_ROTATE_BYTES:
+            self._seal()
         if ring:
             self._ring()
+
+    def _open_reports(self) -> TextIO:
+        """The live reports file, for appending; a torn last line (a worker killed mid-write) is ended
+        first, so the next record is not glued to it."""
+        f = open(self._report_path, "a", buffering=1)  # noqa: SIM115 (lives with the source)
+        self._report_bytes = f.tell()
+        if self._report_bytes:
+            with open(self._report_path, "rb") as tail:
+                tail.seek(-1, os.SEEK_END)
+                if tail.read(1) != b"\n":
+                    f.write("\n")
+        return f
+
+    def _seal(self) -> None:
+        """Rename the live reports file to the next sealed segment; the next report starts a new one."""
+        assert self._reports is not None
+        self._reports.close()
+        self._reports = None
+        reports = os.path.dirname(self._report_path)
+        seq = max((s for s, _ in report_segments(reports, self.node_id)), default=0) + 1
+        os.rename(self._report_path, f"{self._report_path}.{seq}")
 
     def _ring(self) -> None:
         """Wake the daemon; nobody listening (no daemon, a test) or a full queue is fine, since
@@ -332,31 +408,84 @@ class DirViewSource:
 
 
 class ReportTail:
-    """The daemon's incremental reader of one worker's report file (complete lines only)."""
+    """The daemon's incremental reader of one worker's reports: sealed segments, then the live
+    file, complete lines only, each record once. It follows a file by its inode (a rename while it
+    reads loses nothing) and deletes the segments it has read but the newest REPORTS_KEPT."""
 
     def __init__(self, directory: str, node_id: str) -> None:
-        self.path = os.path.join(directory, "reports", f"{node_id}.jsonl")
+        self.node_id = node_id
+        self.folder = os.path.join(directory, "reports")
+        self.path = os.path.join(self.folder, f"{node_id}.jsonl")
+        self._inode: int | None = None  # the file read last, and how far (its complete lines)
         self._offset = 0
+        self._read: set[int] = set()  # inodes of the sealed segments read and kept
 
     def skip_existing(self) -> None:
         """Start after what is already there (reports of an earlier daemon run)."""
-        self._offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        segments = self._segments()
+        self._read = {inode for _, inode in segments}
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._inode, self._offset = None, 0
+        else:
+            self._inode, self._offset = st.st_ino, st.st_size
+        self._prune(segments)
 
     def read_new(self) -> list[dict]:
-        """Reports appended since the last call."""
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read()
+        """Reports appended since the last call, in order. The live file is opened before the
+        sealed segments are listed: one sealed in between is read to its end as a segment."""
+        try:
+            live = open(self.path, "rb")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:
+            live = None
+        try:
+            segments = self._segments()
+            self._read &= {inode for _, inode in segments}  # forget segments removed by hand
+            out: list[dict] = []
+            for path, inode in segments:
+                if inode not in self._read:
+                    with open(path, "rb") as f:
+                        out += self._take(f, inode)
+                    self._inode, self._offset = None, 0  # sealed: read to its end
+                    self._read.add(inode)
+            if live is not None:
+                inode = os.fstat(live.fileno()).st_ino
+                if inode not in self._read:
+                    out += self._take(live, inode)
+        finally:
+            if live is not None:
+                live.close()
+        if len(segments) > REPORTS_KEPT:
+            self._prune(segments)
+        return out
+
+    def _segments(self) -> list[tuple[str, int]]:
+        """(path, inode) of the sealed segments, oldest first."""
+        out = []
+        for _, path in report_segments(self.folder, self.node_id):
+            try:
+                out.append((path, os.stat(path).st_ino))
+            except FileNotFoundError:
+                continue
+        return out
+
+    def _take(self, f: BinaryIO, inode: int) -> list[dict]:
+        """The complete lines of an open file after what was read of it."""
+        if inode != self._inode:
+            self._inode, self._offset = inode, 0
+        f.seek(self._offset)
+        data = f.read()
         end = data.rfind(b"\n") + 1
         self._offset += end
-        out = []
-        for line in data[:end].splitlines():
+        return _records(data[:end])
+
+    def _prune(self, segments: list[tuple[str, int]]) -> None:
+        """Delete the sealed segments read, but the newest REPORTS_KEPT."""
+        read = [(path, inode) for path, inode in segments if inode in self._read]
+        for path, inode in read[:-REPORTS_KEPT]:
+            self._read.discard(inode)
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                out.append(record)
-        return out
+                os.remove(path)
+            except FileNotFoundError:
+                pass

@@ -194,12 +194,19 @@ class WorkerSupervisor:
         self.events = events
 
     def start(self, now: float) -> None:
-        """Start the worker; stale view files of an earlier run are cleared first (channel state)."""
+        """Start the worker; stale view files of an earlier run (and temp files of a write a kill
+        interrupted) are cleared first (channel state).
+        The reports an earlier daemon run left are skipped; the last ones of this run's previous
+        worker (written after the last poll, before it died) are read first."""
         views = self.dir / "views"
         views.mkdir(parents=True, exist_ok=True)
-        for stale in views.glob("view-*.json"):
+        for stale in views.glob("view-*"):
             stale.unlink()
-        self._tail.skip_existing()
+        if self.starts == 0:
+            self._tail.skip_existing()
+        else:
+            for record in self._tail.read_new():
+                self._on_report(record)
         command = self.command()
         spare = self.spare.take(command) if self.spare is not None else None
         self.proc = spare or spawn(command, _env())  # its stderr, tracebacks whole, goes to the daemon's log

@@ -11,34 +11,62 @@ or the last step, else ""; ``loss``); every digest_every-th step's digest is has
 next step and comes in a ``digest`` record of its own (the committed record's step, gen, world,
 rank and ``digest``). A step committed in generation g is one with a committed record of
 generation g; its group is that generation's ``world`` ranks.
+
+Steps a committed checkpoint covers are folded into ``range`` records (ledger.py): the audit checks
+a range's fingerprint against the seeded share of each of its steps and counts the range as a
+trained and a committed record a step; it compares the digests a range kept (checkpoint steps,
+a group's first step), not the losses or the other digests, which a range does not keep.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dpeer.channel.local import read_jsonl
-from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_slice
-
-TRAINED = "trained"
-DIGEST = "digest"  # a digested step's digest, hashed beside the next step and written once done
+from dpeer.trainer.ledger import DIGEST, RANGE, TRAINED, range_digests, share_print
+from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_slice, shard, shard_bounds
 
 
 def read_records(path: str) -> list[dict]:
-    """Every record of one node's ledger (a torn last line, from a kill mid-write, is skipped)."""
+    """Every record of one node's ledger, ranges as they are (a torn line, from a kill mid-write,
+    is skipped)."""
     return read_jsonl(path)
 
 
 def read_ledger(path: str) -> list[dict]:
-    """One node's committed-step records, in order."""
-    return [r for r in read_jsonl(path) if r.get("kind") not in (TRAINED, DIGEST)]
+    """One node's committed-step records, in order; a range gives one a step (its kept digest or
+    "", loss None)."""
+    out: list[dict] = []
+    for r in read_jsonl(path):
+        if r.get("kind") == RANGE:
+            kept = dict(range_digests(r))
+            out.extend({"kind": "committed", "step": s, "gen": r["gen"], "world": r["world"], "rank": r["rank"],
+                        "digest": kept.get(s, ""), "loss": None} for s in range(r["first"], r["last"] + 1))
+        elif r.get("kind") not in (TRAINED, DIGEST):
+            out.append(r)
+    return out
 
 
 def step_digests(records: Sequence[dict]) -> dict[int, str]:
-    """One node's digest of every digested step (its committed record's, or the digest record that
-    follows it), by step."""
-    return {r["step"]: r["digest"] for r in records if r.get("kind") != TRAINED and r.get("digest")}
+    """One node's digest of every digested step (its committed record's, the digest record that
+    follows it, or the one a range kept), by step."""
+    out: dict[int, str] = {}
+    for r in records:
+        if r.get("kind") == RANGE:
+            out.update(range_digests(r))
+        elif r.get("kind") != TRAINED and r.get("digest"):
+            out[r["step"]] = r["digest"]
+    return out
+
+
+def seeded_share(expected: list[int], rank: int, world: int, micro_batch: int | None) -> tuple[list[int] | None, list[int]]:
+    """What rank of world trains of a step whose seeded samples are ``expected``: (its micro-batches,
+    their samples) in exact mode (``micro_batch`` given), (None, its contiguous share) in fast mode."""
+    if micro_batch is None:
+        return None, shard(expected, rank, world)
+    mine = list(range(*shard_bounds(len(expected) // micro_batch, rank, world)))
+    return mine, [i for j in mine for i in micro_batch_slice(expected, micro_batch, j)]
 
 
 @dataclass
@@ -77,30 +105,25 @@ def audit(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: GlobalBatc
 
 def audit_run(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: GlobalBatchSampler,
               micro_batch: int | None = None) -> Audit:
-    """Audit every node's records (read_records): each step below ``steps`` committed; for every
-    committed (step, generation), each rank of that generation recorded what it trained, and
+    """Audit every node's records (read_records) below step ``steps``: each step committed; for
+    every committed (step, generation), each rank of that generation recorded what it trained, and
     together they trained the step's micro-batches (exact mode: ``micro_batch`` given) or its
     samples in rank order (fast mode) exactly once, with the seeded samples; no sample twice within
-    an epoch; replicas' digests equal at equal steps (exact mode: across generations too, since
-    every lineage computes the same bits; fast mode: within a generation)."""
+    an epoch; every range's fingerprint that of its ranks' seeded shares; replicas' digests equal at
+    equal steps (exact mode: across generations too, since every lineage computes the same bits;
+    fast mode: within a generation). Records of later steps (a run still training) are left out."""
     result = Audit()
-    committed: dict[tuple[int, int], int] = {}
-    trained: dict[tuple[int, int], dict[int, list[dict]]] = {}
-    digests: dict[tuple[int, int], dict[str, str]] = {}
+    seeded = _memo(sampler.indices_for_step)
+    seen = _Seen(steps, -1 if micro_batch else None)
     for node, records in ledgers.items():
         for e in records:
-            key = (e["step"], e["gen"])
-            if e.get("kind") == TRAINED:
-                trained.setdefault(key, {}).setdefault(e["rank"], []).append(e)
-                continue
-            if e.get("kind") != DIGEST:
-                committed[key] = e["world"]
-            if e["digest"]:  # only every training.digest_every-th step carries one
-                scope = (e["step"], -1 if micro_batch else e["gen"])
-                digests.setdefault(scope, {})[f"{node}@{e['gen']}"] = e["digest"]
+            if e.get("kind") == RANGE:
+                _check_range(e, seeded, micro_batch, result)
+            seen.take(node, e)
+    committed, trained, digests = seen.committed, seen.trained, seen.digests
     fed: dict[int, list[int]] = {}
     for (step, gen), world in sorted(committed.items()):
-        sequence = _check_group(step, gen, world, trained.get((step, gen), {}), sampler, micro_batch, result)
+        sequence = _check_group(step, gen, world, trained.get((step, gen), {}), seeded(step), micro_batch, result)
         if sequence is not None:
             fed[step] = sequence
     _check_digests(digests, result)
@@ -115,18 +138,75 @@ def audit_run(ledgers: Mapping[str, Sequence[dict]], steps: int, sampler: Global
     return result
 
 
-def _check_group(step: int, gen: int, world: int, by_rank: dict[int, list[dict]], sampler: GlobalBatchSampler,
+class _Seen:
+    """What the records say, by (step, generation) below ``steps``: the committed groups' worlds,
+    each rank's trained records (a range stands for its rank's), and the digests by scope
+    (exact mode: the step alone, ``every_gen`` -1; fast mode: the step and the generation)."""
+
+    def __init__(self, steps: int, every_gen: int | None) -> None:
+        self.steps, self.every_gen = steps, every_gen
+        self.committed: dict[tuple[int, int], int] = {}
+        self.trained: dict[tuple[int, int], dict[int, list[dict]]] = {}
+        self.digests: dict[tuple[int, int], dict[str, str]] = {}
+
+    def take(self, node: str, e: dict) -> None:
+        """Note one record of `node`'s ledger."""
+        if e.get("kind") == RANGE:
+            for s in range(e["first"], min(e["last"] + 1, self.steps)):
+                self.committed[(s, e["gen"])] = e["world"]
+                self.trained.setdefault((s, e["gen"]), {}).setdefault(e["rank"], []).append(e)
+            for s, d in range_digests(e):
+                if s < self.steps:
+                    self._digest(node, s, e["gen"], d)
+            return
+        if e["step"] >= self.steps:
+            return
+        key = (e["step"], e["gen"])
+        if e.get("kind") == TRAINED:
+            self.trained.setdefault(key, {}).setdefault(e["rank"], []).append(e)
+            return
+        if e.get("kind") != DIGEST:
+            self.committed[key] = e["world"]
+        if e["digest"]:  # only every training.digest_every-th step carries one
+            self._digest(node, e["step"], e["gen"], e["digest"])
+
+    def _digest(self, node: str, step: int, gen: int, digest: str) -> None:
+        scope = (step, gen if self.every_gen is None else self.every_gen)
+        self.digests.setdefault(scope, {})[f"{node}@{gen}"] = digest
+
+
+def _memo(fn: Callable[[int], list[int]]) -> Callable[[int], list[int]]:
+    """fn with each step's answer kept (ranges and groups ask for the same steps' samples)."""
+    seen: dict[int, list[int]] = {}
+
+    def get(step: int) -> list[int]:
+        if step not in seen:
+            seen[step] = fn(step)
+        return seen[step]
+    return get
+
+
+def _check_range(r: dict, seeded: Callable[[int], list[int]], micro_batch: int | None, result: Audit) -> None:
+    """A range's fingerprint against its rank's seeded share of each of its steps, in order."""
+    chain = ""
+    for s in range(r["first"], r["last"] + 1):
+        chain = share_print(chain, s, *seeded_share(seeded(s), r["rank"], r["world"], micro_batch))
+    if chain != r["trained"]:
+        result.problems.append(f"steps {r['first']}..{r['last']} generation {r['gen']}: rank {r['rank']}'s folded "
+                               f"records are not its seeded {'micro-batches' if micro_batch else 'share'} of each step")
+
+
+def _check_group(step: int, gen: int, world: int, by_rank: dict[int, list[dict]], expected: list[int],
                  micro_batch: int | None, result: Audit) -> list[int] | None:
-    """Check what the group of generation ``gen`` trained for ``step``; the samples it fed, in
-    stream order, or None when its records are incomplete."""
+    """Check what the group of generation ``gen`` trained for ``step`` (whose seeded samples are
+    ``expected``); the samples it fed, in stream order, or None when its records are incomplete."""
     where = f"step {step} generation {gen}"
     lost = [r for r in range(world) if len(by_rank.get(r, [])) != 1]
     if lost:
         result.problems.append(f"{where}: rank(s) {lost} of {world} left no single record of what they trained")
         return None
     result.groups_checked += 1
-    records = [by_rank[r][0] for r in range(world)]
-    expected = sampler.indices_for_step(step)
+    records = [_as_trained(by_rank[r][0], expected, micro_batch) for r in range(world)]
     if micro_batch is None:
         fed = [i for e in records for i in e["indices"]]
         if fed != expected:
@@ -146,6 +226,14 @@ def _check_group(step: int, gen: int, world: int, by_rank: dict[int, list[dict]]
     by_micro_batch = {j: micro_batch_slice(e["indices"], micro_batch, pos)
                       for e in records for pos, j in enumerate(e["micro_batches"])}
     return [i for j in range(count) for i in by_micro_batch[j]]
+
+
+def _as_trained(record: dict, expected: list[int], micro_batch: int | None) -> dict[str, Any]:
+    """A rank's trained record of a step; for a range (its fingerprint checked apart), the seeded share."""
+    if record.get("kind") != RANGE:
+        return record
+    micro_batches, indices = seeded_share(expected, record["rank"], record["world"], micro_batch)
+    return {"rank": record["rank"], "micro_batches": micro_batches, "indices": indices}
 
 
 def _check_digests(digests: Mapping[tuple[int, int], Mapping[str, str]], result: Audit) -> None:

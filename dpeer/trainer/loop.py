@@ -11,7 +11,6 @@ agreed through the step's allreduce, so every rank leaves the old group after th
 from __future__ import annotations
 
 import gc
-import json
 import math
 import socket
 import sys
@@ -19,7 +18,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Protocol, Sequence, TextIO
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -31,6 +30,7 @@ from dpeer.trainer.exact import ExactStep
 from dpeer.trainer.group import GroupError, GroupManager, Superseded
 from dpeer.trainer.heal import HealProgress, HealSession, heal
 from dpeer.trainer.jobspec import RUN_DEFAULTS, LossReduction, T, option
+from dpeer.trainer.ledger import LedgerFile
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep, Reduction, Trained
 from dpeer.trainer.viewsource import Assignment, ViewSource
@@ -40,6 +40,7 @@ STEP_TIME_WINDOW = 200
 ADAPT_EVERY = 8  # steps between re-computations of the adaptive timeout (a sort of the window: ~5 us)
 FOREIGN_LIMIT = 64  # strangers' connections on the data-plane port that make the group re-form (closing them)
 LINEAGE_KEPT = 8  # checkpoint digests a replica remembers of its lineage (for the heal's tie-break)
+FOLD_EVERY = 1000  # steps between ledger compactions when no checkpoints are written (else at each checkpoint)
 
 
 class Dataset(Protocol):
@@ -160,7 +161,8 @@ class Trainer:
         self._collate = spec.collate or default_collate
         self._resumed_for: tuple[int, str] = (0, "")
         self._planned = False
-        self._ledger: TextIO | None = None
+        self._ledger = LedgerFile(self.cfg.ledger_path) if self.cfg.ledger_path else None
+        self._folded_below = 0  # the ledger's steps below this are folded into ranges
         self._digest_next = False
         self._digests = BackgroundDigest()  # a step's digest, hashed while the next step computes
         self._digest_seat: Any = None  # the group that committed the step being hashed
@@ -324,11 +326,25 @@ class Trainer:
 
     def _write(self, entry: dict[str, Any]) -> None:
         """Append one ledger record: one line-buffered write, no open/close per step."""
-        if not self.cfg.ledger_path:
-            return
+        if self._ledger is not None:
+            self._ledger.write(entry)
+
+    def _fold_ledger(self) -> None:
+        """Fold the ledger's steps that a committed checkpoint covers into ranges (ledger.py), at
+        each checkpoint this worker writes: those below the committed checkpoint, or below this
+        worker's previous checkpoint when the commit lags further (the tail stays within two
+        intervals; a range keeps what the audit needs either way). Without checkpoints, every
+        FOLD_EVERY steps, up to this one."""
         if self._ledger is None:
-            self._ledger = open(self.cfg.ledger_path, "a", buffering=1)
-        self._ledger.write(json.dumps(entry) + "\n")
+            return
+        if self.cfg.ckpt_dir and self.cfg.ckpt_every:
+            committed = max(self._committed_hint()[0], self.step - self.cfg.ckpt_every)
+            below = min(committed, self.step) if self._checkpoint_due() else 0
+        else:
+            below = self.step if self.step % FOLD_EVERY == 0 else 0
+        if below > self._folded_below:
+            self._ledger.fold_later(below)
+            self._folded_below = below
 
     def _record_trained(self, trained: Trained, membership: Any) -> None:
         """Before the step's allreduce, record what this rank trained (its micro-batches and their
@@ -426,6 +442,7 @@ class Trainer:
         self._record(m, digest)
         self.source.report_progress(self.step, self.sampler.cursor_after(self.step), red.loss_mean, digest)
         self._checkpoint(digest)
+        self._fold_ledger()
         return should_switch(m.generation, red.newest_seen_by_rank).switch
 
     def _report_stall(self) -> None:
@@ -543,5 +560,4 @@ class Trainer:
             self.group.close()
             if self._ledger is not None:
                 self._ledger.close()
-                self._ledger = None
         return self.step

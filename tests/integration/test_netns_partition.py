@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from dpeer import errors
+from dpeer.channel.local import read_reports
 from dpeer.chaos import netns
 from dpeer.transport.client import NodeClient
 from dpeer.transport.options import Security
@@ -55,16 +56,7 @@ def step_in_world(doc: dict | None, world: int) -> int:
 
 
 def progress_times(root: Path, node: str) -> list[float]:
-    path = root / node / "worker" / "reports" / f"{node}.jsonl"
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("kind") == "progress":
-            out.append(float(record["t"]))
-    return out
+    return [float(r["t"]) for r in read_reports(str(root / node / "worker"), node) if r.get("kind") == "progress"]
 
 
 @pytest.fixture
@@ -112,7 +104,7 @@ def test_a_cut_off_box_stops_training_the_majority_goes_on_and_the_box_heals_bac
     paths = {f"n{i}": str(tmp_path / f"n{i}" / "worker" / "ledger.jsonl") for i in (1, 2, 3)}
     done = min(max(e["step"] for e in read_ledger(path)) for path in paths.values())
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
-    # trained and committed records up to `done`: the boxes train on while the ledgers are read one
-    # after another, so a later read can hold a step whose trained record an earlier read missed
-    records = {name: [e for e in read_records(path) if e["step"] <= done] for name, path in paths.items()}
-    assert not audit(records, done, sampler, CONFIG["training"]["micro_batch"])
+    # audited up to `done`: the boxes train on while the ledgers are read one after another, so a
+    # later read can hold a step whose trained record an earlier read missed
+    records = {name: read_records(path) for name, path in paths.items()}
+    assert not audit(records, done + 1, sampler, CONFIG["training"]["micro_batch"])

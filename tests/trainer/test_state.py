@@ -161,3 +161,18 @@ def test_pruning_keeps_the_committed_checkpoint(tmp_path):
     assert [s for s, _ in st.list_checkpoints(d)] == [50, 40, 20]
     st.prune_checkpoints(d, 2)
     assert [s for s, _ in st.list_checkpoints(d)] == [50, 40]
+
+
+def test_pruning_removes_the_temp_files_of_writers_that_died_mid_write(tmp_path):
+    """A worker killed while it wrote a checkpoint leaves a temp file as big as one; a live writer's stays."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=60)
+    d = str(tmp_path)
+    st.write_checkpoint(d, 10, b"state")
+    (tmp_path / f".ckpt-000000000020.bin.{dead.pid}.tmp").write_bytes(b"torn")
+    (tmp_path / f".ckpt-000000000030.bin.{os.getpid()}.tmp").write_bytes(b"being written")
+    st.prune_checkpoints(d, 2)
+    assert sorted(os.listdir(d)) == [f".ckpt-000000000030.bin.{os.getpid()}.tmp", "ckpt-000000000010.bin"]
