@@ -14,7 +14,6 @@ import math
 import signal
 from typing import Any, Awaitable, Callable
 
-from dpeer.transport import codec
 
 from dpeer import errors
 from dpeer.address import Address
@@ -492,7 +491,7 @@ class Daemon:
 
     def _send_leave_gossip(self) -> None:
         for addr, msg in self.node.swim.leave(self.node.clock()):
-            self.transport.send(addr, codec.encode(msg, self.node.raft.identity, self.addr))
+            self.transport.send(addr, self.node.envelope(msg))
 
     async def _shutdown(self) -> None:
         if self._wake is not None:

@@ -117,11 +117,12 @@ class LeaderChores:
 
     def _watch_tolerance(self, now: float) -> None:
         """Say when the number of voter failures the cluster survives drops (a warning: a voter is
-        dead, or its seat names a store no live box holds) or comes back; judged once this node has
-        led for an election timeout, by when every live voter has answered it."""
+        dead, its seat names a store no live box holds, or two processes answer for it) or comes
+        back; judged once this node has led for an election timeout, by when every live voter has
+        answered it."""
         if self._led_since is None:
             self._led_since = now
-        answering = self.node.raft.answering_voters(now)
+        answering = self.node.answering_voters(now)
         if answering is None or now - self._led_since < self.node.raft_config.election_timeout_max:
             return
         voters = self.node.store.state.voters

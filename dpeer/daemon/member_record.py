@@ -5,6 +5,9 @@ One update in flight at a time (its requests go to a known leader alone, else to
 members in turn, see _update). The same update goes again only after JOIN_RETRY (the last one
 may still be on its way into our log); a different one goes at once, so a worker that became
 ready while the last update was in flight is trained with without waiting out the retry.
+Each daemon start (its boot) sends one update even when the record is current, until one is
+accepted: the leader judges every boot's first update, so a copy of a member's disk (same node id,
+same store) is told to stop though its record reads as the original's.
 
 A refusal (BadRequest: the record as it stands is wrong, such as a node id another live box
 holds) told REFUSALS_TO_STOP times in a row stops the daemon with that sentence (`refusal`;
@@ -44,6 +47,7 @@ class MemberRecordSync:
         self._sent: Record | None = None  # the record the last update asked for
         self.refusal: str | None = None  # why the cluster keeps refusing us, once we stopped on it
         self._refused: tuple[str, int] = ("", 0)  # the last refusal and how many times in a row
+        self.confirmed = False  # an update of this boot was accepted (the leader judged it)
 
     def wanted(self) -> Record:
         """Our member record as it should read now."""
@@ -56,7 +60,9 @@ class MemberRecordSync:
             return
         member = self.node.store.state.members.get(self.node.id)
         wanted = self.wanted()
-        if member is not None and (member.status, member.addr, member.store_port, member.ready, member.uid) == wanted:
+        current = member is not None and (member.status, member.addr, member.store_port, member.ready,
+                                          member.uid) == wanted
+        if current and self.confirmed:
             return
         if now < self._next and wanted == self._sent:
             return
@@ -116,8 +122,10 @@ class MemberRecordSync:
     async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | str | None:
         """The reply, the sentence of a refusal, or None when the update did not get through."""
         _, addr_, store_port, ready, uid = wanted
+        node = self.node
         try:
-            return await self.transport.client(addr, timeout=timeout).join(self.node.id, addr_, store_port, ready, uid)
+            return await self.transport.client(addr, timeout=timeout).join(
+                node.id, addr_, store_port, ready, uid, node.boot, node.clock() - node.started)
         except errors.BadRequest as exc:
             log.warning("membership update through %s refused: %s", addr, exc)
             return str(exc)
@@ -139,7 +147,7 @@ class MemberRecordSync:
 
     def _admitted(self, addr: str, reply: pb.JoinReply, ready: bool) -> None:
         node = self.node
-        self._refused = ("", 0)
+        self._refused, self.confirmed = ("", 0), True
         log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
         node.admitted_by = reply.leader_id
         node.join_seeds([m.addr for m in reply.members if m.node_id != node.id])

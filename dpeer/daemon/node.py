@@ -38,7 +38,7 @@ from dpeer.membership import (
 from dpeer.daemon.node_events import NodeEvents, NoEvents
 from dpeer.daemon.probe_rtt import ProbeTimes
 from dpeer.daemon.resync import LocalVersion
-from dpeer.daemon.sightings import Sightings
+from dpeer.daemon.sightings import Sightings, Windows, copy_of, held_twice
 from dpeer.daemon.storage_adapter import StoreStorage
 from dpeer.daemon.timing import Timing, resolve
 from dpeer.daemon.views import Observed
@@ -96,7 +96,10 @@ class Node:
         self.addrs: dict[str, str] = {n: m.addr for n, m in store.state.members.items()}
         self.addrs[node_id] = addr
         self.since: dict[str, tuple[MemberState, float]] = {}
-        self.sightings = Sightings(node_id, now)  # which store answers for each node id (views.claim_verdict)
+        # this daemon's start, told in every Envelope: two processes under one id and store tell apart by it
+        self.boot, self.started, self.windows = os.urandom(8).hex(), now, Windows.of(self.raft_config)
+        self.sightings = Sightings(node_id, now, store.uid, self.boot, addr)  # who answers for each node id
+        self._copies_told: set[tuple[str, str, str]] = set()  # (node id, older boot, newer boot) warned of
         self.probes = ProbeTimes()
         self.snapshot_every, self.snapshot_keep = snapshot_every, snapshot_keep
         self.role: Role = Role.FOLLOWER
@@ -121,9 +124,11 @@ class Node:
         """Take one Envelope from a peer; BadRequest when it is malformed or forged."""
         msg = codec.decode(envelope)
         peer = codec.sender(envelope)
+        boot, up = codec.boot_of(envelope)
         now = self.clock()
+        self.sightings.saw(peer.node_id, peer.uid, envelope.from_addr, now, boot, up if boot else None)
+        self._refuse_copy(peer, boot, now)
         self.raft.observe(peer)
-        self.sightings.saw(peer.node_id, peer.uid, envelope.from_addr, now)
         if isinstance(msg, codec.MEMBERSHIP_TYPES):
             if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
                 raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
@@ -161,6 +166,25 @@ class Node:
                 decode_snapshot(msg.index, msg.term_of_index, msg.data)
             except CorruptState as exc:
                 raise BadRequest(f"snapshot from {src!r} does not decode: {exc}") from None
+
+    def _refuse_copy(self, peer: Peer, boot: str, now: float) -> None:
+        """BadRequest (and, once, a warning) for a message of a process under a node id and store
+        that another live process, started before it, holds: a copy of its disk never votes here."""
+        window = self.windows.of_member(peer.node_id in self.store.state.voters)
+        copy = copy_of(self.sightings, peer.node_id, peer.uid, boot, window, now) if boot else None
+        if copy is None:
+            return
+        if (key := (copy.node_id, copy.older[0], boot)) not in self._copies_told:
+            self._copies_told = {key} if len(self._copies_told) >= 64 else self._copies_told | {key}
+            log.warning("%s; its messages are refused until it stops", copy.describe(now))
+        raise BadRequest(copy.sentence())
+
+    def answering_voters(self, now: float) -> set[str] | None:
+        """On the leader: the voters that answer under their configured store (RaftNode's count)
+        and are not held twice (two processes answering as one voter is no safe seat); else None."""
+        answering, state = self.raft.answering_voters(now), self.store.state
+        twice = held_twice(self.sightings, state.voters, state.uids, self.windows.voter, now)
+        return None if answering is None else answering - set(twice)
 
     def refused(self, addr: str) -> None:
         """A connection to addr was refused: strong evidence its process is gone."""
@@ -416,14 +440,18 @@ class Node:
         for addr, msg in out:
             if isinstance(msg, Ping):
                 self.probes.sent(msg.target, msg.seq, self.clock())
-            self._send(addr, codec.encode(msg, self.raft.identity, self.addr))
+            self._send(addr, self.envelope(msg))
+
+    def envelope(self, msg: Any, to_uid: str = "") -> pb.Envelope:
+        """A core message in an Envelope from this node (its identity, address and boot)."""
+        return codec.encode(msg, self.raft.identity, self.addr, to_uid, self.boot, self.clock() - self.started)
 
     def _send_raft(self, dst: str, uid: str, msg: Any) -> None:
         addr = self.addrs.get(dst)
         if addr is None:
             log.debug("no address for %s; dropped a %s", dst, type(msg).__name__)
             return
-        self._send(addr, codec.encode(msg, self.raft.identity, self.addr, uid))
+        self._send(addr, self.envelope(msg, uid))
 
     def _swim_effects(self, now: float) -> None:
         for effect in self.swim.drain_effects():

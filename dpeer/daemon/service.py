@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -19,11 +21,10 @@ from dpeer.channel.checkpoint_files import checkpoint_path
 from dpeer.daemon.checkpoints import Held, valid_digest
 from dpeer.consensus import Refused, Role
 from dpeer.consensus.voting import ChangeOp
-from dpeer.errors import BadRequest, Behind, NotFound, Unavailable, Unreachable
+from dpeer.errors import BadRequest, Behind, NotFound, PeerError, Unavailable, Unreachable
 from dpeer.daemon.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node import Node
-from dpeer.daemon.sightings import Windows
-from dpeer.daemon.views import Claim, Holding, claim_verdict
+from dpeer.daemon.views import NOBODY, Answer, Claim, Holding, Verdict, claim_verdict
 from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import MAX_KEY, MAX_VALUE
@@ -43,6 +44,9 @@ COMMAND_TIMEOUT = 10.0
 # re-reading who leads, until COMMAND_TIMEOUT: a leader change costs a retry, not an error.
 FORWARD_RETRY = 0.1
 MAX_STEP = 1 << 62
+# How long the leader waits for a member record's address to say who answers there (a claim of its node id).
+PROBE_TIMEOUT = 2.0
+MAX_CLAIMS = 1024  # the claims whose last verdict was logged (so it is said once per change)
 
 
 def _check_id(value: str, what: str) -> None:
@@ -65,7 +69,7 @@ class Service:
         self.on_group_failed = on_group_failed
         self.on_checkpoint = on_checkpoint
         self.checkpoint_dir = checkpoint_dir
-        self._claims: dict[tuple[str, str], Holding] = {}  # (node id, store uid) -> its last verdict here
+        self._claims: dict[tuple[str, str, str], Holding] = {}  # (node id, store uid, boot) -> last verdict here
 
     # -- peers ----------------------------------------------------------------------------
     def note_malformed(self, method: str) -> None:
@@ -134,41 +138,77 @@ class Service:
             raise BadRequest(f"store_port {request.store_port} is not a port")
         if not valid_uid(request.uid):
             raise BadRequest("uid must be the joining node's store uid, 32 lowercase hex digits")
+        if not codec.valid_boot(request.boot):
+            raise BadRequest(f"boot must be the joining daemon's boot, {codec.BOOT_DIGITS} lowercase hex digits")
+        if not (math.isfinite(request.up) and 0 <= request.up <= codec.MAX_UP):
+            raise BadRequest(f"up must be the joining daemon's age in seconds, 0 to {codec.MAX_UP:g}")
         return await self._via_leader(
             lambda: self._admit(request),
-            lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready, request.uid))
+            lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready, request.uid,
+                             request.boot, request.up))
 
     async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
+        """Commit the joining box's record unless it is current; every boot's first join is judged
+        (views.claim_verdict), so a copy of a member's disk is told even when its record is current."""
         member = self.node.store.state.members.get(request.node_id)
         wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid)
-        if member is None or (member.status, member.addr, member.store_port, member.ready, member.uid) != wanted:
-            self._judge_claim(request)
+        current = member is not None and (member.status, member.addr, member.store_port, member.ready,
+                                          member.uid) == wanted
+        if (not current or request.boot) and member is not None and member.uid:
+            await self._judge_claim(request)
+        if not current:
             record = _built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
                                                  request.uid))
             await self.node.propose(record, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
 
-    def _judge_claim(self, request: pb.JoinRequest) -> None:
-        """One live holder per node id (views.claim_verdict): BadRequest when another store holds the
-        id and answers, Unavailable while its holder may still be alive (the join is tried again)."""
-        node, now = self.node, self.node.clock()
-        record = node.store.state.members.get(request.node_id)
-        if record is None or record.uid in ("", request.uid):
-            return
-        node.sightings.saw(request.node_id, request.uid, request.addr, now)  # a join is a sign of life too
-        claim = Claim(request.node_id, request.uid, request.addr)
-        verdict = claim_verdict(node.store.state, claim, node.sightings, Windows.of(node.raft_config), now)
-        key = (request.node_id, request.uid)
-        if self._claims.get(key) is not verdict.holding:  # said once per change, not at every retry
+    async def _judge_claim(self, request: pb.JoinRequest) -> None:
+        """One live holder per node id and store (views.claim_verdict): BadRequest when another store
+        or process holds the id and answers, Unavailable while its holder may still be alive (the join
+        is tried again). Each verdict is logged once per change, not at every retry."""
+        verdict = await self._verdict(request)
+        key = (request.node_id, request.uid, request.boot)
+        if self._claims.get(key) is not verdict.holding:
             log.log(logging.WARNING if verdict.holding is Holding.HELD else logging.INFO,
-                    "a box at %s claims node id %s under store %s: %s", request.addr, request.node_id,
-                    request.uid[:8], verdict.reason)
+                    "a box at %s claims node id %s under store %s (boot %s): %s", request.addr, request.node_id,
+                    request.uid[:8], request.boot[:8] or "unknown", verdict.reason)
         if verdict.holding is Holding.FREE:
             self._claims.pop(key, None)
             return
+        if len(self._claims) >= MAX_CLAIMS:
+            self._claims.clear()
         self._claims[key] = verdict.holding
         raise (BadRequest if verdict.holding is Holding.HELD else Unavailable)(verdict.reason)
+
+    async def _verdict(self, request: pb.JoinRequest) -> Verdict:
+        """The claim's verdict from what this node heard; when unsure, judged again with who answers
+        at the record's address."""
+        node, now = self.node, self.node.clock()
+        up = request.up if request.boot else None
+        node.sightings.saw(request.node_id, request.uid, request.addr, now, request.boot, up)  # a sign of life too
+        claim = Claim(request.node_id, request.uid, request.addr, request.boot)
+        verdict = claim_verdict(node.store.state, claim, node.sightings, node.windows, now)
+        record = node.store.state.members.get(request.node_id)
+        if verdict.holding is not Holding.UNSURE or record is None or record.addr == node.addr:
+            return verdict
+        claim = replace(claim, answer=await self._who_answers(record.addr))
+        return claim_verdict(node.store.state, claim, node.sightings, node.windows, node.clock())
+
+    async def _who_answers(self, addr: str) -> Answer | None:
+        """Whose node id, store and boot answer at addr (its status), NOBODY when the connection
+        is refused there, None when no answer came in PROBE_TIMEOUT or it made no sense."""
+        try:
+            doc = json.loads((await self.transport.client(addr, timeout=PROBE_TIMEOUT).status()).json)
+        except Unreachable as exc:
+            return NOBODY if exc.refused else None
+        except (PeerError, ValueError):
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("node_id"), str):
+            return None
+        up = doc.get("uptime_s")
+        started = self.node.clock() - up if isinstance(up, (int, float)) else -math.inf  # unknown: the older
+        return Answer(doc["node_id"], str(doc.get("uid", "")), str(doc.get("boot", "")), started)
 
     async def leave(self, request: pb.LeaveRequest) -> pb.LeaveReply:
         """Leave gracefully: this node (node_id empty or ours) commits member_left and exits."""

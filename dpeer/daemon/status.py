@@ -46,8 +46,9 @@ def checkpoint(node: Node) -> dict[str, Any] | None:
 def tolerance(node: Node) -> dict[str, Any] | None:
     """On the leader: how many voter failures the cluster survives now, {voters, live_voters,
     can_lose, unheld} (unheld: voters that have not answered under the store uid the configuration
-    names: dead, or held by no live box); None on any other node."""
-    answering = node.raft.answering_voters(node.clock())
+    names, dead or held by no live box, or that two live processes answer for, a copied disk);
+    None on any other node."""
+    answering = node.answering_voters(node.clock())
     if answering is None:
         return None
     t = fault_tolerance(node.store.state.voters, answering)
@@ -55,9 +56,9 @@ def tolerance(node: Node) -> dict[str, Any] | None:
 
 
 def identity(node: Node) -> dict[str, Any]:
-    """This node's store uid, cluster epoch and when it was forced, why no leader is known (null
-    while one is), members seen under another store uid than the configuration names, and
-    voters of older epochs this node refused."""
+    """This node's store uid, its daemon's boot (sightings), cluster epoch and when it was forced,
+    why no leader is known (null while one is), members seen under another store uid than the
+    configuration names, and voters of older epochs this node refused."""
     raft, conf = node.raft, node.raft.membership
     no_leader = None
     if node.leader_id is None and node.role is not Role.LEADER:
@@ -66,7 +67,8 @@ def identity(node: Node) -> dict[str, Any]:
         no_leader = {"since_s": round(raft.leaderless_for(node.clock()), 3), "reason": why.reason,
                      "action": why.action}
     return {
-        "uid": raft.uid, "epoch": raft.epoch, "forced_at": conf.forced_at or None, "no_leader": no_leader,
+        "uid": raft.uid, "boot": node.boot, "epoch": raft.epoch, "forced_at": conf.forced_at or None,
+        "no_leader": no_leader,
         "strangers": [{"node_id": n, "uid": u, "configured_uid": conf.uid_of(n)}
                       for n, u in sorted(raft.strangers().items())],
         "old_epoch_peers": dict(sorted(raft.old_epoch_peers.items())),

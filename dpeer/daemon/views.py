@@ -14,7 +14,7 @@ from typing import ClassVar, Collection, Mapping, Sequence, Union
 
 from dpeer.address import Address
 from dpeer.consensus.voting import ChangeOp
-from dpeer.daemon.sightings import Sightings, Windows
+from dpeer.daemon.sightings import Sightings, Windows, copy_of, held_by_another
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import ControlMode, MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
@@ -95,20 +95,38 @@ def _back_alive(node_id: str, addr: str, member: Member) -> MemberJoined:
 
 
 class Holding(StrEnum):
-    """Whether a node id that a box claims under its store uid is free for it."""
+    """Whether a node id that a box claims under its store uid (and boot) is free for it."""
 
-    FREE = "free"  # no other store holds it, or its holder is gone: admit the claim
+    FREE = "free"  # no other store or process holds it, or its holder is gone: admit the claim
     HELD = "held"  # its holder answered after the claimant appeared: two boxes under one id, refuse
-    UNSURE = "unsure"  # its holder answered lately, not since: wait until it answers again or is gone
+    UNSURE = "unsure"  # its holder answered lately, not since: ask who answers at its address, else wait
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Who answered when the leader asked the claimed record's address for its status: node id,
+    store uid, boot and when that boot started (leader's clock); node_id "" when nothing listens there."""
+
+    node_id: str
+    uid: str = ""
+    boot: str = ""
+    started: float = 0.0
+
+
+NOBODY = Answer("")
 
 
 @dataclass(frozen=True)
 class Claim:
-    """A box asking to hold a node id: its store uid and the address it serves at."""
+    """A box asking to hold a node id: its store uid, the address it serves at, its daemon's boot
+    ("" from an older peer), and who answers at the committed record's address (None: not asked,
+    or no answer in time)."""
 
     node_id: str
     uid: str
     addr: str
+    boot: str = ""
+    answer: Answer | None = None
 
 
 @dataclass(frozen=True)
@@ -120,35 +138,71 @@ class Verdict:
 
 
 def claim_verdict(state: ClusterState, claim: Claim, heard: Sightings, windows: Windows, now: float) -> Verdict:
-    """Whether a box may hold claim.node_id. Another store holds it while the committed record (not
-    left) names another uid. That holder is gone once gossip held the id dead after it was last
-    heard; it is live (refused) when it is this node, or when heard after the claimant first
-    appeared and within its window; it is gone too once the claimant serves at the holder's own
-    address (one process per address) or the holder went unheard for its window. Else unsure."""
-    node_id, record = claim.node_id, state.members.get(claim.node_id)
-    if record is None or record.uid in ("", claim.uid):
-        return Verdict(Holding.FREE, f"no other store holds node id {node_id}")
-    old = record.uid[:8]
+    """Whether a box may hold claim.node_id: against a committed record under another store
+    (_another_store), or under its own store against another process of it (_another_boot)."""
+    record = state.members.get(claim.node_id)
+    if record is None or record.uid == "":
+        return Verdict(Holding.FREE, f"no other store holds node id {claim.node_id}")
+    window = windows.voter if claim.node_id in state.voters else windows.other
+    if record.uid != claim.uid:
+        return _another_store(record, claim, heard, window, now)
+    return _another_boot(record, claim, heard, window, now)
+
+
+def _another_store(record: Member, claim: Claim, heard: Sightings, window: float, now: float) -> Verdict:
+    """Another store holds the id while its record (not left) names another uid. That holder is
+    gone once gossip held the id dead after it was last heard; it is live (refused) when it is
+    this node, when heard after the claimant first appeared and within its window, or when it
+    answers at its address. It is gone too when the claimant's store answers there (one process
+    per address: asked, not taken from what the claimant says of itself), or once it went unheard
+    for its window. Else unsure (nothing listening there may be the holder between two starts)."""
+    node_id, old = claim.node_id, record.uid[:8]
     if record.status is MemberStatus.LEFT:
         return Verdict(Holding.FREE, f"store {old} of {node_id} left the cluster")
     holder, claimant = heard.seen(node_id, record.uid), heard.seen(node_id, claim.uid)
     last = holder.last if holder is not None else heard.since  # never heard: silent since we listen
-    silent, window = now - last, windows.voter if node_id in state.voters else windows.other
-    dead = heard.dead_at(node_id)
+    silent, dead = now - last, heard.dead_at(node_id)
     if node_id != heard.owner and dead is not None and dead >= last:
         return Verdict(Holding.FREE, f"gossip held {node_id} dead after its store {old} was last heard")
-    appeared = claimant.first if claimant is not None else now
-    if node_id == heard.owner or (holder is not None and holder.last > appeared and silent <= window):
+    appeared, answer = claimant.first if claimant is not None else now, claim.answer
+    if (node_id == heard.owner or (holder is not None and holder.last > appeared and silent <= window)
+            or (answer is not None and (answer.node_id, answer.uid) == (node_id, record.uid))):
         return Verdict(Holding.HELD, f"node id {node_id} is held by a live member at {record.addr} (store {old}); "
                        "give this box another --node-id, or stop that one and wait until gossip holds it dead")
-    if claim.addr == record.addr:
-        return Verdict(Holding.FREE, f"store {old} of {node_id} was last heard before this box appeared at its "
-                       f"address {record.addr}")
+    if answer is not None and (answer.node_id, answer.uid) == (node_id, claim.uid):
+        return Verdict(Holding.FREE, f"this box's store answers at {record.addr}, where store {old} of {node_id} "
+                       "served: it was last heard before this box appeared")
     if silent > window:
         return Verdict(Holding.FREE, f"store {old} of {node_id} has not been heard for {silent:.1f}s")
     return Verdict(Holding.UNSURE, f"node id {node_id} is held by the member at {record.addr} (store {old}), heard "
                    f"{silent:.1f}s ago: the join waits until that member answers again (then it is refused) or "
                    "is held dead")
+
+
+def _another_boot(record: Member, claim: Claim, heard: Sightings, window: float, now: float) -> Verdict:
+    """The claimant's own store holds the id: refused when another process of that store, started
+    before the claimant, was heard since the claimant started (a copied disk), or answers at the
+    record's address. Free when none other was heard within the window by a node that has listened
+    that long, or when no older process (the claimant itself, a newer one, or nothing) answers at
+    the address: the process started first keeps the id, as every node judges. Else unsure."""
+    node_id, answer = claim.node_id, claim.answer
+    if not claim.boot:
+        return Verdict(Holding.FREE, f"no other store holds node id {node_id}")
+    copy = copy_of(heard, node_id, claim.uid, claim.boot, window, now)
+    if copy is not None:
+        return Verdict(Holding.HELD, copy.sentence())
+    mine = heard.boots(node_id, claim.uid).get(claim.boot)
+    started = mine.started if mine is not None else now
+    ours = answer is not None and (answer.node_id, answer.uid) == (node_id, claim.uid)
+    if ours and answer.boot != claim.boot and answer.started < started:
+        return Verdict(Holding.HELD, held_by_another(node_id, claim.uid, record.addr, answer.boot or "unknown"))
+    others = [b for b, h in heard.boots(node_id, claim.uid).items() if b != claim.boot and now - h.last <= window]
+    if not others and now - heard.since > window:
+        return Verdict(Holding.FREE, f"no other process of node id {node_id} and its store was heard for {window:g}s")
+    if ours or answer == NOBODY:
+        return Verdict(Holding.FREE, f"no older process of node id {node_id} and its store answers at {record.addr}")
+    return Verdict(Holding.UNSURE, f"another process of node id {node_id} and its store was heard lately and "
+                   f"{record.addr} did not answer: the join waits until it is told whether that one is still alive")
 
 
 def reclaim_seat(state: ClusterState, observed: Mapping[str, Observed], heard: Sightings, windows: Windows,

@@ -17,8 +17,8 @@ class PeerClient(Protocol):
     """Request/response calls to one node; failures raise dpeer.errors.PeerError subclasses."""
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True,
-                   uid: str = "") -> pb.JoinReply:
-        """Ask the node to admit node_id."""
+                   uid: str = "", boot: str = "", up: float = 0.0) -> pb.JoinReply:
+        """Ask the node to admit node_id (its store uid, its daemon's boot and that daemon's age)."""
 
     async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
         """Report a failed group (forwarded to the leader)."""

@@ -316,9 +316,12 @@ class NodeClient:
         """A linearizable read of every key starting with prefix, through the node."""
         return await self._call("KvList", pb.KvListRequest(prefix=prefix))
 
-    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "") -> pb.JoinReply:
-        """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not)."""
-        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid)
+    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
+                   boot: str = "", up: float = 0.0) -> pb.JoinReply:
+        """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not; its
+        store uid, its daemon's boot and that daemon's age)."""
+        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
+                                 up=up)
         return await self._call("Join", request)
 
     async def force(self, voters: list[str]) -> pb.ForceReply:

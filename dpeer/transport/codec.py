@@ -6,6 +6,7 @@ BadRequest, so a malformed or hostile message never reaches a core.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from dpeer.consensus import messages as rm
@@ -16,6 +17,8 @@ from dpeer.statemachine.entry import Entry, entry_from_wire, entry_to_wire
 from dpeer.statemachine.errors import CorruptEntry
 
 MAX_ENTRIES_PER_MESSAGE = 10_000
+BOOT_DIGITS = 16  # a daemon's boot: 8 random bytes in lowercase hex
+MAX_UP = 1e10  # seconds a daemon may claim to have run (about 300 years)
 _STATES = [mm.MemberState.ALIVE, mm.MemberState.SUSPECT, mm.MemberState.DEAD, mm.MemberState.LEFT]
 _STATE_NUM = {s: i for i, s in enumerate(_STATES)}
 
@@ -137,12 +140,27 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def encode(msg: Any, sender: rm.Peer, from_addr: str, to_uid: str = "") -> pb.Envelope:
+def encode(msg: Any, sender: rm.Peer, from_addr: str, to_uid: str = "", boot: str = "", up: float = 0.0) -> pb.Envelope:
     """Wrap a core message in an Envelope from this node (sender: its identity); to_uid names
-    the store a Raft message is meant for."""
+    the store a Raft message is meant for; boot and up: the sending daemon's boot and its age."""
     field = _FIELD[type(msg)]
     return pb.Envelope(from_id=sender.node_id, from_addr=from_addr, from_uid=sender.uid, from_epoch=sender.epoch,
-                       to_uid=to_uid, **{field: _ENCODE[type(msg)](msg)})
+                       to_uid=to_uid, from_boot=boot, from_up=up, **{field: _ENCODE[type(msg)](msg)})
+
+
+def valid_boot(boot: str) -> bool:
+    """A daemon's boot as the wire carries it: BOOT_DIGITS lowercase hex digits, or empty (an older peer)."""
+    return boot == "" or (len(boot) == BOOT_DIGITS and all(c in "0123456789abcdef" for c in boot))
+
+
+def boot_of(envelope: pb.Envelope) -> tuple[str, float]:
+    """The sending daemon's boot and how long it has run (seconds); BadRequest when absurd."""
+    if not valid_boot(envelope.from_boot):
+        raise BadRequest(f"the envelope's from_boot must be {BOOT_DIGITS} lowercase hex digits")
+    up = envelope.from_up
+    if not (math.isfinite(up) and 0.0 <= up <= MAX_UP):
+        raise BadRequest(f"the envelope's from_up must be seconds in 0..{MAX_UP:g}")
+    return envelope.from_boot, up
 
 
 def sender(envelope: pb.Envelope) -> rm.Peer:

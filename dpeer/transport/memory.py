@@ -129,8 +129,10 @@ class MemoryNetwork:
 
     # -- calls -------------------------------------------------------------------------------
     async def call(self, src: str, addr: str, method: str, request: Any, timeout: float) -> Any:
-        """Call handler.method(request) on the daemon at addr; PeerErrors as gRPC would give them."""
-        return (await self._call(src, addr, timeout, lambda h: getattr(h, method)(request)))
+        """Call handler.method(request) on the daemon at addr (handler.method() when request is None,
+        as the server calls status); PeerErrors as gRPC would give them."""
+        return await self._call(src, addr, timeout,
+                                lambda h: getattr(h, method)() if request is None else getattr(h, method)(request))
 
     async def stream(self, src: str, addr: str, method: str, request: Any, timeout: float) -> list[Any]:
         """A server-streaming call, its chunks collected (the simulated chunks are few)."""
@@ -225,7 +227,7 @@ class MemoryClient:
 
     async def status(self) -> pb.StatusReply:
         """The node's status document."""
-        return await self._call("status", pb.StatusRequest())
+        return await self.net.call(self.src, self.addr, "status", None, self.timeout)
 
     async def kv_put(self, key: str, value: str, timeout: float | None = None) -> pb.KvPutReply:
         """Commit key=value through the node."""
@@ -235,9 +237,11 @@ class MemoryClient:
         """A linearizable read of key through the node."""
         return await self._call("kv_get", pb.KvGetRequest(key=key))
 
-    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "") -> pb.JoinReply:
+    async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
+                   boot: str = "", up: float = 0.0) -> pb.JoinReply:
         """Ask the node to admit node_id at addr."""
-        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid)
+        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
+                                 up=up)
         return await self._call("join", request)
 
     async def force(self, voters: list[str]) -> pb.ForceReply:

@@ -26,7 +26,7 @@ class Handler:
     async def deliver(self, envelope: pb.Envelope) -> None:
         self.got.append(envelope.from_id)
 
-    async def status(self, request: pb.StatusRequest) -> pb.StatusReply:
+    async def status(self) -> pb.StatusReply:  # as PeerHandler.status: no request
         if self.raise_ is not None:
             raise self.raise_
         return pb.StatusReply(json="{}")

@@ -1,4 +1,5 @@
-"""Fixtures for real-process tests: a LocalCluster of daemons on 127.0.0.1, always torn down."""
+"""Fixtures for real-process tests: a LocalCluster of daemons on 127.0.0.1, always torn down; or
+`dpeer start` processes one by one (tests/support/daemons.py) with a fresh PKI."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from dpeer.launch.cluster import LocalCluster
+from tests.operate.conftest import daemons, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
+from tests.support.pki import Pki, make_pki
 
 
 @pytest.fixture
@@ -23,3 +26,9 @@ def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     yield make
     for cluster in made:
         cluster.stop_all()
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Iterator[Pki]:
+    """A fresh PKI in the test's temp dir (the secured setup README documents)."""
+    yield make_pki(tmp_path / "pki")

@@ -1,6 +1,8 @@
 """Table tests of one live holder per node id (issue 35, finding 4): whether a box may take a node
 id another store holds (claim_verdict), the repair of a seat whose configured store no live box
-holds (reclaim_seat, then plan_voters), the fault-tolerance figure, and the sightings they read."""
+holds (reclaim_seat, then plan_voters), the fault-tolerance figure, and the sightings they read.
+Claims under the claimant's own store (a copy of a whole disk) and the copies sightings find are
+in test_identity_copies.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import pytest
 from dpeer.consensus.config import LAN
 from dpeer.consensus.voting import ChangeOp
 from dpeer.daemon.sightings import MAX_UIDS, Sightings, Windows
-from dpeer.daemon.views import Claim, Holding, Observed, claim_verdict, fault_tolerance, plan_voters, reclaim_seat
+from dpeer.daemon.views import (
+    NOBODY, Answer, Claim, Holding, Observed, claim_verdict, fault_tolerance, plan_voters, reclaim_seat,
+)
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import MemberJoined
@@ -60,8 +64,10 @@ def heard(*events: tuple, since: float = 0.0) -> Sightings:
     ("holder heard lately, not since the claimant appeared", cluster(), [("saw", OLD, HOME, 3.0),
                                                                           ("saw", NEW, AWAY, 4.0)], AWAY, 5.0,
      Holding.UNSURE),
-    ("a new disk at the holder's own address, holder silent since", cluster(),
-     [("saw", OLD, HOME, 3.0), ("saw", NEW, HOME, 4.0)], HOME, 5.0, Holding.FREE),
+    ("a claimant at the holder's address, holder silent since: its address not asked yet", cluster(),
+     [("saw", OLD, HOME, 3.0), ("saw", NEW, HOME, 4.0)], HOME, 5.0, Holding.UNSURE),
+    ("a claimant at the holder's address, the holder heard since (a clone advertising it)", cluster(),
+     [("saw", NEW, HOME, 3.0), ("saw", OLD, HOME, 4.0)], HOME, 5.0, Holding.HELD),
     ("gossip held the id dead after the holder was last heard", cluster(),
      [("saw", OLD, HOME, 3.0), ("dead", 3.5), ("saw", NEW, AWAY, 4.0)], AWAY, 5.0, Holding.FREE),
     ("a voter holder silent past its window", cluster(), [("saw", OLD, HOME, 1.0), ("saw", NEW, AWAY, 9.5)], AWAY,
@@ -76,8 +82,28 @@ def heard(*events: tuple, since: float = 0.0) -> Sightings:
      WINDOWS.voter + 1.0, Holding.FREE),
 ])
 def test_claim_verdict(case, state, events, claim_addr, now, holding) -> None:
-    verdict = claim_verdict(state, Claim("n1", NEW, claim_addr), heard(*events), WINDOWS, now)
+    uid = OLD if case == "the holder itself" else NEW
+    verdict = claim_verdict(state, Claim("n1", uid, claim_addr), heard(*events), WINDOWS, now)
     assert verdict.holding is holding, (case, verdict.reason)
+
+
+# Asked who answers at the holder's committed address (HOME): the holder was heard at 3.0, the
+# claimant appeared at 4.0 and claims HOME (a reinstall, or a clone whose config advertises HOME).
+@pytest.mark.parametrize("case, answer, holding", [
+    ("not asked, or no answer in time", None, Holding.UNSURE),
+    ("the holder's store answers there: a clone advertising the holder's address", Answer("n1", OLD, "1" * 16),
+     Holding.HELD),
+    ("the claimant's store answers there: the box was reinstalled", Answer("n1", NEW, "2" * 16), Holding.FREE),
+    ("nothing listens there: the claimant is not there, the holder may be between two starts", NOBODY,
+     Holding.UNSURE),
+    ("another node answers there: it tells nothing of the holder", Answer("n7", OTHER, "3" * 16), Holding.UNSURE),
+])
+def test_a_claim_at_the_holders_address_is_judged_by_who_answers_there(case, answer, holding) -> None:
+    events = heard(("saw", OLD, HOME, 3.0), ("saw", NEW, HOME, 4.0))
+    verdict = claim_verdict(cluster(), Claim("n1", NEW, HOME, answer=answer), events, WINDOWS, 5.0)
+    assert verdict.holding is holding, (case, verdict.reason)
+    if holding is Holding.HELD:
+        assert verdict.reason == HELD_SENTENCE
 
 
 def test_a_refused_claim_names_the_id_the_live_member_and_what_to_do() -> None:

@@ -1,7 +1,8 @@
 """MemberRecordSync's update round on the virtual clock: a seed that holds the request does not
 stop the others, a seed that refused is tried again (the start-up race of the hung-worker test:
 a refused seed, then 5 s waited on a peer that knew no leader), a known leader is asked alone,
-and a refusal told again and again stops the daemon with its sentence."""
+a refusal told again and again stops the daemon with its sentence, and each boot sends one
+update though its record is current (the leader judges it: a copy of a member's disk)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class _Node:
         self.id, self.addr, self.role, self.leader_id, self.addrs = "n2", "127.0.0.1:2", Role.FOLLOWER, None, {}
         self.store = SimpleNamespace(uid="0" * 32, state=SimpleNamespace(members={}))
         self.clock, self.admitted_by, self.seeds, self.nudged = loop.time, None, [], 0
-        self.stopped = False
+        self.stopped, self.boot, self.started = False, "b" * 16, -2.5
 
     def join_seeds(self, addrs: list[str]) -> None:
         self.seeds = addrs
@@ -42,8 +43,9 @@ class _Transport:
         self.loop, self.peers, self.calls = loop, peers, []
 
     def client(self, addr: str, timeout: float) -> SimpleNamespace:
-        async def join(*_: object) -> pb.JoinReply:
+        async def join(*args: object) -> pb.JoinReply:
             self.calls.append((round(self.loop.time(), 3), addr))
+            self.sent = args
             how = self.peers[addr]
             if how[0] == "deny":
                 raise errors.BadRequest(how[1])
@@ -147,3 +149,24 @@ def test_refusals_that_differ_do_not_add_up() -> None:
     for sentence in ("held at a", "held at b", "held at a", "held at b"):
         assert not sync._stop_on(sentence)
     assert not node.stopped and sync.refusal is None
+
+
+def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_boot_and_age() -> None:
+    loop = VirtualLoop()
+    try:
+        node, transport = _Node(loop), _Transport(loop, {"n1": ("refuse_until", 0.0)})
+        sync = MemberRecordSync(node, transport, ["n1"], lambda: 7, lambda: True)
+        node.store.state.members["n2"] = SimpleNamespace(status="active", addr=node.addr, store_port=7, ready=True,
+                                                         uid=node.store.uid)
+
+        async def main() -> None:
+            for _ in range(3):
+                sync(loop.time(), leaving=False)
+                if sync.task is not None:
+                    await sync.task
+                await asyncio.sleep(member_record.JOIN_RETRY)
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert len(transport.calls) == 1 and sync.confirmed
+    assert transport.sent == ("n2", node.addr, 7, True, node.store.uid, "b" * 16, 2.5)

@@ -256,12 +256,14 @@ class SnapshotRequest(_message.Message):
     def __init__(self, term: _Optional[int] = ..., leader: _Optional[str] = ..., index: _Optional[int] = ..., term_of_index: _Optional[int] = ..., data: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., uids: _Optional[_Mapping[str, str]] = ..., epoch: _Optional[int] = ..., forced_at: _Optional[float] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("from_id", "from_addr", "from_uid", "from_epoch", "to_uid", "ping", "ack", "ping_req", "nack", "gossip", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "raft_heartbeat", "raft_heartbeat_response", "snapshot_request")
+    __slots__ = ("from_id", "from_addr", "from_uid", "from_epoch", "to_uid", "from_boot", "from_up", "ping", "ack", "ping_req", "nack", "gossip", "push_pull", "vote_request", "vote_response", "append_request", "append_response", "raft_heartbeat", "raft_heartbeat_response", "snapshot_request")
     FROM_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_ADDR_FIELD_NUMBER: _ClassVar[int]
     FROM_UID_FIELD_NUMBER: _ClassVar[int]
     FROM_EPOCH_FIELD_NUMBER: _ClassVar[int]
     TO_UID_FIELD_NUMBER: _ClassVar[int]
+    FROM_BOOT_FIELD_NUMBER: _ClassVar[int]
+    FROM_UP_FIELD_NUMBER: _ClassVar[int]
     PING_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PING_REQ_FIELD_NUMBER: _ClassVar[int]
@@ -280,6 +282,8 @@ class Envelope(_message.Message):
     from_uid: str
     from_epoch: int
     to_uid: str
+    from_boot: str
+    from_up: float
     ping: Ping
     ack: Ack
     ping_req: PingReq
@@ -293,7 +297,7 @@ class Envelope(_message.Message):
     raft_heartbeat: RaftHeartbeat
     raft_heartbeat_response: RaftHeartbeatResponse
     snapshot_request: SnapshotRequest
-    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., from_uid: _Optional[str] = ..., from_epoch: _Optional[int] = ..., to_uid: _Optional[str] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., gossip: _Optional[_Union[Gossip, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., raft_heartbeat: _Optional[_Union[RaftHeartbeat, _Mapping]] = ..., raft_heartbeat_response: _Optional[_Union[RaftHeartbeatResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, from_id: _Optional[str] = ..., from_addr: _Optional[str] = ..., from_uid: _Optional[str] = ..., from_epoch: _Optional[int] = ..., to_uid: _Optional[str] = ..., from_boot: _Optional[str] = ..., from_up: _Optional[float] = ..., ping: _Optional[_Union[Ping, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., ping_req: _Optional[_Union[PingReq, _Mapping]] = ..., nack: _Optional[_Union[Nack, _Mapping]] = ..., gossip: _Optional[_Union[Gossip, _Mapping]] = ..., push_pull: _Optional[_Union[PushPull, _Mapping]] = ..., vote_request: _Optional[_Union[VoteRequest, _Mapping]] = ..., vote_response: _Optional[_Union[VoteResponse, _Mapping]] = ..., append_request: _Optional[_Union[AppendRequest, _Mapping]] = ..., append_response: _Optional[_Union[AppendResponse, _Mapping]] = ..., raft_heartbeat: _Optional[_Union[RaftHeartbeat, _Mapping]] = ..., raft_heartbeat_response: _Optional[_Union[RaftHeartbeatResponse, _Mapping]] = ..., snapshot_request: _Optional[_Union[SnapshotRequest, _Mapping]] = ...) -> None: ...
 
 class Delivered(_message.Message):
     __slots__ = ()
@@ -332,18 +336,22 @@ class EntryChunk(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ..., term: _Optional[int] = ..., uid: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "addr", "store_port", "ready", "uid")
+    __slots__ = ("node_id", "addr", "store_port", "ready", "uid", "boot", "up")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     STORE_PORT_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     UID_FIELD_NUMBER: _ClassVar[int]
+    BOOT_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
     store_port: int
     ready: bool
     uid: str
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ..., uid: _Optional[str] = ...) -> None: ...
+    boot: str
+    up: float
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ..., uid: _Optional[str] = ..., boot: _Optional[str] = ..., up: _Optional[float] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "leader_id", "leader_addr", "members", "reason")
