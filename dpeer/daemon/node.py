@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import random
+import secrets
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -97,7 +98,7 @@ class Node:
         self.addrs[node_id] = addr
         self.since: dict[str, tuple[MemberState, float]] = {}
         # this daemon's start, told in every Envelope: two processes under one id and store tell apart by it
-        self.boot, self.started, self.windows = os.urandom(8).hex(), now, Windows.of(self.raft_config)
+        self.boot, self.started, self.windows = secrets.token_hex(8), now, Windows.of(self.raft_config)
         self.sightings = Sightings(node_id, now, store.uid, self.boot, addr)  # who answers for each node id
         self._copies_told: set[tuple[str, str, str]] = set()  # (node id, older boot, newer boot) warned of
         self.probes = ProbeTimes()
@@ -153,13 +154,16 @@ class Node:
     def _admit_raft(self, peer: Peer, msg: Any) -> None:
         """Raft messages come only from nodes the configuration in force here names (the core
         drops those under another store uid, a lost disk, and refuses, once loudly, those of an
-        older cluster epoch), or, while this node has not yet learned a configuration that
-        includes it, from the leader that admitted it; and a snapshot must decode first."""
+        older cluster epoch), or from a leader of this node's term or a newer one (elected in a
+        configuration this node has not learned yet: it missed the entry that added the leader,
+        and only that leader's entries bring it), or, while this node has not yet learned a
+        configuration that includes it, from the leader that admitted it; and a snapshot must
+        decode first."""
         src, conf = peer.node_id, self.raft.membership
-        joining = (not conf.is_member(self.id, self.raft.uid) and isinstance(msg, _LEADER_MSGS)
-                   and src == self.admitted_by)
+        leading = isinstance(msg, _LEADER_MSGS) and (
+            msg.term >= self.raft.term or (not conf.is_member(self.id, self.raft.uid) and src == self.admitted_by))
         old_epoch = 0 < peer.epoch < conf.epoch
-        if src not in conf.members and not joining and not old_epoch:
+        if src not in conf.members and not leading and not old_epoch:
             raise BadRequest(f"Raft message from {src!r}, which is not a member of this cluster")
         if isinstance(msg, SnapshotRequest):
             try:
