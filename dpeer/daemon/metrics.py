@@ -77,7 +77,7 @@ class Metrics:
                                 "knows one); a box that trains stops its worker past 3 election timeouts",
                                 ["node"], registry=r).labels(**labels)
         self.committed = Gauge("dpeer_committed_members", "Members of the committed membership by status; a dead "
-                               "one stays until it is alive again or `dpeer remove` drops it", ["node", "status"],
+                               "one stays until it is alive again or `dpeer leave --node` drops it", ["node", "status"],
                                registry=r)
         self.kept_out = Gauge("dpeer_job_kept_out", "Boxes kept out of the training group because their job build "
                               "failed repeatedly, as the leader counts them (NaN on the other nodes)", ["node"],
