@@ -5,8 +5,9 @@
 # --preset: the timing preset (lan, wan or edge); --metrics-listen: HOST:PORT for Prometheus.
 # --from: a dpeer wheel or a bundle (scripts/bundle: no index needed, nor a network when it holds
 # torch) instead of the checkout or bundle this script lies in; --insecure-data-plane: the job trains
-# between boxes unencrypted (README "Security"; off loopback dpeer refuses a job without it, or an
-# encrypted network). The certificates a joining box needs are checked before anything is installed.
+# between boxes unencrypted (docs/security.md "The data plane"; off loopback dpeer refuses a job
+# without it, or an encrypted network). The certificates a joining box needs are checked before
+# anything is installed.
 # Sourcing this file defines its steps without running them.
 set -euo pipefail
 usage="usage: $0 [--job demo|MODULE:FUNCTION] [--preset lan|wan|edge] [--metrics-listen HOST:PORT] [--from WHEEL|BUNDLE] [--insecure-data-plane] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]"
@@ -119,7 +120,7 @@ write_env() {
   echo "wrote /etc/dpeer/dpeer.env"
 }
 
-# --- security: mutual TLS and the cluster token (README "Security") --------------------------------
+# --- security: mutual TLS and the cluster token (docs/security.md) --------------------------------
 # The first box (no JOIN) makes the cluster's CA, token and an operator certificate for root; every
 # box gets a node certificate naming its NODE_ID, made where the CA key is. Nothing is overwritten.
 make_certs() {
@@ -169,7 +170,7 @@ write_config() {
     echo "  tls_cert: $certs/node-$node_id.pem"
     echo "  tls_key: $certs/node-$node_id.key"
     echo "  cluster_token_file: $certs/cluster.token"
-    # the job's collectives and heal travel unencrypted between boxes (README "Security")
+    # the job's collectives and heal travel unencrypted between boxes (docs/security.md "The data plane")
     [ -n "$data_plane" ] && echo "  insecure_data_plane: true"
   } > /etc/dpeer/dpeer.yaml
   echo "wrote /etc/dpeer/dpeer.yaml"

@@ -325,7 +325,7 @@ class NodeClient:
         return await self._call("Join", request)
 
     async def force(self, voters: list[str]) -> pb.ForceReply:
-        """Force the node to make `voters` the whole voting configuration (unsafe; see README)."""
+        """Force the node to make `voters` the whole voting configuration (unsafe; docs/recovery.md)."""
         return await self._call("Force", pb.ForceRequest(voters=voters, confirm=True))
 
     async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:

@@ -61,7 +61,7 @@ def run_schedule(seed: int, n: int, chaos_s: float = 1.0, quiet_s: float = 1.5) 
 
 
 def run_force_schedule(seed: int, n: int, quiet_s: float = 3.0) -> RaftCluster:
-    """Lose a majority for good, misuse force on the way, then force as the README says."""
+    """Lose a majority for good, misuse force on the way, then force as docs/recovery.md says."""
     c = RaftCluster(seed, n, compact_every=random.Random(seed).choice([0, 8]))
     rng, wait = c.rng, force_after(c.cfg)
     _proposals(c, 0.0, 1.0, 0.0)
