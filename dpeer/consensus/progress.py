@@ -49,10 +49,12 @@ class Progress:
         return moved
 
     def maybe_decrease(self, rejected: int, probe_prev: int) -> bool:
-        """A rejection of prev_index `rejected`; False when it is stale (already superseded)."""
+        """A rejection of prev_index `rejected`; False when it is stale (already superseded) or at
+        or below the follower's match, where there is nothing to back off to (a disk that lost
+        what it acknowledged): the next heartbeat's answer retries, not a storm of appends."""
+        if rejected <= self.match:
+            return False
         if self.state is ProgressState.REPLICATE:
-            if rejected <= self.match:
-                return False
             self.next = self.match + 1
             return True
         if self.next - 1 != rejected:

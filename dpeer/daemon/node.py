@@ -154,14 +154,15 @@ class Node:
     def _admit_raft(self, peer: Peer, msg: Any) -> None:
         """Raft messages come only from nodes the configuration in force here names (the core
         drops those under another store uid, a lost disk, and refuses, once loudly, those of an
-        older cluster epoch), or from a leader of this node's term or a newer one (elected in a
-        configuration this node has not learned yet: it missed the entry that added the leader,
-        and only that leader's entries bring it), or, while this node has not yet learned a
-        configuration that includes it, from the leader that admitted it; and a snapshot must
-        decode first."""
+        older cluster epoch); on a member, also from a leader of its term or a newer one (elected
+        in a configuration this node has not learned yet: it missed the entry that added the
+        leader, and only that leader's entries bring it); on a node that has not yet learned a
+        configuration that includes it, from the leader that admitted it alone; and a snapshot
+        must decode first."""
         src, conf = peer.node_id, self.raft.membership
+        member = conf.is_member(self.id, self.raft.uid)
         leading = isinstance(msg, _LEADER_MSGS) and (
-            msg.term >= self.raft.term or (not conf.is_member(self.id, self.raft.uid) and src == self.admitted_by))
+            msg.term >= self.raft.term if member else src == self.admitted_by)
         old_epoch = 0 < peer.epoch < conf.epoch
         if src not in conf.members and not leading and not old_epoch:
             raise BadRequest(f"Raft message from {src!r}, which is not a member of this cluster")

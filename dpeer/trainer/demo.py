@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from dpeer.trainer.jobspec import RUN_DEFAULTS
-from dpeer.trainer.loop import JobContext, TrainSpec
+from dpeer.trainer.job_api import JobContext, TrainSpec
 
 DEFAULTS: dict[str, Any] = {
     **RUN_DEFAULTS,  # steps, global_batch, micro_batch, seed, lr: the config's training keys

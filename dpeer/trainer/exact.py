@@ -48,7 +48,7 @@ from dpeer.trainer.state import tensor_bytes
 from dpeer.trainer.stepping import Trained
 
 if TYPE_CHECKING:
-    from dpeer.trainer.loop import TrainSpec
+    from dpeer.trainer.job_api import TrainSpec
 
 _NORMS = torch.nn.modules.batchnorm._NormBase
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar
 import torch
 
 if TYPE_CHECKING:
-    from dpeer.trainer.loop import JobContext, TrainSpec
+    from dpeer.trainer.job_api import JobContext, TrainSpec
 
 T = TypeVar("T", bool, int, float, str)
 RUN_KEYS = ("steps", "global_batch", "micro_batch", "seed")  # the config's training keys a spec carries

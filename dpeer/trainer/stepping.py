@@ -21,7 +21,7 @@ from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets, wait
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batches, shard
 
 if TYPE_CHECKING:
-    from dpeer.trainer.loop import TrainSpec
+    from dpeer.trainer.job_api import TrainSpec
 
 
 class Reduction(enum.Enum):

@@ -80,7 +80,9 @@ CASES = {
     "missed view": (plant_no_missed_view, scenarios.power_loss, {}, "training does not resume"),
     "minority fencing": (plant_no_fence, scenarios.minority_holds_the_group,
                          {"size": 5, "unready": frozenset({"n3", "n4", "n5"})}, "a minority keeps training"),
-    "wiped voter under its old id": (plant_no_store_identity, scenarios.amnesia, {}, "committed"),
+    # the founder's second life takes the real leader's entries under the identity its first life
+    # held: its log lost what that identity acknowledged, and it never catches up
+    "wiped voter under its old id": (plant_no_store_identity, scenarios.amnesia, {}, "training does not resume"),
     "force on a healthy follower": (plant_unguarded_force, scenarios.force_on_a_healthy_follower, {}, "committed"),
     "committed entries from a stranger": (plant_trust_strangers, scenarios.stranger, {}, "committed"),
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from dpeer.trainer.demo import build as demo_build
-from dpeer.trainer.loop import JobContext, TrainSpec
+from dpeer.trainer.job_api import JobContext, TrainSpec
 
 _TRIES = itertools.count()
 
