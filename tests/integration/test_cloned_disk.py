@@ -58,16 +58,21 @@ def original_keeps_its_seat(daemons: Daemons, pki: Pki, n3: Daemon, uid: str, n1
     assert n1.running
 
 
-def test_a_clone_advertising_the_originals_address_does_not_take_a_live_members_id(daemons: Daemons,
-                                                                                     pki: Pki) -> None:
-    """A fresh data dir: the join names n3's own address, so only who answers there tells the
-    clone from a reinstall; n3 does."""
+def three_boxes(daemons: Daemons, pki: Pki) -> tuple[Daemon, Daemon, str]:
+    """A secured cluster of n1, n2 and n3, formed: n1, n3 and n3's store uid."""
     n1 = daemons.start("n1", config=pki.config("n1", "node-n1"))
     daemons.start("n2", config=pki.config("n2", "node-n2"), join=[n1.addr])
     n3 = daemons.start("n3", config=pki.config("n3", "node-n3"), join=[n1.addr])
     reader = pki.security("client-bob")
     formed(n1.addr, {"n1", "n2", "n3"}, security=reader)
-    uid = wait_status(n3.addr, lambda d: d["uid"], "n3's uid", security=reader)["uid"]
+    return n1, n3, wait_status(n3.addr, lambda d: d["uid"], "n3's uid", security=reader)["uid"]
+
+
+def test_a_clone_advertising_the_originals_address_does_not_take_a_live_members_id(daemons: Daemons,
+                                                                                     pki: Pki) -> None:
+    """A fresh data dir: the join names n3's own address, so only who answers there tells the
+    clone from a reinstall; n3 does."""
+    n1, n3, uid = three_boxes(daemons, pki)
     log_path = daemons.root / "clone.log"
     clone = start_clone(daemons, pki, daemons.root / "clone", f"127.0.0.1:{daemons.port()}", n3.addr, n1.addr,
                         log_path)
@@ -84,12 +89,8 @@ def test_a_clone_advertising_the_originals_address_does_not_take_a_live_members_
 def test_a_copy_of_a_whole_disk_beside_its_original_is_refused(daemons: Daemons, pki: Pki) -> None:
     """n3 killed, its data dir copied, n3 restarted on its disk at its address (a restart: not
     refused), then the copy started at another address: same node id, same store uid."""
-    n1 = daemons.start("n1", config=pki.config("n1", "node-n1"))
-    daemons.start("n2", config=pki.config("n2", "node-n2"), join=[n1.addr])
-    n3 = daemons.start("n3", config=pki.config("n3", "node-n3"), join=[n1.addr])
+    n1, n3, uid = three_boxes(daemons, pki)
     reader = pki.security("client-bob")
-    formed(n1.addr, {"n1", "n2", "n3"}, security=reader)
-    uid = wait_status(n3.addr, lambda d: d["uid"], "n3's uid", security=reader)["uid"]
     daemons.signal(n3, signal.SIGKILL)
     n3.proc.wait(timeout=30)
     shutil.copytree(n3.data_dir, daemons.root / "image")  # the SD card, cloned
