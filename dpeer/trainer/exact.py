@@ -72,23 +72,34 @@ def configure_process(threads: int = 0) -> None:
         torch.set_num_threads(threads)
 
 
+def seed_rng(seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Seed torch's generators (CPU, and ``device``'s when it is a GPU) to ``seed``; returns their
+    states before, for ``restore_rng``. torch.manual_seed is not used: it queues a seeding of every
+    CUDA, XPU and MTIA device, recording a Python traceback for each even on a CPU-only box (0.5 ms
+    a call here, 50 % of a demo step's exact-mode cost)."""
+    saved = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+    torch.default_generator.manual_seed(seed)
+    if saved[1] is not None:
+        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()].manual_seed(seed)
+    return saved
+
+
+def restore_rng(saved: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    """Put back the generator states ``seed_rng`` returned."""
+    torch.set_rng_state(saved[0])
+    if saved[1] is not None:
+        torch.cuda.set_rng_state(saved[1], device)
+
+
 @contextmanager
 def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Run with torch's generators (CPU, and ``device``'s when it is a GPU) seeded to ``seed``, then
-    put their states back (fork_rng, without its per-call device scan). torch.manual_seed is not
-    used: it queues a seeding of every CUDA, XPU and MTIA device, recording a Python traceback for
-    each even on a CPU-only box (0.5 ms a call here, 50 % of a demo step's exact-mode cost)."""
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    torch.default_generator.manual_seed(seed)
-    if cuda is not None:
-        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()].manual_seed(seed)
+    """Run with torch's generators seeded to ``seed``, then put their states back (fork_rng, without
+    its per-call device scan)."""
+    saved = seed_rng(seed, device)
     try:
         yield
     finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda, device)
+        restore_rng(saved, device)
 
 
 def check_spec(spec: TrainSpec) -> int:
@@ -182,9 +193,11 @@ class ExactStep:
     summed in fixed point (see the module docstring)."""
 
     def __init__(self, spec: TrainSpec, params: list[torch.Tensor], sampler: GlobalBatchSampler,
-                 device: torch.device, collate: Any) -> None:
+                 device: torch.device, collate: Any = None) -> None:
+        """``collate``: a TrainSpec job's, for the build's probe forward; a script job's forward is its
+        own code, so its changing buffers are found after its first micro-batches instead."""
         self.micro = check_spec(spec)
-        self.spec, self.params, self.sampler, self.device, self.collate = spec, params, sampler, device, collate
+        self.spec, self.params, self.sampler, self.device = spec, params, sampler, device
         self.bits = fx.fraction_bits(self.micro)
         self.numel = sum(p.numel() for p in params)
         self.nb = max(1, -(-self.numel // fx.BUCKET))
@@ -199,7 +212,10 @@ class ExactStep:
         self._scale: torch.Tensor | None = None
         self._amaxes = torch.zeros(1, self.nb, dtype=self.dtype, device=home)
         self.norms = NormBuffers(spec.model)
-        refuse_changing_buffers(spec, self.norms, sampler, collate, device)
+        if collate is not None:
+            refuse_changing_buffers(spec, self.norms, sampler, collate, device)
+        self._others = [b for b in spec.model.buffers() if not any(b is n for n in self.norms.buffers)]
+        self._versions: list[int] = []
         self.exponents: torch.Tensor | None = None  # this step's E per bucket, agreed by the group
         self._print = -1  # crc32 of the exponents (-1: none), compared across ranks in the allreduce
         self._step = 0
@@ -208,7 +224,11 @@ class ExactStep:
         self._o: dict[str, int] = {}
         self._world = 0
         self._mine: list[int] = []
-        self._indices: list[int] = []
+        self._keys: list[tuple[int, list[int]]] = []
+        self._n = 0
+        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None  # generator states a micro-batch's seeding saved
+        self._redo: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, list[int]] | None = None
+        self._pass_of: tuple[torch.Tensor | None, torch.Tensor | None, bool, torch.Tensor] = (None, None, False, self._amaxes)
         self._newest = -1  # the newest generation this rank has seen, sent with the step
         self._rank, self._world_planned = 0, 1
         self._overlap: Overlap | None = None
@@ -247,21 +267,31 @@ class ExactStep:
         self._print = -1 if exponents is None else zlib.crc32(tensor_bytes(exponents))
         self._scale = None if exponents is None else fx.scales(exponents, self.bits, self.dtype, self.row.device)
 
+    def keys(self, step: int, rank: int, world: int) -> list[tuple[int, list[int]]]:
+        """This rank's micro-batches of ``step`` in order, each ``(j, dataset indices)``: the whole
+        micro-batches ``shard_bounds(M, rank, world)`` of the step's fixed sequence."""
+        first, end = shard_bounds(self.micro, rank, world)
+        indices, mb = self.sampler.indices_for_step(step), self.spec.micro_batch
+        return [(j, micro_batch_slice(indices, mb, j)) for j in range(first, end)]
+
     def plan(self, step: int, rank: int, world: int) -> Trained:
         """What this rank trains of ``step`` (recorded before any of its sums can leave)."""
-        first, end = shard_bounds(self.micro, rank, world)
-        self._mine = list(range(first, end))
-        self._indices = self.sampler.indices_for_step(step)
+        self._keys = self.keys(step, rank, world)
+        self._mine = [j for j, _ in self._keys]
         self._step, self._rank, self._world_planned = step, rank, world
-        mb = self.spec.micro_batch
-        return Trained(step, self._mine, [i for j in self._mine for i in micro_batch_slice(self._indices, mb, j)])
+        return Trained(step, self._mine, [i for _, mb in self._keys for i in mb])
 
-    def compute(self, newest_seen: int = -1) -> None:
-        """Run the planned micro-batches and sum them with the agreed exponents, the last one bucket by
-        bucket into the step's allreduce as its backward fills them."""
-        self._newest = newest_seen
+    def planned(self) -> list[tuple[int, list[int]]]:
+        """The planned micro-batches, ``(j, dataset indices)``, in the order they run."""
+        return self._keys
+
+    def begin(self, newest_seen: int = -1) -> None:
+        """Start the planned step's first pass with the agreed exponents, the last micro-batch's
+        buckets summed into the step's allreduce as its backward fills them."""
+        self._newest, self._redo = newest_seen, None
         self.norms.snapshot()
-        self._pass(self.exponents, self._scale, self._rank, self._world_planned, overlap=self._scale is not None)
+        self._versions = [b._version for b in self._others]
+        self._begin_pass(self.exponents, self._scale, overlap=self._scale is not None)
 
     def _amax(self, count: int) -> torch.Tensor:
         """A [max(count, 1), buckets] scratch for the micro-batches' largest magnitudes (zeros)."""
@@ -270,62 +300,82 @@ class ExactStep:
         out = self._amaxes[: max(count, 1)]
         return out.zero_() if count == 0 else out
 
-    def _micro_batch(self, j: int, arm: bool) -> None:
-        """Forward and backward of micro-batch j alone; its gradient lands in ``self.row``, its loss
-        and norm statistics in their slots (before backward: an armed backward may send them).
-
-        Each ``.grad`` is a view of the zeroed row (as DDP's gradient_as_bucket_view), so backward
-        accumulates into it in place: 0 + g is g (and -0.0 becomes +0.0), with no fresh 4-bytes-per-
-        parameter allocation and no flattening copy per micro-batch. A grad that is not the view
-        (another dtype, or replaced by the job) is copied in."""
-        spec, buf, o = self.spec, self._buf, self._o
-        self.row.zero_()
-        self.norms.restore()
-        with seeded(micro_batch_seed(spec.seed, self._step, j), self.device):  # augmentation draws here too
-            x, y = self.collate([spec.dataset[i] for i in micro_batch_slice(self._indices, spec.micro_batch, j)])
-            loss = spec.loss_fn(spec.model(x.to(self.device)), y.to(self.device))
-            buf[o["loss"] + j] = float(loss.detach()) + 0.0
-            if self.norms.buffers:
-                self.norms.write(buf[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
-            if arm and self._overlap is not None:
-                self._overlap.arm()
-            (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
-        self._grads.gather_loose()
-
-    def _pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, rank: int, world: int,
-              overlap: bool = False) -> None:
-        """Run the micro-batches, quantize with ``scale`` (None: only measure) and fill the buffer;
-        ``overlap``: the last micro-batch's buckets start their allreduce as its backward fills them."""
-        buf, o = self._buffer(world), self._o
+    def _begin_pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, overlap: bool) -> None:
+        """A pass over the micro-batches quantizes with ``scale`` (None: only measures); ``overlap``:
+        the last micro-batch's buckets start their allreduce as its backward fills them."""
+        buf, o = self._buffer(self._world_planned), self._o
         if self._overlap is not None:
             self._overlap.disarm()  # a step that failed half-way may have left it armed
         overlap = overlap and scale is not None and self._overlap is not None
-        acc = buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
         buf[: o["grads"]].zero_()
         if not self._mine:
-            acc.zero_()
+            buf[o["grads"] : o["end"]].zero_()
         amax = self._amax(len(self._mine))
         self._grads.bind()
         self._works = []
-        last = len(self._mine) - 1
-        if overlap:
-            assert scale is not None
-            self._pending = (scale, amax, last, rank)
-        for i, j in enumerate(self._mine):
-            self._micro_batch(j, arm=overlap and i == last)
-            if overlap and i == last:
-                continue  # its buckets were quantized and sent as backward filled them (_launch)
-            fx.bucket_amax(self.row, self.scratch, amax[i])
-            if scale is not None:
-                fx.accumulate(acc, self.row, scale, self.wide, first=i == 0)
+        self._pass_of = (exponents, scale, overlap, amax)
+        self._pending = (scale, amax, len(self._mine) - 1, self._rank) if overlap else None
+
+    def enter(self, n: int) -> None:
+        """Micro-batch ``n`` of the plan runs alone: the row zeroed, norm statistics at the step's
+        start values, torch's generators seeded from (seed, step, j) until ``leave``."""
+        self.row.zero_()
+        self.norms.restore()
+        self._n = n
+        self._rng = seed_rng(micro_batch_seed(self.spec.seed, self._step, self._mine[n]), self.device)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the micro-batch's summed loss. Each ``.grad`` is a view of the zeroed row (as
+        DDP's gradient_as_bucket_view), so backward accumulates into it in place: 0 + g is g (and
+        -0.0 becomes +0.0), with no fresh allocation; the loss and the norm statistics go to their
+        slots first (an armed backward may send them)."""
+        buf, o, j = self._buf, self._o, self._mine[self._n]
+        buf[o["loss"] + j] = float(loss.detach()) + 0.0
+        if self.norms.buffers:
+            self.norms.write(buf[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
+        if self._pending is not None and self._n == len(self._mine) - 1 and self._overlap is not None:
+            self._overlap.arm()
+        (self.spec.scaler.scale(loss) if self.spec.scaler is not None else loss).backward()
+
+    def leave(self, n: int) -> None:
+        """Micro-batch ``n`` is done: generators put back, its gradient measured and quantized into the
+        sum (the last one's, when overlapped, as its buckets launched). A grad that is not the row's
+        view (another dtype, or replaced by the job) is copied in."""
+        self.abort()
+        self._grads.gather_loose()
+        _exponents, scale, overlap, amax = self._pass_of
+        if overlap and n == len(self._mine) - 1:
+            return
+        o = self._o
+        fx.bucket_amax(self.row, self.scratch, amax[n])
+        if scale is not None:
+            acc = self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
+            fx.accumulate(acc, self.row, scale, self.wide, first=n == 0)
+
+    def abort(self) -> None:
+        """Put torch's generators back if a micro-batch left them seeded (it ended, or failed)."""
+        if self._rng is not None:
+            restore_rng(self._rng, self.device)
+            self._rng = None
+
+    def end_pass(self) -> None:
+        """Every micro-batch ran: launch the buckets not launched yet (or write the control slots of a
+        pass that is not overlapped); norm statistics back at the step's start values until combine."""
+        exponents, _scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
             if not self._mine:
                 self._overlap.arm()
             self._overlap.finish()
         else:
-            self._write_control(exponents, amax, rank)
-        self.norms.restore()  # the step's start values until combine: a failed allreduce redoes from them
+            self._write_control(exponents, amax, self._rank)
+        self.norms.restore()
+        if [b._version for b in self._others] != self._versions:
+            names = [n for n, b in self.spec.model.named_buffers() if any(b is x for x in self._others)]
+            raise ExactModeError(
+                f"the model's forward changed buffer(s) among {', '.join(names)}, which exact reduction cannot "
+                f"combine over micro-batches (it combines BatchNorm and InstanceNorm running statistics only): "
+                f"use training.reduction: fast, or keep that state out of buffers")
 
     def _launch(self, _k: int, bucket: Bucket) -> None:
         """Quantize one bucket of the last micro-batch's gradient into the sum and start its allreduce;
@@ -355,10 +405,16 @@ class ExactStep:
         buf[block + self.nb : block + self.nb + 3] = torch.tensor([float(self._print), float(grew), float(self._newest)],
                                                                   dtype=torch.float64)
 
-    def reduce(self, rank: int, world: int) -> StepReduction:
-        """The step's allreduce completes (it commits the step); a redo when the exponents did not fit;
-        then the mean gradient in every ``.grad`` and the combined norm statistics in their buffers."""
+    def reduce(self, rank: int, world: int) -> StepReduction | None:
+        """The step's allreduce completes (it commits the step), then the mean gradient in every
+        ``.grad`` and the combined norm statistics in their buffers. None when the exponents did not
+        fit: the micro-batches run again (a second pass that quantizes with the measured exponents,
+        begun here), and the next ``end_pass`` and ``reduce`` sum them."""
         buf, o = self._buffer(world), self._o
+        if self._redo is not None:
+            redo, self._redo = self._redo, None
+            dist.all_reduce(buf[o["grads"] : o["end"]])
+            return self._finish(*redo)
         if self._works:
             works, self._works = self._works, []
             wait_all(works)
@@ -376,10 +432,17 @@ class ExactStep:
         if used is None or float(ranks[:, self.nb + 1].sum()) > 0 or len(prints) > 1 or -1.0 in prints:
             used = measured.clamp(min=self.lo, max=self.hi)
             self.redos += 1
-            self._pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), rank, world)
-            dist.all_reduce(buf[o["grads"] : o["end"]])
+            self._redo = (used, measured, tail, loss_mean, seen)
+            self._begin_pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), overlap=False)
+            return None
+        return self._finish(used, measured, tail, loss_mean, seen)
+
+    def _finish(self, used: torch.Tensor, measured: torch.Tensor, tail: torch.Tensor, loss_mean: float,
+                seen: list[int]) -> StepReduction:
+        """The summed integers to the mean gradient, the norm statistics combined, the next exponents."""
+        o = self._o
         self.norms.combine(tail[o["norm"] : o["grads"]].view(self.micro, self.norms.numel))
-        self._write_grads(buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET), used)
+        self._write_grads(self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET), used)
         self._set_exponents(fx.next_exponents(measured, used, self.lo, self.hi))
         return StepReduction(loss_mean, seen)
 

@@ -1,11 +1,12 @@
-"""The step loop and the user API.
+"""The step loop.
 
-A user job is a plain function ``job(ctx: JobContext) -> TrainSpec``; the runtime does the rest:
-it waits for a committed view, forms the group, heals, and runs steps. A step is committed by its
-gradient allreduce. When a collective fails (a dead or hung peer) the loop drops the exception,
-destroys the group, reports the failure, waits for the next view, re-forms, heals and redoes the
-in-flight step with the same indices. A newer view that arrives while the group is healthy is
-agreed through the step's allreduce, so every rank leaves the old group after the same step.
+``Trainer.steps()`` yields the run's steps to the job's loop (a script job's own, or ``run()`` for a
+``job(ctx) -> TrainSpec``): it waits for a committed view, forms the group, heals, and hands out
+each step (step.py). A step is committed by its gradient allreduce. When a step fails (a dead or
+hung peer, or the job's code raised) the loop reports it, destroys the group, waits for the next
+view, re-forms, heals and yields the in-flight step again with the same indices. A newer view that
+arrives while the group is healthy is agreed through the step's allreduce, so every rank leaves the
+old group after the same step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import torch
 
@@ -26,12 +27,15 @@ from dpeer.trainer import state as st
 from dpeer.trainer.collective_watch import CollectiveWatch, Intrusion, patience
 from dpeer.trainer.digests import BackgroundDigest
 from dpeer.trainer.decisions import Failure, classify_failure, collective_timeout, plan_resume, should_switch
+from dpeer.trainer.allreduce import StepReduction
 from dpeer.trainer.exact import ExactStep
-from dpeer.trainer.group import GroupError, GroupManager, Superseded
+from dpeer.trainer.feed import InlineFeed, LoaderFeed
+from dpeer.trainer.group import GroupError, GroupManager, GroupSeat, Superseded
 from dpeer.trainer.heal import HealProgress, HealSession, heal
 from dpeer.trainer.job_api import Dataset, JobContext, TrainSpec, default_collate  # noqa: F401 (re-exported: jobs import them from here)
 from dpeer.trainer.ledger import LedgerFile
 from dpeer.trainer.sampler import GlobalBatchSampler
+from dpeer.trainer.step import Step, StepUsageError
 from dpeer.trainer.stepping import FastStep, Reduction, Trained
 from dpeer.trainer.viewsource import Assignment, ViewSource
 
@@ -61,11 +65,13 @@ class LoopConfig:
 
 
 class Trainer:
-    """Runs a ``TrainSpec`` on this node across however many group generations it takes."""
+    """Runs a job's steps on this node across however many group generations it takes. ``feed``: a
+    script job's data loader (None: the spec's dataset and collate, fetched inline), whose loss is a
+    mean over its micro-batch when ``mean_loss`` (a TrainSpec's loss_fn is already scaled to a sum)."""
 
     def __init__(
         self, spec: TrainSpec, source: ViewSource, node_id: str, config: LoopConfig | None = None,
-        store_socket: socket.socket | None = None,
+        store_socket: socket.socket | None = None, feed: LoaderFeed | None = None, mean_loss: bool = False,
     ) -> None:
         self.spec = spec
         self.source = source
@@ -79,6 +85,7 @@ class Trainer:
         self.step_times: list[float] = []
         self.last_loss = float("nan")
         self._newest = -1  # the newest generation a peek saw during this one
+        self._t0 = 0.0  # when the step in flight began
         self._timeout = self.cfg.init_timeout
         self._collate = spec.collate or default_collate
         self._resumed_for: tuple[int, str] = (0, "")
@@ -93,11 +100,13 @@ class Trainer:
         self._cut: tuple[int, float, str] | None = None  # the watch's last cut: generation, overdue s, why
         self._given_up: tuple[int, float] | None = None  # a generation left unformed (superseded), and when
         self.watch: CollectiveWatch | None = None  # started by run() for a Gloo group
+        self.feed: InlineFeed | LoaderFeed = feed or InlineFeed(spec.dataset, self._collate)
+        self._mean_loss = mean_loss
         if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
-            self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device,
-                                                           self._collate)
+            probe = self._collate if feed is None else None  # a script's forward is its own: no probe
+            self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device, probe)
         else:
-            self.stepper = FastStep(spec, self.params, self.sampler, self.group.device, self._collate)
+            self.stepper = FastStep(spec, self.params, self.sampler, self.group.device)
 
     def _event(self, kind: str, **fields: Any) -> None:
         report = getattr(self.source, "report_event", None)
@@ -230,7 +239,8 @@ class Trainer:
             return None
         return blob
 
-    def _peek_newest(self) -> int:
+    def peek_newest(self) -> int:
+        """The newest committed generation seen so far (a look without waiting)."""
         seen = max(self.generation, self._newest)
         newer = self.source.wait_view(seen, 0.0)
         if newer is not None:
@@ -324,13 +334,17 @@ class Trainer:
         finally:
             self.watch.disarm()
 
-    def train_step(self) -> bool:
-        """Run and commit one step in the current group; True when the group agreed to switch."""
-        m = self.group.membership
-        spec = self.spec
-        t0 = time.monotonic()
-        self._record_trained(self.stepper.plan(self.step, m.rank, m.world), m)  # before any sum leaves
-        self.stepper.compute(self._peek_newest())  # the step's sums start as its last backward fills them
+    def begin_step(self, m: GroupSeat) -> Step:
+        """Plan the next step in the group ``m`` and record what this rank trains of it, before any of
+        its sums can leave."""
+        self._t0 = time.monotonic()
+        self._record_trained(self.stepper.plan(self.step, m.rank, m.world), m)
+        return Step(self, m, self.step, self._mean_loss)
+
+    def reduce(self, m: GroupSeat) -> StepReduction | None:
+        """Wait for the step's sums under the watch; None: the micro-batches run again (exact redo).
+        Once the step is reduced, the digest hashed meanwhile is settled: the job's optimizer is
+        about to write the parameters it hashes."""
         if self.watch is not None:  # inline, not _watched: a generator context costs the step ~0.5 %
             self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
         try:
@@ -338,17 +352,17 @@ class Trainer:
         finally:
             if self.watch is not None:
                 self.watch.disarm()
-        self._settle_digest()  # the optimizer is about to write the parameters it hashes
-        if spec.scaler is not None:
-            spec.scaler.step(spec.optimizer)
-            spec.scaler.update()
-        else:
-            spec.optimizer.step()
-        if spec.scheduler is not None:
-            spec.scheduler.step()
+        if red is not None:
+            self._settle_digest()
+        return red
+
+    def commit_step(self, m: GroupSeat, red: StepReduction) -> bool:
+        """The job ended a reduced step: count it, digest, record, report, checkpoint; True when the
+        group agreed to switch to a newer view."""
+        spec = self.spec
         self.step += 1
         self.last_loss = red.loss_mean
-        self.step_times.append(time.monotonic() - t0)
+        self.step_times.append(time.monotonic() - self._t0)
         if len(self.step_times) > 2 * STEP_TIME_WINDOW:
             del self.step_times[:-STEP_TIME_WINDOW]
         if self.step % ADAPT_EVERY == 0:
@@ -367,6 +381,31 @@ class Trainer:
         self._fold_ledger()
         return should_switch(m.generation, red.newest_seen_by_rank).switch
 
+    def _form(self, given: Assignment) -> GroupSeat:
+        """Form the group of ``given``'s view and heal this replica in it; the feed plans from here."""
+        view = given.view
+        t0 = time.monotonic()
+        m = self.group.form(view, lambda: self.peek_newest() > view.generation, given.bind_host)
+        t_formed = time.monotonic()
+        self.group.set_timeout(self.cfg.init_timeout)
+        vouched = (given.checkpoint_step > 0
+                   and self._lineage.get(given.checkpoint_step) == given.checkpoint_digest)
+        with self._watched(m):  # a donor stopped mid-heal is cut once a newer view drops it
+            result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
+                          vouched=vouched, session=self._heal,
+                          committed=(given.checkpoint_step, given.checkpoint_digest))
+        self._timeout = self.cfg.init_timeout
+        self._adapt_timeout()
+        self._digest_next = True  # a replica that healed wrong differs from its first step on
+        self.feed.replan(lambda s: self.stepper.keys(s, m.rank, m.world))
+        self._event(
+            "formed", gen=view.generation, rank=m.rank, world=m.world, step=self.step,
+            healed=result.received, heal_bytes=result.received_bytes, heal_resumed_bytes=result.resumed_bytes,
+            seconds=time.monotonic() - t0,
+            form_s=t_formed - t0, heal_s=result.seconds,
+        )
+        return m
+
     def _report_stall(self) -> None:
         """A generation left unformed as superseded (a member gave up on it) that no newer view
         followed within the init timeout is a group failure, reported so the leader forms a new one:
@@ -378,55 +417,65 @@ class Trainer:
         self.source.report_failure(f"generation {gen} at step {self.step}: {error}", gen, phase="group",
                                    step=self.step, error=error)
 
-    def _run_generation(self, given: Assignment) -> Failure | None:
-        """Form, heal and train in the ``given`` view; returns the failure, or None (done or switching).
+    def _generation(self, given: Assignment) -> Generator[Step, None, Failure | None]:
+        """Form, heal and yield steps in the ``given`` view; returns the failure, or None (done or
+        switching).
 
         Any exception ends the generation, not the worker: a collective's is transient (a peer
         died or hung), and one from the job's code is reported so the leader can tell a broken
         job (the same error at the same step again and again) from bad luck."""
         failure, view = None, given.view
         try:
-            t0 = time.monotonic()
-            m = self.group.form(view, lambda: self._peek_newest() > view.generation, given.bind_host)
-            t_formed = time.monotonic()
-            self.group.set_timeout(self.cfg.init_timeout)
-            vouched = (given.checkpoint_step > 0
-                       and self._lineage.get(given.checkpoint_step) == given.checkpoint_digest)
-            with self._watched(m):  # a donor stopped mid-heal is cut once a newer view drops it
-                result = heal(m.rank, m.world, self.step, self, device=self.group.device, key=m.heal_key,
-                              vouched=vouched, session=self._heal,
-                              committed=(given.checkpoint_step, given.checkpoint_digest))
-            self._timeout = self.cfg.init_timeout
-            self._adapt_timeout()
-            self._digest_next = True  # a replica that healed wrong differs from its first step on
-            self._event(
-                "formed", gen=view.generation, rank=m.rank, world=m.world, step=self.step,
-                healed=result.received, heal_bytes=result.received_bytes, heal_resumed_bytes=result.resumed_bytes,
-                seconds=time.monotonic() - t0,
-                form_s=t_formed - t0, heal_s=result.seconds,
-            )
+            m = self._form(given)
             while self.step < self.spec.steps:
-                if self.train_step():
+                step = self.begin_step(m)
+                yield step
+                if step.error is not None:
+                    raise step.error
+                if step.reduction is None:
+                    raise StepUsageError(f"step {step.number} was not run: run each step's body inside `with step:`")
+                if self.commit_step(m, step.reduction):
                     self._event("switch", gen=view.generation, step=self.step)
                     return None
             torch.distributed.barrier()
         except Superseded:
             failure, self._given_up = None, (view.generation, time.monotonic())
         except Exception as exc:  # noqa: BLE001 - every failure is reported; the job's own with its traceback
-            t_caught = time.time()
-            failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
-            cut, self._cut = self._cut if self._cut is not None and self._cut[0] == view.generation else None, None
-            if cut is not None:
-                failure = replace(failure, error=f"cut after {cut[1]:.2f}s in the collective ({cut[2]}): "
-                                  f"{failure.error}"[:300])
-            self._event("failed", gen=view.generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught,
-                        phase=failure.phase, error=failure.error, cut_after_s=cut[1] if cut else None)
-            if failure.phase == "train":  # the job's code raised: its frames reach the daemon's log on stderr
-                traceback.print_exception(exc)
+            failure = self._failed(exc, view.generation)
+        return failure
+
+    def _failed(self, exc: Exception, generation: int) -> Failure:
+        """Classify and report a generation's failure (the job's own with its traceback, once)."""
+        t_caught = time.time()
+        failure = classify_failure(exc, self.step, isinstance(exc, GroupError))
+        cut, self._cut = self._cut if self._cut is not None and self._cut[0] == generation else None, None
+        if cut is not None:
+            failure = replace(failure, error=f"cut after {cut[1]:.2f}s in the collective ({cut[2]}): "
+                              f"{failure.error}"[:300])
+        self._event("failed", gen=generation, step=self.step, caught_t=t_caught, format_s=time.time() - t_caught,
+                    phase=failure.phase, error=failure.error, cut_after_s=cut[1] if cut else None)
+        if failure.phase == "train":  # the job's code raised: its frames reach the daemon's log on stderr
+            traceback.print_exception(exc)
         return failure
 
     def run(self) -> int:
-        """Train until ``spec.steps`` steps are committed; returns the final step."""
+        """Train a TrainSpec job until ``spec.steps`` steps are committed; returns the final step."""
+        spec, device = self.spec, self.group.device
+        for step in self.steps():
+            with step:
+                for x, y in step.micro_batches():
+                    step.backward(spec.loss_fn(spec.model(x.to(device)), y.to(device)))
+                if spec.scaler is not None:
+                    spec.scaler.step(spec.optimizer)
+                    spec.scaler.update()
+                else:
+                    spec.optimizer.step()
+                if spec.scheduler is not None:
+                    spec.scheduler.step()
+        return self.step
+
+    def steps(self) -> Iterator[Step]:
+        """The run's steps, each yielded until it is committed (see the module)."""
         hint = self._committed_hint()
         if hint[0] > 0:
             self._resume(hint)
@@ -461,7 +510,7 @@ class Trainer:
                 self._settle_digest()  # a resume or a heal may write the parameters
                 if not self._planned or given.checkpoint_step > self._resumed_for[0]:
                     self._resume((given.checkpoint_step, given.checkpoint_digest))
-                failure = self._run_generation(given)
+                failure = yield from self._generation(given)
                 if failure is not None:  # the leader first: tearing the group down takes 10-20 ms
                     self.source.report_failure(f"generation {view.generation} at step {failure.step}: {failure.error}",
                                                view.generation, phase=failure.phase, step=failure.step,
@@ -479,7 +528,7 @@ class Trainer:
             if self.watch is not None:
                 self.watch.close()
             self.stepper.close()
+            self.feed.close()
             self.group.close()
             if self._ledger is not None:
                 self._ledger.close()
-        return self.step

@@ -1,9 +1,12 @@
 """One step's local work and its reduction, in the mode ``training.reduction`` selects.
 
-A stepper runs in two halves around the loop's bookkeeping: ``compute`` trains this rank's share of
-the step (and says what it trained, for the ledger) and starts the step's allreduce bucket by
-bucket as its last backward fills them (overlap.py); ``reduce`` waits for the sums, which commits
-the step, and leaves the mean gradient in every ``.grad``. ``FastStep`` sums float32 in the
+A stepper is driven micro-batch by micro-batch by the step handle (step.py), since the forward is
+the job's code: ``plan`` says what this rank trains of a step (for the ledger), ``begin`` starts it,
+``enter``/``backward``/``leave`` wrap each micro-batch, ``end_pass`` starts whatever sum the last
+backward did not (overlap.py launches buckets as that backward fills them), and ``reduce`` waits
+for the sums, which commits the step, and leaves the mean gradient in every ``.grad``; or returns
+None when the micro-batches must run again (exact mode's redo) before a second ``end_pass`` and
+``reduce``. ``FastStep`` sums float32 in the
 collective's order; ``exact.ExactStep`` is the bitwise-exact one.
 """
 
@@ -50,8 +53,8 @@ class FastStep:
     The buffer is ``[loss sum | newest generation seen, per rank | gradients]``."""
 
     def __init__(self, spec: TrainSpec, params: list[torch.Tensor], sampler: GlobalBatchSampler,
-                 device: torch.device, collate: Any) -> None:
-        self.spec, self.params, self.sampler, self.device, self.collate = spec, params, sampler, device, collate
+                 device: torch.device) -> None:
+        self.spec, self.params, self.sampler, self.device = spec, params, sampler, device
         self.numel = sum(p.numel() for p in params)
         self.dtype = torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
         self._world = 0
@@ -59,7 +62,8 @@ class FastStep:
         self._grads: GradViews | None = None
         self._overlap: Overlap | None = None
         self._works: list[Any] = []
-        self._planned: tuple[int, int, int, list[int]] = (0, 0, 1, [])
+        self._planned: tuple[int, int, int, list[tuple[int, list[int]]]] = (0, 0, 1, [])
+        self._loss_sum, self._n = 0.0, 0
 
     def _buffer(self, world: int) -> torch.Tensor:
         """The step buffer of a group of ``world``, its views bound and its buckets planned."""
@@ -77,46 +81,69 @@ class FastStep:
     def _launch(self, _k: int, bucket: Bucket) -> None:
         self._works.append(dist.all_reduce(self._buf[bucket.lo:bucket.hi], async_op=True))
 
+    def keys(self, step: int, rank: int, world: int) -> list[tuple[int, list[int]]]:
+        """This rank's micro-batches of ``step`` in order, each ``(id, dataset indices)``: its contiguous
+        share of the step's samples cut into micro-batches of at most ``micro_batch``."""
+        mine = shard(self.sampler.indices_for_step(step), rank, world)
+        return list(enumerate(micro_batches(mine, self.spec.micro_batch)))
+
     def plan(self, step: int, rank: int, world: int) -> Trained:
         """What this rank trains of ``step`` (recorded before any of its sums can leave)."""
-        self._planned = (step, rank, world, shard(self.sampler.indices_for_step(step), rank, world))
-        return Trained(step, None, self._planned[3])
+        keys = self.keys(step, rank, world)
+        self._planned = (step, rank, world, keys)
+        return Trained(step, None, [i for _, mb in keys for i in mb])
 
-    def compute(self, newest_seen: int = -1) -> None:
-        """Forward and backward over the planned share, gradients accumulated in the buffer; the
-        buckets' sums start as the last backward fills them."""
-        spec = self.spec
-        _step, rank, world, mine = self._planned
+    def planned(self) -> list[tuple[int, list[int]]]:
+        """The planned micro-batches, ``(id, dataset indices)``, in the order they run."""
+        return self._planned[3]
+
+    def begin(self, newest_seen: int = -1) -> None:
+        """Start the planned step: the buffer zeroed, the gradients bound to it, nothing launched."""
+        _step, rank, world, _keys = self._planned
         buf = self._buffer(world)
-        grads = self._grads
-        assert grads is not None
+        assert self._grads is not None
         buf.zero_()
-        grads.bind()
+        self._grads.bind()
         self._works = []
         if self._overlap is not None:
             self._overlap.disarm()  # a step that failed half-way may have left it armed
-        batches = micro_batches(mine, spec.micro_batch)
         buf[1 + rank] = float(newest_seen)
-        loss_sum = 0.0
-        for n, mb in enumerate(batches, 1):
-            x, y = self.collate([spec.dataset[i] for i in mb])
-            loss = spec.loss_fn(spec.model(x.to(self.device)), y.to(self.device))
-            loss_sum += float(loss.detach())
-            if n == len(batches):  # the control slots travel in the bucket launched last
-                buf[0] = loss_sum
-                if self._overlap is not None:
-                    self._overlap.arm()
-            (spec.scaler.scale(loss) if spec.scaler is not None else loss).backward()
+        self._loss_sum, self._n = 0.0, 0
+
+    def enter(self, n: int) -> None:
+        """Micro-batch ``n`` of the plan starts (fast mode seeds nothing)."""
+        self._n = n
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the current micro-batch's summed loss into the buffer; the last one's buckets
+        start their sums as backward fills them (the control slots travel in the bucket launched last)."""
+        self._loss_sum += float(loss.detach())
+        if self._n == len(self._planned[3]) - 1:
+            self._buf[0] = self._loss_sum
+            if self._overlap is not None:
+                self._overlap.arm()
+        (self.spec.scaler.scale(loss) if self.spec.scaler is not None else loss).backward()
+
+    def leave(self, n: int) -> None:
+        """Micro-batch ``n`` is done (its gradient already accumulated in the buffer)."""
+
+    def abort(self) -> None:
+        """A micro-batch failed half-way: nothing to put back."""
+
+    def end_pass(self) -> None:
+        """Every micro-batch ran: start whatever sum has not started."""
         if self._overlap is None:
-            grads.gather_loose()
-            self._works = [dist.all_reduce(buf, async_op=True)]
+            assert self._grads is not None
+            self._grads.gather_loose()
+            self._works = [dist.all_reduce(self._buf, async_op=True)]
         else:
-            if not batches:
+            if not self._planned[3]:
+                self._buf[0] = self._loss_sum
                 self._overlap.arm()
             self._overlap.finish()
 
-    def reduce(self, rank: int, world: int) -> StepReduction:
-        """Wait for the group's sums; ``.grad`` becomes the mean over the global batch."""
+    def reduce(self, rank: int, world: int) -> StepReduction | None:
+        """Wait for the group's sums; ``.grad`` becomes the mean over the global batch (never a redo)."""
         works, self._works = self._works, []
         wait_all(works)
         buf, control = self._buf, 1 + world

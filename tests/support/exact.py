@@ -9,9 +9,12 @@ import torch
 import torch.distributed as dist
 
 from dpeer.trainer.demo import build
+from dpeer.trainer.allreduce import StepReduction
 from dpeer.trainer.exact import ExactStep
+from dpeer.trainer.feed import InlineFeed
 from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
 from dpeer.trainer.sampler import GlobalBatchSampler
+from dpeer.trainer.stepping import FastStep
 
 CPU = torch.device("cpu")
 
@@ -37,3 +40,20 @@ def stepper(spec: TrainSpec) -> ExactStep:
 
 def grads(spec: TrainSpec) -> list[torch.Tensor]:
     return [p.grad.clone() for p in spec.model.parameters()]
+
+
+def run_step(step: ExactStep | FastStep, rank: int = 0, world: int = 1) -> StepReduction:
+    """Run the planned step's micro-batches on the spec's data as the trainer does, redo included."""
+    spec = step.spec
+    feed = InlineFeed(spec.dataset, spec.collate or default_collate)
+    step.begin()
+    while True:
+        for n, (j, indices) in enumerate(step.planned()):
+            step.enter(n)
+            x, y = feed.get(0, j, indices)
+            step.backward(spec.loss_fn(spec.model(x), y))
+            step.leave(n)
+        step.end_pass()
+        red = step.reduce(rank, world)
+        if red is not None:
+            return red

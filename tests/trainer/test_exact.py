@@ -11,7 +11,7 @@ from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.exact import ExactModeError, NonFiniteGradient
 from dpeer.trainer.loop import default_collate
 from dpeer.trainer.sampler import GlobalBatchSampler
-from tests.support.exact import demo, grads, group, stepper  # noqa: F401 (group is a fixture)
+from tests.support.exact import demo, grads, group, run_step, stepper  # noqa: F401 (group is a fixture)
 
 
 def test_a_global_batch_that_is_not_a_multiple_of_the_micro_batch_is_refused() -> None:
@@ -53,8 +53,7 @@ def test_batchnorm_statistics_are_the_mean_of_the_micro_batches_updates(group: N
     start_mean, start_var = bn.running_mean.clone(), bn.running_var.clone()
     step = stepper(spec)
     step.plan(0, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     indices = step.sampler.indices_for_step(0)
     means, variances = [], []
     for j in range(4):
@@ -72,18 +71,15 @@ def test_dropout_draws_depend_on_the_step_and_micro_batch_only(group: None) -> N
     step = stepper(spec)
     before = torch.get_rng_state()
     step.plan(3, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     first = grads(spec)
     assert torch.equal(torch.get_rng_state(), before), "the micro-batches' seeding leaked into the global stream"
     torch.manual_seed(999)  # another history
     step.plan(3, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     assert all(torch.equal(a, b) for a, b in zip(first, grads(spec)))
     step.plan(4, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     assert not all(torch.equal(a, b) for a, b in zip(first, grads(spec)))
 
 
@@ -91,20 +87,17 @@ def test_gradients_that_outgrew_their_exponents_are_summed_again(group: None) ->
     fresh_spec, spec = demo(), demo()
     fresh = stepper(fresh_spec)
     fresh.plan(0, 0, 1)
-    fresh.compute()
-    fresh.reduce(0, 1)
+    run_step(fresh)
     assert fresh.redos == 1  # the first step measures its exponents
     step = stepper(spec)
     step.load_state({"exponents": [-60] * step.nb})  # far too small for the demo's gradients
     step.plan(0, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     assert step.redos == 1
     assert all(torch.equal(a, b) for a, b in zip(grads(fresh_spec), grads(spec)))
     assert step.state() == fresh.state()
     step.plan(1, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     assert step.redos == 1, "a steady step needed a redo"
 
 
@@ -127,12 +120,10 @@ def test_a_nan_or_inf_gradient_raises_a_clear_error(group: None) -> None:
     step = stepper(spec)
     for s in range(2):
         step.plan(s, 0, 1)
-        step.compute()
-        step.reduce(0, 1)
+        run_step(step)
     step.plan(2, 0, 1)
-    step.compute()
     with pytest.raises(NonFiniteGradient, match=r"step 2: the gradient of parameter 0\.weight .* is NaN or Inf"):
-        step.reduce(0, 1)
+        run_step(step)
 
 
 def test_demo_defaults_are_exact_compatible() -> None:

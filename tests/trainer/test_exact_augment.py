@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.support.exact import demo, grads, group, stepper  # noqa: F401 (group is a fixture)
+from tests.support.exact import demo, grads, group, run_step, stepper  # noqa: F401 (group is a fixture)
 
 
 class Augmented:
@@ -31,12 +31,10 @@ def test_a_randomly_augmented_dataset_draws_the_same_whatever_the_ranks_history(
     step = stepper(spec)
     torch.manual_seed(1)
     step.plan(3, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     first = grads(spec)
     torch.manual_seed(999)  # another history: another rank, or the same step redone after a failure
     step.plan(3, 0, 1)
-    step.compute()
-    step.reduce(0, 1)
+    run_step(step)
     assert all(torch.equal(a, b) for a, b in zip(first, grads(spec))), \
         "step 3's gradient depends on the global generator's state: the dataset's draws are not seeded"

@@ -13,7 +13,7 @@ from dpeer.trainer.jobspec import JobSpecError, LossReduction, prepare
 from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep
-from tests.support.exact import group  # noqa: F401 (a fixture)
+from tests.support.exact import group, run_step  # noqa: F401 (group is a fixture)
 
 CPU = torch.device("cpu")
 OPTIONS = {"dataset_len": 256, "global_batch": "16", "micro_batch": "4", "steps": "6"}
@@ -30,11 +30,10 @@ def spec_with(loss: torch.nn.Module | None = None, reduction: str = "sum") -> tu
 def train(spec: TrainSpec, stepper_kind: type, steps: int) -> list[torch.Tensor]:
     sampler = GlobalBatchSampler(len(spec.dataset), spec.global_batch, spec.seed)
     params = [p for p in spec.model.parameters() if p.requires_grad]
-    step = stepper_kind(spec, params, sampler, CPU, spec.collate or default_collate)
+    step = stepper_kind(spec, params, sampler, CPU)
     for i in range(steps):
         step.plan(i, 0, 1)
-        step.compute()
-        step.reduce(0, 1)
+        run_step(step)
         spec.optimizer.step()
     return [p.detach().clone() for p in spec.model.parameters()]
 

@@ -1,0 +1,197 @@
+"""Where a step's micro-batches come from: the runtime's sampler decides which samples each holds;
+a feed fetches and collates them.
+
+``InlineFeed`` (a TrainSpec job) fetches on the training thread, inside the micro-batch's seeded
+random stream. ``LoaderFeed`` (a script job) runs the job's own ``DataLoader`` settings
+(``num_workers``, ``prefetch_factor``, ``pin_memory``, ``collate_fn``, ``persistent_workers``)
+over a batch sampler that yields this rank's micro-batches step after step, so worker processes
+fetch ahead while the model computes. Each micro-batch's fetch and collate run with Python's
+and torch's generators seeded from (seed, step, micro-batch), in whichever process fetches it,
+so random augmentation draws the same on any rank, in any world size, and again on a redo.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from dpeer.trainer.sampler import micro_batch_seed
+
+DATA_SALT = 0x5EED_DA7A  # the data's stream differs from the forward's (the same key otherwise)
+Plan = Callable[[int], "list[tuple[int, list[int]]]"]  # step -> this rank's (micro-batch id, indices)
+
+
+class FeedError(RuntimeError):
+    """The job's data pipeline cannot feed exact steps; the text says what to change."""
+
+
+class InlineFeed:
+    """Fetch and collate a micro-batch on the training thread (a TrainSpec job's dataset and collate)."""
+
+    def __init__(self, dataset: Any, collate: Callable[[Sequence[Any]], Any]) -> None:
+        self.dataset, self.collate = dataset, collate
+
+    def get(self, step: int, j: int, indices: list[int]) -> Any:
+        """The collated samples ``indices`` (micro-batch ``j`` of ``step``)."""
+        return self.collate([self.dataset[i] for i in indices])
+
+    def replan(self, plan: Plan) -> None:
+        """Nothing is fetched ahead."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def structure(batch: Any) -> Any:
+    """What a batch is made of, without its sizes: types, keys, tensor dtypes and dimensions."""
+    if isinstance(batch, torch.Tensor):
+        return ("tensor", str(batch.dtype), batch.dim())
+    if isinstance(batch, dict):
+        return ("dict", tuple((k, structure(v)) for k, v in batch.items()))
+    if isinstance(batch, (list, tuple)):
+        return (type(batch).__name__, tuple(structure(v) for v in batch))
+    return type(batch).__name__
+
+
+class _Keys:
+    """A batch sampler of the micro-batches this rank trains from a step on, one list per micro-batch:
+    each entry ``(step, j, seed, index)``. Endless: the loop asks only for what it trains."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.start = seed, 0
+        self.plan: Plan | None = None
+
+    def __iter__(self) -> Iterator[list[tuple[int, int, int, int]]]:
+        step, plan = self.start, self.plan
+        assert plan is not None
+        while True:
+            for j, indices in plan(step):
+                seed = micro_batch_seed(self.seed ^ DATA_SALT, step, j)
+                yield [(step, j, seed, i) for i in indices]
+            step += 1
+
+
+class _Keyed(torch.utils.data.Dataset):
+    """The job's dataset as the loader sees it: a fetch hands the keys through to the collate."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitems__(self, keys: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+        return keys
+
+    def __getitem__(self, key: tuple[int, int, int, int]) -> Any:
+        raise TypeError("a keyed dataset is fetched a micro-batch at a time")
+
+
+class _SeededCollate:
+    """Fetch and collate one micro-batch under its own seeded generators (torch's CPU one, Python's,
+    and numpy's when loaded), then put them back; returns ``((step, j), batch)``."""
+
+    def __init__(self, dataset: Any, collate: Callable[[list[Any]], Any]) -> None:
+        self.dataset, self.collate = dataset, collate
+
+    def __call__(self, keys: list[tuple[int, int, int, int]]) -> tuple[tuple[int, int], Any]:
+        step, j, seed, _ = keys[0]
+        np = sys.modules.get("numpy")
+        saved = (torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None)
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        if np is not None:
+            np.random.seed(seed & 0xFFFFFFFF)
+        try:
+            return (step, j), self.collate([self.dataset[k[3]] for k in keys])
+        finally:
+            torch.set_rng_state(saved[0])
+            random.setstate(saved[1])
+            if np is not None:
+                np.random.set_state(saved[2])
+
+
+class LoaderFeed:
+    """A job's DataLoader settings over this rank's micro-batches (see the module)."""
+
+    def __init__(self, loader: DataLoader, micro_batch: int, seed: int) -> None:
+        check_loader(loader, micro_batch)
+        self.dataset = loader.dataset
+        self._keys = _Keys(seed)
+        extra: dict[str, Any] = {}
+        if loader.num_workers > 0:
+            extra = {"prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers}
+        self._loader = DataLoader(
+            _Keyed(loader.dataset), batch_sampler=self._keys,
+            collate_fn=_SeededCollate(loader.dataset, loader.collate_fn), num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context, pin_memory_device=loader.pin_memory_device,
+            generator=torch.Generator(), **extra)  # its own generator: a restart draws nothing from the step's stream
+        self._it: Iterator[Any] | None = None
+        self._cache: dict[tuple[int, int], Any] = {}
+        self._shape: Any = None
+
+    def replan(self, plan: Plan) -> None:
+        """This rank's micro-batches changed (a new group, a heal): fetch ahead by ``plan`` from now on."""
+        self._keys.plan = plan
+        self._it = None
+
+    def get(self, step: int, j: int, indices: list[int]) -> Any:
+        """Micro-batch ``j`` of ``step``: the one the loader fetched ahead, or, when the loop went
+        elsewhere (a redone or healed step), from a restarted fetch."""
+        if (step, j) in self._cache:
+            return self._cache[(step, j)]
+        if self._cache and next(iter(self._cache))[0] != step:
+            self._cache.clear()
+        key, batch = self._next(step)
+        if key != (step, j):
+            self._restart(step)
+            key, batch = self._next(step)
+        if key != (step, j):
+            raise FeedError(f"the data loader gave micro-batch {key} where step {step} needs micro-batch {j}")
+        self._check(step, j, batch)
+        self._cache[key] = batch
+        return batch
+
+    def _next(self, step: int) -> tuple[tuple[int, int], Any]:
+        if self._it is None:
+            self._restart(step)
+        assert self._it is not None
+        try:
+            return next(self._it)
+        except BaseException:
+            self._it = None  # a worker that died or hung: the next fetch starts afresh
+            raise
+
+    def _restart(self, step: int) -> None:
+        self._keys.start = step
+        self._it = iter(self._loader)
+
+    def _check(self, step: int, j: int, batch: Any) -> None:
+        shape = structure(batch)
+        if self._shape is None:
+            self._shape = shape
+        elif shape != self._shape:
+            raise FeedError(f"step {step} micro-batch {j}: the data loader's batch is {shape}, but the first "
+                            f"was {self._shape}: every batch must have one structure (types, keys, dtypes)")
+
+    def close(self) -> None:
+        """Stop the loader's worker processes."""
+        self._it = None
+
+
+def check_loader(loader: Any, micro_batch: int) -> None:
+    """Refuse a loader the runtime cannot feed exactly once per sample, in one sentence."""
+    if not isinstance(loader, DataLoader):
+        raise FeedError(f"run.steps() takes a torch.utils.data.DataLoader, got {type(loader).__name__}")
+    if isinstance(loader.dataset, IterableDataset):
+        raise FeedError("streaming (iterable) datasets are not supported yet: the runtime picks each step's "
+                        "samples by index, so give the DataLoader a map-style Dataset (__len__ and __getitem__)")
+    if loader.batch_size != micro_batch:
+        raise FeedError(f"the DataLoader's batch_size is {loader.batch_size} but training.micro_batch is "
+                        f"{micro_batch}: the runtime decides which samples each micro-batch holds (its sampler, "
+                        f"shuffle and batch_sampler are not used), so build it with batch_size=run.micro_batch")
