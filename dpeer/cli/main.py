@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from dpeer.daemon import config as cfg
 from dpeer import __version__, errors
 from dpeer.chaos.options import options_from as chaos_options
+from dpeer.cli.export import cmd_export
 from dpeer.cli.dial import NoNodeAnswered, check_pair, one_node, readable, run
 from dpeer.cli.output import report, wants_json
 from dpeer.cli.parser import UsageError, build_parser
@@ -409,7 +410,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 COMMANDS = {
     "start": cmd_start, "status": cmd_status, "members": cmd_members, "kv": cmd_kv,
     "leave": cmd_leave, "force": cmd_force, "log": cmd_log, "config": cmd_config, "demo": cmd_demo, "chaos": cmd_chaos,
-    "job": cmd_job, "certs": cmd_certs, "version": cmd_version,
+    "job": cmd_job, "certs": cmd_certs, "version": cmd_version, "export": cmd_export,
 }
 
 

@@ -51,6 +51,9 @@ EXAMPLES = {
     "certs create-ca": "dpeer certs create-ca --dir /etc/dpeer/certs",
     "certs create-node": "dpeer certs create-node n1 --host 10.0.0.1 --host box1.lan --dir /etc/dpeer/certs",
     "certs create-client": "dpeer certs create-client alice --operator --dir pki",
+    "export": "dpeer export /var/lib/dpeer --out model.safetensors\n"
+    "  dpeer export d1/checkpoints/ckpt-000000000400.bin --out model.pt --json\n"
+    "  dpeer export d1 --out resume-dcp --format dcp",
 }
 
 
@@ -149,6 +152,19 @@ def _certs_parser(subs: argparse._SubParsersAction) -> None:
         p.add_argument("--json", action="store_true", help="print the files written as JSON")
     for p in (node, client):
         p.add_argument("--ca-dir", type=Path, default=None, help="where ca.pem and ca.key are (default: --dir)")
+
+
+def _export_parser(subs: argparse._SubParsersAction) -> None:
+    export = _sub(subs, "export", "write the model of a dpeer checkpoint (a data dir's newest that verifies) as "
+                  "safetensors or a torch.save state dict, or model and optimizer as a torch.distributed.checkpoint "
+                  "folder (docs/checkpoints.md)")
+    export.add_argument("source", metavar="SOURCE", type=Path, help="a data dir, or one of its checkpoints/ckpt-*.bin")
+    export.add_argument("--out", required=True, type=Path, metavar="FILE", help="the file (or DCP folder) to write")
+    export.add_argument("--format", choices=["safetensors", "pt", "dcp"],
+                        help="default: from --out's suffix (.safetensors; .pt or .pth for torch.save)")
+    export.add_argument("--force", action="store_true", help="replace --out when it exists")
+    export.add_argument("--json", action="store_true", help="print {out, format, step, checkpoint, tensors, bytes, "
+                        "sha256, ...} as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = _sub(confs, "check", "validate a config file; exit 2 when it is wrong", "config check")
     check.add_argument("file", type=Path, help="the YAML config file")
     check.add_argument("--json", action="store_true", help="print {file, ok, error} as JSON")
+    _export_parser(subs)
     version = _sub(subs, "version", "print dpeer's version")
     version.add_argument("--json", action="store_true", help="print JSON")
     _certs_parser(subs)

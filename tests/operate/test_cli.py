@@ -21,7 +21,7 @@ from tests.support.daemons import WAIT, cli, cli_many, formed, one_sentence, wai
 COMMANDS = [
     [], ["start"], ["status"], ["members"], ["kv"], ["kv", "put"], ["kv", "get"], ["kv", "list"], ["kv", "delete"],
     ["leave"], ["log"], ["demo"], ["config"], ["config", "show"], ["config", "check"], ["job"], ["job", "retry"],
-    ["job", "pause"], ["job", "resume"], ["version"],
+    ["job", "pause"], ["job", "resume"], ["version"], ["export"],
 ]
 
 
