@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install dpeer as a systemd service on this box: a dpeer user, the package, a config and the unit.
 # Usage: sudo scripts/install.sh [FLAGS] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]
-# --job: the job every box runs (docs/jobs.md); put a MODULE of your own in /opt/dpeer/jobs first.
+# --job: the job every box runs (docs/jobs.md); put a MODULE or script of your own in /opt/dpeer/jobs first
+# (a relative PATH.py is written as its absolute path: the service runs from /).
 # --preset: the timing preset (lan, wan or edge); --metrics-listen: HOST:PORT for Prometheus.
 # --from: a dpeer wheel or a bundle (scripts/bundle: no index needed, nor a network when it holds
 # torch) instead of the checkout or bundle this script lies in; --insecure-data-plane: the job trains
@@ -10,7 +11,7 @@
 # anything is installed.
 # Sourcing this file defines its steps without running them.
 set -euo pipefail
-usage="usage: $0 [--job demo|MODULE:FUNCTION] [--preset lan|wan|edge] [--metrics-listen HOST:PORT] [--from WHEEL|BUNDLE] [--insecure-data-plane] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]"
+usage="usage: $0 [--job demo|MODULE:FUNCTION|PATH.py] [--preset lan|wan|edge] [--metrics-listen HOST:PORT] [--from WHEEL|BUNDLE] [--insecure-data-plane] NODE_ID LISTEN_HOST:PORT [JOIN_HOST:PORT,...]"
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 certs=/etc/dpeer/certs
 bin=/opt/dpeer/venv/bin/dpeer
@@ -27,7 +28,7 @@ parse_args() {
       --job|--preset|--metrics-listen|--from)
         [ "$#" -ge 2 ] || bad_usage
         case "$1" in
-          --job) job=$2 ;;
+          --job) job=$2; [[ $job != *.py || $job == /* ]] || job=$PWD/$job ;;
           --preset) preset=$2 ;;
           --metrics-listen) metrics=$2 ;;
           --from) from=$2 ;;

@@ -1,4 +1,9 @@
-"""`dpeer demo`: a local cluster on loopback training the demo job, shown live in the terminal.
+"""`dpeer demo`: a local cluster on loopback training the demo job (or --job), shown live in the terminal.
+
+--job takes what `dpeer start --job` does: demo, MODULE:FUNCTION or PATH.py. It is checked before
+anything starts (a script that is not there, a module not found from here: exit 2), and the
+daemons get the working directory on PYTHONPATH, so a job module beside the user is found as
+`python -m` would find it. --steps is the run's training.steps, whatever the job.
 
 With --chaos, a seeded schedule kills a node (SIGKILL of its daemon and worker) and restarts it
 on its data dir a little later, never taking down more nodes than a quorum allows; each
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import signal
 import sys
@@ -30,6 +36,7 @@ from rich.console import Console
 from rich.live import Live
 
 from dpeer.launch.cluster import LocalCluster, LocalNode
+from dpeer.daemon import job_name
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.job_status import JobStatus
 from dpeer.cli.parser import UsageError
@@ -122,9 +129,9 @@ class Demo:
     """One run: the cluster, the chaos schedule, the event log and the screen."""
 
     def __init__(self, cluster: LocalCluster, steps: int, chaos: Chaos | None, console: Console,
-                 as_json: bool = False) -> None:
+                 as_json: bool = False, job: str = "demo") -> None:
         self.cluster, self.steps, self.chaos, self.console = cluster, steps, chaos, console
-        self.as_json = as_json
+        self.as_json, self.job = as_json, job
         self.started = time.monotonic()
         self.log = EventLog(self.started)
         self.history: list[tuple[float, int]] = []
@@ -135,7 +142,8 @@ class Demo:
 
     def frame(self, now: float) -> Frame:
         """What the screen shows now."""
-        return Frame(now - self.started, self.docs, self.steps, self._rate(), self.losses, self.log.events)
+        return Frame(now - self.started, self.docs, self.steps, self._rate(), self.losses, self.log.events,
+                     job_label(self.job))
 
     def _rate(self) -> float:
         if len(self.history) < 2:
@@ -267,22 +275,52 @@ def _checked(args: argparse.Namespace) -> tuple[int, Path]:
     return steps, args.dir
 
 
+def checked_job(text: str) -> str:
+    """--job as the daemons get it (a script's path made absolute), or UsageError when it could
+    never start: a name of no job form, a script that is not a readable file, a module not found
+    from here. Checked before any daemon starts, instead of failing every build until the job halts."""
+    try:
+        job = job_name.resolve(text)
+    except ValueError as exc:
+        raise UsageError(f"--job: {exc}") from None
+    refusal = job_name.job_refusal(job)
+    if refusal is not None:
+        raise UsageError(f"--job: {refusal}")
+    return job
+
+
+def job_label(job: str) -> str:
+    """How the screen names the job: a script by its file name, any other job as it is named."""
+    return Path(job).name if job_name.is_script(job) else job
+
+
+def daemon_env(cwd: str | None = None) -> dict[str, str]:
+    """What the demo adds to its daemons' environment (their workers inherit it): the working
+    directory first on PYTHONPATH, so `--job mymodule:build` finds mymodule.py beside the user
+    whatever the daemons' own sys.path holds."""
+    here = cwd or os.getcwd()
+    rest = os.environ.get("PYTHONPATH", "")
+    return {"PYTHONPATH": os.pathsep.join([here, rest]) if rest else here}
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Start the cluster, show it until the job ends (or a signal, or a daemon's exit), then stop every node."""
+    job = checked_job(args.job)
     steps, root = _checked(args)
-    cluster = LocalCluster(root, args.nodes, job="demo", base_port=args.base_port,
-                           config={"training": {"steps": steps}})
+    cluster = LocalCluster(root, args.nodes, job=job, base_port=args.base_port,
+                           config={"training": {"steps": steps}}, env=daemon_env())
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     chaos = Chaos(random.Random(args.seed)) if args.chaos else None
     if args.json:
         emit({"type": "start", "nodes": args.nodes, "steps": steps, "dir": str(root), "chaos": args.chaos,
-              "seed": args.seed})
+              "seed": args.seed, "job": job})
     else:
-        print(f"starting {args.nodes} nodes on 127.0.0.1 (data and logs in {root}); Ctrl-C stops them", flush=True)
+        print(f"starting {args.nodes} nodes on 127.0.0.1 training job {job_label(job)} (data and logs in {root}); "
+              "Ctrl-C stops them", flush=True)
     demo = None
     try:
         cluster.start_all()
-        demo = Demo(cluster, steps, chaos, Console(), args.json)
+        demo = Demo(cluster, steps, chaos, Console(), args.json, job)
         return asyncio.run(demo.run())
     except Stopped as stop:
         if args.json and demo is not None:

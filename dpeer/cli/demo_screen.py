@@ -29,6 +29,7 @@ class Frame:
     rate: float
     losses: list[float]
     events: list[Event]
+    job: str = "demo"  # how the headline names the job (demo.job_label)
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
@@ -71,10 +72,10 @@ HEADER = ["NODE", "STATE", "ROLE", "RANK", "STEP", "LOSS", "RTT", "DIGEST"]
 
 
 def headline(frame: Frame) -> str:
-    """The first line: time, leader, generation, progress, throughput, and a pause when one holds."""
+    """The first line: time, the job, leader, generation, progress, throughput, and a pause when one holds."""
     paused = any(d and d.get("control") == "paused" for d in frame.docs.values())
-    return (f"dpeer demo  {frame.elapsed:6.1f}s  leader {leader_of(frame.docs)}  generation {generation(frame.docs)}  "
-            f"step {newest_step(frame.docs)}/{frame.steps}  {frame.rate:5.1f} steps/s"
+    return (f"dpeer demo  {frame.elapsed:6.1f}s  job {frame.job}  leader {leader_of(frame.docs)}  "
+            f"generation {generation(frame.docs)}  step {newest_step(frame.docs)}/{frame.steps}  {frame.rate:5.1f} steps/s"
             + ("  PAUSED (`dpeer job resume` trains on)" if paused else ""))
 
 

@@ -394,7 +394,7 @@ def start_worker_early(config: cfg.NodeConfig) -> Any:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Start a local cluster training the demo job and show it live."""
+    """Start a local cluster training the demo job (or --job) and show it live."""
     from dpeer.cli.demo import run_demo
 
     return run_demo(args)

@@ -20,7 +20,8 @@ EXAMPLES = {
     "  dpeer status --addr 127.0.0.1:7101 --json",
     "start": "dpeer start --node-id n1 --listen 127.0.0.1:7101 --data-dir /var/lib/dpeer\n"
     "  dpeer start --node-id n2 --listen 127.0.0.1:7102 --data-dir d2 --join 127.0.0.1:7101 --job demo\n"
-    "  dpeer start --node-id n1 --data-dir d1 --job myjob:build --job-opt dim=256 --job-opt amp=true",
+    "  dpeer start --node-id n1 --data-dir d1 --job myjob:build --job-opt dim=256 --job-opt amp=true\n"
+    "  dpeer start --node-id n1 --data-dir d1 --job /opt/dpeer/jobs/train.py",
     "status": "dpeer status --addr 127.0.0.1:7101 --json\n  dpeer status --addr 10.0.0.1:7100,10.0.0.2:7100",
     "members": "dpeer members --addr 127.0.0.1:7101",
     "kv": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n  dpeer kv get team --addr 127.0.0.1:7101 --json\n"
@@ -29,7 +30,8 @@ EXAMPLES = {
     "force": "dpeer force --addr 127.0.0.1:7101 --voters n1,n2 --yes",
     "log": "dpeer log --addr 127.0.0.1:7101 --from 1 --to 200 --json\n"
     "  diff <(dpeer log --addr 127.0.0.1:7101 --to 200 --json) <(dpeer log --addr 127.0.0.1:7102 --to 200 --json)",
-    "demo": "dpeer demo --nodes 3 --steps 500 --chaos\n  dpeer demo --steps 200 --json | tail -n 1",
+    "demo": "dpeer demo --nodes 3 --steps 500 --chaos\n  dpeer demo --steps 200 --json | tail -n 1\n"
+    "  dpeer demo --job train.py --nodes 2 --steps 100\n  dpeer demo --job myjob:build --steps 100 --chaos",
     "chaos": "dpeer chaos --nodes 5 --duration 600 --fault-every 14 --steps 8000 --seed 7 --out chaos-out",
     "config": "dpeer config check dpeer.yaml\n  dpeer config show --config dpeer.yaml --preset edge",
     "kv put": "dpeer kv put team ml-infra --addr 127.0.0.1:7101\n"
@@ -186,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--advertise", help="HOST:PORT peers dial when it differs from --listen")
     start.add_argument("--config", type=Path, help="YAML config file")
     start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
-    start.add_argument("--job", help="demo or MODULE:FUNCTION")
+    start.add_argument("--job", help="demo, MODULE:FUNCTION (a build function returning a TrainSpec) or PATH.py "
+                       "(your training script, run as __main__ by every box's worker)")
     start.add_argument("--job-opt", action="append", metavar="KEY=VALUE", help="an option for the job (ctx.option), "
                        "over training.options in the config; repeat for more")
     start.add_argument("--metrics-listen", help="HOST:PORT for Prometheus metrics")
@@ -246,9 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     log.add_argument("--from", dest="first", type=int, default=None, metavar="I",
                      help="first index (default: the first the node still holds)")
     log.add_argument("--to", dest="last", type=int, default=None, metavar="J", help="last index (default: its commit index)")
-    demo = _sub(subs, "demo", "a local cluster on loopback training the demo job, shown live")
+    demo = _sub(subs, "demo", "a local cluster on loopback training the demo job (or --job), shown live")
     demo.add_argument("--nodes", type=int, default=3, help="nodes to start (default 3)")
-    demo.add_argument("--steps", type=int, default=None, help="steps to train (default: the config's)")
+    demo.add_argument("--steps", type=int, default=None, help="steps to train, the run's training.steps (default: "
+                      "the config's)")
+    demo.add_argument("--job", default="demo", help="the job to train: demo (default), MODULE:FUNCTION (found "
+                      "from the working directory or PYTHONPATH) or PATH.py (your training script)")
     demo.add_argument("--chaos", action="store_true", help="kill and restart nodes on a schedule")
     demo.add_argument("--seed", type=int, default=1, help="seed of the chaos schedule")
     demo.add_argument("--base-port", type=int, default=None, help="first gRPC port (default: a free block)")

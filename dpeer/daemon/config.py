@@ -9,11 +9,9 @@ key's dotted path, so an operator sees exactly which line of the file is wrong.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import os
 import re
 import stat
-import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -22,7 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from dpeer.address import Address
-from dpeer.daemon import timing as tm
+from dpeer.daemon import job_name, timing as tm
+from dpeer.daemon.job_name import job_refusal
 from dpeer.daemon.logs import LogFormat, LogLevel
 from dpeer.security.exposure import is_loopback
 
@@ -186,7 +185,9 @@ class NodeConfig(Strict):
                            "(DATA_DIR/worker/final.pt); a relative path is made absolute against the working directory")
     join: list[str] = Field(default_factory=list, description="live members to join through")
     preset: PresetName = Field("lan", description="timing preset: lan, wan or edge")
-    job: str | None = Field(None, description="demo or MODULE:FUNCTION; none runs a daemon only")
+    job: str | None = Field(None, description="demo, MODULE:FUNCTION (a build function returning a TrainSpec) or "
+                            "PATH.py (a training script, run as __main__; a relative path is made absolute "
+                            "against the working directory); none runs a daemon only")
     metrics_listen: str | None = Field(None, description="HOST:PORT for Prometheus metrics")
     store_port: int | None = Field(None, ge=1, le=65535,
                                    description="port of the rendezvous store this node's worker hosts as rank 0 "
@@ -274,9 +275,8 @@ class NodeConfig(Strict):
     @field_validator("job")
     @classmethod
     def _job(cls, value: str | None) -> str | None:
-        if value is not None and value != "demo" and not re.match(r"^[\w.]+:\w+$", value):
-            raise ValueError("job is 'demo' or MODULE:FUNCTION")
-        return value
+        """A script's path is made absolute here, once, so the worker finds it wherever it runs."""
+        return None if value is None else job_name.resolve(value)
 
     @property
     def advertise_addr(self) -> str:
@@ -448,27 +448,6 @@ def metrics_refusal(config: NodeConfig) -> str | None:
     return (f"metrics_listen {config.metrics_listen} is not loopback and this node has no TLS to serve /metrics "
             "with: set the security block's tls_cert, tls_key and tls_ca (client certificates of the cluster CA "
             "then read it), use a loopback address, or pass --insecure")
-
-
-def job_refusal(job: str | None) -> str | None:
-    """Why the job's module cannot be imported from here (the working directory, PYTHONPATH and
-    this Python's packages, as the worker sees them), or None; the function is checked at build."""
-    if job is None or job == "demo":
-        return None
-    module = job.partition(":")[0]
-    path = [os.getcwd(), *sys.path]
-    old, sys.path[:] = list(sys.path), path
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    finally:
-        sys.path[:] = old
-    if found:
-        return None
-    return (f"job {job}: no module {module!r} on this Python's path (the working directory, PYTHONPATH, the "
-            "venv's packages): install it into dpeer's venv or put its folder on PYTHONPATH (the service reads "
-            "/etc/dpeer/dpeer.env), outside /home, which the unit hides")
 
 
 def check_file(path: Path) -> NodeConfig:

@@ -65,7 +65,8 @@ def test_demo_json_prints_one_object_a_line_ending_with_the_final_step_and_diges
                              "--dir", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert records[0] == {"type": "start", "nodes": 1, "steps": 20, "dir": str(tmp_path), "chaos": False, "seed": 1}
+    assert records[0] == {"type": "start", "nodes": 1, "steps": 20, "dir": str(tmp_path), "chaos": False, "seed": 1,
+                          "job": "demo"}
     assert {r["type"] for r in records[1:-1]} <= {"event", "progress"}
     assert any(r["type"] == "event" and r["text"].startswith("the job finished at step 20") for r in records)
     end = records[-1]

@@ -230,6 +230,9 @@ def test_install_takes_the_preset_metrics_address_job_and_source_as_flags(tmp_pa
     assert sourced(shown, "n1", "[::1]:7100").stdout.strip() == "||||n1|[::1]:7100|"
     plane = sourced('parse_args "$@"; echo "$data_plane"', "--insecure-data-plane", "--job", "demo", "n1", "h:7100")
     assert plane.stdout.strip() == "insecure", plane.stderr
+    scripts = [sourced('parse_args "$@"; echo "$job"', "--job", job, "n1", "h:7100").stdout.strip()
+               for job in ("jobs/train.py", "/opt/dpeer/jobs/train.py", "myjob:build")]
+    assert scripts == [f"{Path.cwd()}/jobs/train.py", "/opt/dpeer/jobs/train.py", "myjob:build"], scripts
 
 
 def test_install_refuses_a_bad_flag_with_one_sentence_and_its_usage(tmp_path: Path) -> None:

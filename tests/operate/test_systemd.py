@@ -170,4 +170,4 @@ def test_the_unit_reads_an_environment_file_names_installed_docs_and_install_wri
         assert kept in install, f"install.sh no longer writes its security ({kept})"
     missing_value = subprocess.run(["bash", str(REPO / "scripts" / "install.sh"), "--job"], capture_output=True,
                                    text=True, timeout=30)
-    assert missing_value.returncode == 2 and "[--job demo|MODULE:FUNCTION]" in missing_value.stderr
+    assert missing_value.returncode == 2 and "[--job demo|MODULE:FUNCTION|PATH.py]" in missing_value.stderr
