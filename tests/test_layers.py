@@ -88,6 +88,8 @@ ALLOWED: dict[str, set[str]] = {
     "daemon": {"errors", "proto", "statemachine", "membership", "consensus", "transport", "security", "channel",
                "clock", "address", "view"},
     "trainer": {"channel", "address", "view"},
+    # the public API a user's training script imports (dpeer.job.connect)
+    "job": {"trainer"},
     "launch": {"errors", "transport", "security"},
     # daemon: the chaos daemon entry builds a daemon with its fault wrapper around the transport
     "chaos": {"errors", "transport", "security", "launch", "daemon"},

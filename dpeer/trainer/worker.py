@@ -1,8 +1,9 @@
-"""Worker process entry: ``python -m dpeer.trainer.worker --node-id ID --job demo|MODULE:FUNCTION
+"""Worker process entry: ``python -m dpeer.trainer.worker --node-id ID --job demo|MODULE:FUNCTION|PATH.py
 --views SPEC``. The daemon starts one per node; every flag may also come from DPEER_* env vars.
 
 The job is imported and built before the first view is requested, so peers already training never
-wait on this process's ``import torch``. Exit codes: 0 all steps done, 1 gave up (no usable view
+wait on this process's ``import torch``. A script job (PATH.py) runs as ``__main__`` and builds
+itself; it is built when it first asks for its steps (script.py). Exit codes: 0 all steps done, 1 gave up (no usable view
 within the idle limit, or the daemon that started it is gone), 2 bad usage, 3 the job could not
 be built, or exact reduction cannot run it (reported to the daemon first), 75 the NCCL abort
 watchdog fired (restart me).
@@ -15,6 +16,7 @@ import ctypes
 import importlib
 import os
 import resource
+import runpy
 import signal
 import socket
 import sys
@@ -34,6 +36,8 @@ from dpeer.trainer.exact import ExactModeError, configure_process  # noqa: E402
 from dpeer.trainer.group import bind_store_socket  # noqa: E402
 from dpeer.trainer.jobspec import JobSpecError, prepare  # noqa: E402
 from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec, default_collate  # noqa: E402
+from dpeer.trainer.portable import load_initial  # noqa: E402
+from dpeer.trainer.script import JobUsageError, Launch, offer, taken  # noqa: E402
 from dpeer.trainer.stepping import Reduction  # noqa: E402
 from dpeer.trainer.viewsource import ViewSource, make_view_source  # noqa: E402
 
@@ -54,10 +58,11 @@ def load_job(name: str) -> Callable[[JobContext], TrainSpec]:
 
 
 def _job_spec(text: str) -> str:
-    """``demo`` or ``MODULE:FUNCTION`` (checked as usage; whether it imports is the build's business)."""
+    """``demo``, ``MODULE:FUNCTION`` or ``PATH.py`` (checked as usage; whether it imports is the
+    build's business)."""
     module, sep, func = text.partition(":")
-    if text != "demo" and (not sep or not module or not func):
-        raise argparse.ArgumentTypeError(f"job must be 'demo' or MODULE:FUNCTION, got {text!r}")
+    if text != "demo" and not text.endswith(".py") and (not sep or not module or not func):
+        raise argparse.ArgumentTypeError(f"job must be 'demo', MODULE:FUNCTION or PATH.py, got {text!r}")
     return text
 
 
@@ -100,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout-mult", type=float, default=5.0)
     p.add_argument("--idle-limit", type=float, default=600.0)
     p.add_argument("--final-out", default=None, help="write the final model state_dict here (torch.save)")
+    p.add_argument("--init-from", default=env("DPEER_INIT_FROM"),
+                   help="start the run's model (and optimizer) from this file: torch.save, safetensors or a dpeer checkpoint")
     p.add_argument("--store-bind", default=None, metavar="HOST:PORT",
                    help="bind the rendezvous store's socket now (port 0: any free port) and report the port")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process (the daemon) is gone")
@@ -139,33 +146,93 @@ def _store_socket(spec: str | None) -> socket.socket | None:
     return bind_store_socket(host, port)
 
 
-def _build(args: argparse.Namespace, source: ViewSource, imported_cpu: float) -> tuple[Trainer, TrainSpec]:
-    """Bind the store, import and build the job, and check that the chosen reduction can run it
-    (exact refuses a model it cannot make exact); report the store's port with the build."""
-    store = _store_socket(args.store_bind)
-    options = _parse_opts(args.job_opt)
-    job = load_job(args.job)
+def _setup(args: argparse.Namespace) -> tuple[JobContext, LoopConfig]:
+    """The kernels' determinism, the job's context and the loop's config, from the flags."""
     reduction = Reduction(args.reduction)
     if reduction is Reduction.EXACT:
         configure_process(args.threads)
     elif args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    t_build = time.monotonic()
-    ctx = JobContext(args.node_id, device, options)
-    spec = job(ctx)
-    spec = prepare(spec, ctx, spec.collate or default_collate)
     cfg = LoopConfig(
         init_timeout=args.init_timeout, timeout_floor=args.timeout_floor, timeout_mult=args.timeout_mult,
         idle_limit=args.idle_limit, ledger_path=args.ledger, ckpt_dir=args.ckpt_dir, ckpt_every=args.ckpt_every,
         digest_every=args.digest_every, reduction=reduction,
     )
+    return JobContext(args.node_id, device, _parse_opts(args.job_opt)), cfg
+
+
+def _reporter(source: ViewSource, store: socket.socket | None, imported_cpu: float) -> Callable[[float], None]:
+    """Tell the daemon the job is built (the import and build costs, the store's port)."""
+    def built(build_s: float) -> None:
+        report = getattr(source, "report_event", None)
+        if report is not None:
+            report("built", import_cpu_s=imported_cpu, build_cpu_s=time.process_time() - imported_cpu,
+                   build_s=build_s, store_port=store.getsockname()[1] if store else 0)
+    return built
+
+
+def _build(args: argparse.Namespace, source: ViewSource, imported_cpu: float) -> tuple[Trainer, TrainSpec]:
+    """Bind the store, import and build the job, and check that the chosen reduction can run it
+    (exact refuses a model it cannot make exact); report the store's port with the build."""
+    store = _store_socket(args.store_bind)
+    job = load_job(args.job)
+    ctx, cfg = _setup(args)
+    t_build = time.monotonic()
+    spec = job(ctx)
+    spec = prepare(spec, ctx, spec.collate or default_collate)
+    if args.init_from:
+        print(f"dpeer worker: starting from {load_initial(args.init_from, spec.model, spec.optimizer)}", flush=True)
     trainer = Trainer(spec, source, args.node_id, cfg, store_socket=store)
-    report = getattr(source, "report_event", None)
-    if report is not None:
-        report("built", import_cpu_s=imported_cpu, build_cpu_s=time.process_time() - imported_cpu,
-               build_s=time.monotonic() - t_build, store_port=store.getsockname()[1] if store else 0)
+    _reporter(source, store, imported_cpu)(time.monotonic() - t_build)
     return trainer, spec
+
+
+def _build_failed(args: argparse.Namespace, source: ViewSource, exc: BaseException) -> int:
+    """Report a job that could not be built (its error in one line, its traceback to the log)."""
+    error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+    if not isinstance(exc, (ExactModeError, JobSpecError, JobUsageError)):  # sentences about the job, not bugs
+        traceback.print_exception(exc)
+    report = getattr(source, "report_job_error", None)
+    if report is not None:
+        report(error)
+    print(f"dpeer worker {args.node_id}: the job could not be built: {error}", file=sys.stderr)
+    return EXIT_BUILD_FAILED
+
+
+def run_script(args: argparse.Namespace, source: ViewSource, imported_cpu: float) -> int:
+    """Run a script job as ``__main__`` with this worker's Launch for its ``dpeer.job.connect()``.
+    An error before its steps start is a build failure; after, its steps report their own."""
+    try:
+        ctx, cfg = _setup(args)
+        store = _store_socket(args.store_bind)
+    except Exception as exc:  # noqa: BLE001 - the daemon must hear it
+        return _build_failed(args, source, exc)
+    offer(Launch(ctx, cfg, source, store, _reporter(source, store, imported_cpu), args.init_from))
+    sys.argv = [args.job]
+    try:
+        runpy.run_path(args.job, run_name="__main__")
+        launch = taken()
+        if launch is None or launch.run is None:
+            raise JobUsageError(f"{args.job} ended without calling dpeer.job.connect(): a script job connects, "
+                                f"registers its model and optimizer, and loops over run.steps(loader)")
+        launch.run.finish()
+    except TimeoutError as exc:
+        print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
+        return EXIT_GAVE_UP
+    except Exception as exc:  # noqa: BLE001 - whatever the script raises, the daemon must hear it
+        launch = taken()
+        run = launch.run if launch is not None else None
+        if run is None or run.trainer is None:
+            return _build_failed(args, source, exc)
+        traceback.print_exception(exc)
+        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+        source.report_failure(f"the script failed at step {run.trainer.step}: {error}", run.trainer.generation,
+                              phase="train", step=run.trainer.step, error=error)
+        return EXIT_GAVE_UP
+    if args.final_out and launch.run.model is not None:
+        torch.save(launch.run.model.state_dict(), args.final_out)
+    return 0
 
 
 def raise_open_files() -> None:
@@ -194,17 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if args.spare and not await_takeover():
         return 0
+    if args.job.endswith(".py"):
+        return run_script(args, source, imported_cpu)
     try:
         trainer, spec = _build(args, source, imported_cpu)
     except Exception as exc:  # noqa: BLE001 - whatever the job's build raises, the daemon must hear it
-        error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-        if not isinstance(exc, (ExactModeError, JobSpecError)):  # those are sentences about the job, not bugs
-            traceback.print_exc()
-        report = getattr(source, "report_job_error", None)
-        if report is not None:
-            report(error)
-        print(f"dpeer worker {args.node_id}: the job could not be built: {error}", file=sys.stderr)
-        return EXIT_BUILD_FAILED
+        return _build_failed(args, source, exc)
     try:
         trainer.run()
     except TimeoutError as exc:
