@@ -91,6 +91,10 @@ class TrainingConfig(Strict):
                          "core count); exact reduction needs the same count on every box")
     spare_worker: bool = Field(True, description="keep a warm spare worker process (torch imported, about 200 MB) "
                                "while training, so a crashed worker is replaced without a fresh interpreter's imports")
+    init_from: str | None = Field(None, description="a file the run's model (and its optimizer, when the file "
+                                  "has one) starts from: a torch.save state dict, safetensors or a dpeer checkpoint "
+                                  "(docs/checkpoints.md); the same file on every box; a committed checkpoint or a "
+                                  "heal from peers takes precedence once the run has one")
     options: dict[str, str] = Field(default_factory=dict, description="extra KEY: VALUE options for the job, "
                                     "as strings (ctx.option(KEY, default) types them by the default)")
 
@@ -102,6 +106,17 @@ class TrainingConfig(Strict):
             return value
         return {k: (str(v).lower() if isinstance(v, bool) else str(v)) if isinstance(v, (bool, int, float)) else v
                 for k, v in value.items()}
+
+    @field_validator("init_from")
+    @classmethod
+    def _readable_file(cls, value: str | None) -> str | None:
+        """Made absolute (against the working directory, as data_dir is); it must be a readable file."""
+        if value is None:
+            return None
+        path = Path(value).absolute()
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ValueError(f"training.init_from {path} is not a readable file")
+        return str(path)
 
     @field_validator("seed", mode="before")
     @classmethod

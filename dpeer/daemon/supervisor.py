@@ -185,6 +185,8 @@ class WorkerSupervisor:
                "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
                "--digest-every", str(t.digest_every), "--reduction", t.reduction, "--threads", str(t.threads),
                "--store-bind", str(Address(host, port)), "--parent-pid", str(os.getpid())]
+        if t.init_from:
+            cmd += ["--init-from", t.init_from]
         for key, value in opts.items():
             cmd += ["--job-opt", f"{key}={value}"]
         return cmd
