@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import sys
+import traceback
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -107,12 +108,64 @@ class _SeededCollate:
         if np is not None:
             np.random.seed(seed & 0xFFFFFFFF)
         try:
-            return (step, j), self.collate([self.dataset[k[3]] for k in keys])
+            return (step, j), fetch(self.dataset, self.collate, [k[3] for k in keys], f"step {step} micro-batch {j}")
         finally:
             torch.set_rng_state(saved[0])
             random.setstate(saved[1])
             if np is not None:
                 np.random.set_state(saved[2])
+
+
+def _origin(exc: BaseException) -> str:
+    """Where ``exc`` was raised: the innermost frame outside torch and dpeer (the job's), else the innermost."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if "/torch/" not in f.filename and "/dpeer/trainer/" not in f.filename]
+    where = (own or frames)[-1:] if frames else []
+    return f" ({where[0].filename}, line {where[0].lineno}, in {where[0].name})" if where else ""
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
+
+
+def fetch(dataset: Any, collate: Callable[[list[Any]], Any], indices: list[int], where: str) -> Any:
+    """``collate([dataset[i] for i in indices])``; an exception becomes a FeedError of one line that
+    names the micro-batch, the sample or the collate, and the job's file and line (a DataLoader's worker
+    process would otherwise pass on torch's many-line wrapper, which names none of them)."""
+    samples = []
+    for i in indices:
+        try:
+            samples.append(dataset[i])
+        except Exception as exc:  # noqa: BLE001 - said in one line; the original is chained
+            hint = (f": __getitem__ must serve every index below len(dataset), {len(dataset)}"
+                    if isinstance(exc, IndexError) else "")
+            raise FeedError(f"{where}: dataset[{i}] raised {_said(exc)}{_origin(exc)}{hint}") from exc
+    try:
+        return collate(samples)
+    except Exception as exc:  # noqa: BLE001 - said in one line; the original is chained
+        shapes = [structure(s) for s in samples]
+        odd = next((n for n, s in enumerate(shapes) if s != shapes[0]), None)
+        if odd is not None:
+            raise FeedError(f"{where}: dataset[{indices[odd]}] is {shapes[odd]} but dataset[{indices[0]}] is "
+                            f"{shapes[0]}: every sample must have one structure (types, keys, dtypes)") from exc
+        raise FeedError(f"{where}: the collate_fn raised {_said(exc)}{_origin(exc)}") from exc
+
+
+_WRAPPED = "\nOriginal Traceback (most recent call last):"
+
+
+def _unwrapped(exc: BaseException, step: int) -> BaseException:
+    """A DataLoader worker's exception, which torch re-raises with the worker's whole traceback in its
+    message, as one line (its last: the exception the worker raised): a log keeps a traceback whole
+    only when its message is one line."""
+    text = str(exc)
+    if _WRAPPED not in text:
+        return exc
+    last = text.rstrip().rsplit("\n", 1)[-1]
+    prefix = f"{FeedError.__module__}.{FeedError.__qualname__}: "
+    if last.startswith(prefix):
+        return FeedError(last[len(prefix):])
+    return FeedError(f"step {step}: {text.split(chr(10), 1)[0]} {last}")
 
 
 class LoaderFeed:
@@ -139,6 +192,7 @@ class LoaderFeed:
         """This rank's micro-batches changed (a new group, a heal): fetch ahead by ``plan`` from now on."""
         self._keys.plan = plan
         self._it = None
+        self._cache.clear()  # fetched for the old plan: a micro-batch's id names other samples in another world (fast)
 
     def get(self, step: int, j: int, indices: list[int]) -> Any:
         """Micro-batch ``j`` of ``step``: the one the loader fetched ahead, or, when the loop went
@@ -148,8 +202,10 @@ class LoaderFeed:
         if self._cache and next(iter(self._cache))[0] != step:
             self._cache.clear()
         key, batch = self._next(step)
-        if key != (step, j):
+        if key[0] != step or key[1] > j:
             self._restart(step)
+            key, batch = self._next(step)
+        while key[0] == step and key != (step, j) and key[1] < j:  # ones before j (cached before a restart)
             key, batch = self._next(step)
         if key != (step, j):
             raise FeedError(f"the data loader gave micro-batch {key} where step {step} needs micro-batch {j}")
@@ -163,9 +219,12 @@ class LoaderFeed:
         assert self._it is not None
         try:
             return next(self._it)
-        except BaseException:
+        except BaseException as exc:
             self._it = None  # a worker that died or hung: the next fetch starts afresh
-            raise
+            one = _unwrapped(exc, step)
+            if one is exc:
+                raise
+            raise one from None
 
     def _restart(self, step: int) -> None:
         self._keys.start = step

@@ -47,6 +47,13 @@ LINEAGE_KEPT = 8  # checkpoint digests a replica remembers of its lineage (for t
 FOLD_EVERY = 1000  # steps between ledger compactions when no checkpoints are written (else at each checkpoint)
 
 
+class StateTorn(BaseException):
+    """A step failed after its gradients were reduced: the job's code (its optimizer's step, a
+    scheduler) may have changed the state already, so the step cannot be redone from it. The worker
+    exits and its restart resumes from the committed state (a peer's, or a checkpoint). A
+    BaseException: a script's ``except Exception`` around its loop does not keep it."""
+
+
 @dataclass
 class LoopConfig:
     """Runtime knobs of the loop (timeouts in seconds)."""
@@ -102,6 +109,7 @@ class Trainer:
         self.watch: CollectiveWatch | None = None  # started by run() for a Gloo group
         self.feed: InlineFeed | LoaderFeed = feed or InlineFeed(spec.dataset, self._collate)
         self._mean_loss = mean_loss
+        self._torn: StateTorn | None = None  # a step failed after its reduction: this state is not any step's
         if self.cfg.reduction is Reduction.EXACT:  # the worker calls exact.configure_process first
             probe = self._collate if feed is None else None  # a script's forward is its own: no probe
             self.stepper: ExactStep | FastStep = ExactStep(spec, self.params, self.sampler, self.group.device, probe)
@@ -431,6 +439,11 @@ class Trainer:
                 step = self.begin_step(m)
                 yield step
                 if step.error is not None:
+                    if step.reduced:
+                        self._torn = StateTorn(
+                            f"step {step.number} failed after its gradients were reduced ({type(step.error).__name__}: "
+                            f"{step.error}): the job's code may have changed the model or optimizer already, so "
+                            f"the worker restarts from the committed state instead of redoing the step")
                     raise step.error
                 if step.reduction is None:
                     raise StepUsageError(f"step {step.number} was not run: run each step's body inside `with step:`")
@@ -519,6 +532,8 @@ class Trainer:
                 self.group.destroy()
                 if failure is not None:
                     self._event("destroyed", seconds=time.monotonic() - t_destroy)
+                if self._torn is not None:
+                    raise self._torn
                 idle_since = time.monotonic()
             if started_at == self.step:  # resumed at the last step (a box back after the end)
                 self.source.report_progress(self.step, self.sampler.cursor_after(self.step), math.nan, self.digest())

@@ -12,13 +12,16 @@ When the micro-batch loop ends the step's sums have completed: the step is commi
 ``.grad`` holds the mean over the global batch, the same on every rank. A failure before that (a
 dead or hung peer, the job's own exception) does not reach the job: ``with step:`` keeps it,
 the loop reports it, re-forms the group, heals, and yields the same step again, with the state
-as it was before it. In exact mode the micro-batch loop may run twice in one step (the first
+as it was before it. The job's exception after the reduction (in its optimizer's step, say) is
+reported too, but the state may already have changed: the worker restarts from the committed
+state (loop.StateTorn) instead of redoing the step on it. In exact mode the micro-batch loop may run twice in one step (the first
 step, or when a gradient outgrew its agreed range: a deterministic replay), so its body should
 be the forward and the backward only.
 """
 
 from __future__ import annotations
 
+import sys
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -73,9 +76,12 @@ class Step:
         or a SystemExit goes on."""
         self._trainer.stepper.abort()
         if exc is None and not self.reduced:
+            body = sys._getframe(1)  # the job's `with step:`: its traceback names the job's file and line
             exc = StepUsageError(
                 f"step {self.number} ended before its gradients were reduced: run the loop over "
-                f"step.micro_batches() to its end, with one step.backward(loss) per micro-batch")
+                f"step.micro_batches() to its end, with one step.backward(loss) per micro-batch "
+                f"({body.f_code.co_filename}, line {body.f_lineno})")
+            exc.__traceback__ = TracebackType(None, body, body.f_lasti, body.f_lineno)
         if self._batches is not None:
             self._batches.close()
         if exc is None or not isinstance(exc, Exception):

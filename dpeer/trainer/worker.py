@@ -35,7 +35,7 @@ from dpeer.channel.local import SPARE_GO  # noqa: E402
 from dpeer.trainer.exact import ExactModeError, configure_process  # noqa: E402
 from dpeer.trainer.group import bind_store_socket  # noqa: E402
 from dpeer.trainer.jobspec import JobSpecError, prepare  # noqa: E402
-from dpeer.trainer.loop import JobContext, LoopConfig, Trainer, TrainSpec, default_collate  # noqa: E402
+from dpeer.trainer.loop import JobContext, LoopConfig, StateTorn, Trainer, TrainSpec, default_collate  # noqa: E402
 from dpeer.trainer.portable import load_initial  # noqa: E402
 from dpeer.trainer.script import JobUsageError, Launch, offer, taken  # noqa: E402
 from dpeer.trainer.stepping import Reduction  # noqa: E402
@@ -211,23 +211,39 @@ def run_script(args: argparse.Namespace, source: ViewSource, imported_cpu: float
     offer(Launch(ctx, cfg, source, store, _reporter(source, store, imported_cpu), args.init_from))
     sys.argv = [args.job]
     try:
-        runpy.run_path(args.job, run_name="__main__")
+        try:
+            runpy.run_path(args.job, run_name="__main__")
+        except SystemExit as exc:  # sys.exit(0) or exit(): the script's end, checked as one; another code, a failure
+            if exc.code not in (None, 0):
+                raise RuntimeError(f"the script called sys.exit({exc.code!r})") from exc
         launch = taken()
         if launch is None or launch.run is None:
             raise JobUsageError(f"{args.job} ended without calling dpeer.job.connect(): a script job connects, "
                                 f"registers its model and optimizer, and loops over run.steps(loader)")
         launch.run.finish()
+    except StateTorn as exc:  # reported as the step's failure already; a fresh worker resumes the committed state
+        print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
+        return EXIT_GAVE_UP
     except TimeoutError as exc:
         print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
         return EXIT_GAVE_UP
-    except Exception as exc:  # noqa: BLE001 - whatever the script raises, the daemon must hear it
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - whatever the script raises, the daemon must hear it
+        # (a KeyboardInterrupt too: uncaught, it left the worker restarted for ever with no reason given)
         launch = taken()
         run = launch.run if launch is not None else None
         if run is None or run.trainer is None:
             return _build_failed(args, source, exc)
-        traceback.print_exception(exc)
+        if run.finished:  # after the loop: every step is committed; a restart would only raise it again, for ever
+            traceback.print_exception(exc)
+            print(f"dpeer worker {args.node_id}: the script failed after its last step (the training is complete "
+                  f"and committed): {type(exc).__name__}: {' '.join(str(exc).split())}"[:400], file=sys.stderr)
+            if args.final_out and run.model is not None:
+                torch.save(run.model.state_dict(), args.final_out)
+            return 0
+        traceback.print_exception(exc)  # here, whole: uncaught, torch's hook would prefix each line with its rank
         error = f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300]
-        source.report_failure(f"the script failed at step {run.trainer.step}: {error}", run.trainer.generation,
+        # a worker that resumed after the end never joins a generation (-1), which the daemon cannot send on
+        source.report_failure(f"the script failed at step {run.trainer.step}: {error}", max(run.trainer.generation, 0),
                               phase="train", step=run.trainer.step, error=error)
         return EXIT_GAVE_UP
     if args.final_out and launch.run.model is not None:
@@ -269,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return _build_failed(args, source, exc)
     try:
         trainer.run()
-    except TimeoutError as exc:
+    except (TimeoutError, StateTorn) as exc:
         print(f"dpeer worker {args.node_id}: {exc}", file=sys.stderr)
         return EXIT_GAVE_UP
     if args.final_out:
