@@ -30,8 +30,8 @@ def job(doc: dict | None) -> dict:
 def test_the_guides_module_trains_on_two_boxes_from_outside_the_repository(make_cluster, tmp_path: Path) -> None:
     jobs = tmp_path / "elsewhere" / "jobs"
     jobs.mkdir(parents=True)
-    (jobs / "myjob.py").write_text(blocks("python")[0])
-    config = yaml.safe_load(blocks("yaml")[0])
+    (jobs / "myjob.py").write_text(next(b for b in blocks("python") if "def build(" in b))
+    config = yaml.safe_load(next(b for b in blocks("yaml") if "myjob:build" in b))
     assert config["job"] == "myjob:build"
     del config["job"]  # LocalCluster passes it as --job
     config["training"].update(steps=60, checkpoint_every=0)  # short, on a shared machine
