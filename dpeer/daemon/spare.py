@@ -14,6 +14,7 @@ import logging
 import subprocess
 
 from dpeer.channel.local import SPARE_GO
+from dpeer.daemon.job_log import JobLog
 from dpeer.daemon.worker_stderr import spawn
 
 log = logging.getLogger("dpeer.worker")
@@ -22,7 +23,8 @@ log = logging.getLogger("dpeer.worker")
 class WarmSpare:
     """At most one spare process for one worker command."""
 
-    def __init__(self) -> None:
+    def __init__(self, job_log: JobLog | None = None) -> None:
+        self.job_log = job_log  # where its output goes, as the worker's (its stdout and stderr are piped; stdin is the go signal)
         self.proc: subprocess.Popen | None = None
         self._command: list[str] = []
 
@@ -36,7 +38,7 @@ class WarmSpare:
         if self.ready_for(command):
             return
         self.discard()
-        self.proc = spawn([*command, "--spare"], env, stdin=subprocess.PIPE)
+        self.proc = spawn([*command, "--spare"], env, self.job_log, stdin=subprocess.PIPE)
         self._command = list(command)
         log.info("started a warm spare worker, pid %d", self.proc.pid)
 

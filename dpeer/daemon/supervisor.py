@@ -23,6 +23,7 @@ from dpeer.address import Address
 from dpeer.daemon.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure, note_failure, one_line
+from dpeer.daemon.job_log import JOB_LOG, JobLog
 from dpeer.daemon.spare import WarmSpare
 from dpeer.channel.local import Assignment, ReportTail, publish_checkpoint, publish_view
 from dpeer.daemon.worker_health import judge_worker
@@ -34,6 +35,7 @@ log = logging.getLogger("dpeer.worker")
 # Seconds before restarting a worker that exited, by how many exits in a row came without a
 # committed step between them: the first at once (a warm spare takes over), a crash loop slows down.
 RESTART_BACKOFF = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+MAX_GENERATION = 2**63 - 1  # the largest generation a worker's report may name (the wire's fields are uint64)
 SPARE_AFTER_S = 2.0  # a spare starts once the worker has trained this long: its imports never slow a build or a forming group
 
 
@@ -147,7 +149,8 @@ class WorkerSupervisor:
         self._last_report: float | None = None
         self._stopped_since: float | None = None
         self.given_generation = 0
-        self.spare = WarmSpare() if training.spare_worker else None
+        self.job_log = JobLog(self.dir / JOB_LOG)  # the job's own stdout and stderr, line by line
+        self.spare = WarmSpare(self.job_log) if training.spare_worker else None
         self.spare_takeovers = 0
         self.heal: dict[str, Any] | None = None  # the newest progress of a heal under way (long ones only)
         self.paused_at: int | None = None  # the step the worker holds at while training is paused
@@ -161,7 +164,8 @@ class WorkerSupervisor:
                 "groups_formed": self.reforms, "store_port": self.store_port, "halted": self.halted or None,
                 "fenced": self.fenced, "last_formed": self.last_formed,
                 "spare_pid": self.spare.proc.pid if self.spare is not None and self.spare.proc is not None else None,
-                "spare_takeovers": self.spare_takeovers, "heal": self.heal, "paused_at": self.paused_at}
+                "spare_takeovers": self.spare_takeovers, "heal": self.heal, "paused_at": self.paused_at,
+                "job_log": str(self.job_log.path)}
 
     @property
     def running(self) -> bool:
@@ -211,7 +215,8 @@ class WorkerSupervisor:
                 self._on_report(record)
         command = self.command()
         spare = self.spare.take(command) if self.spare is not None else None
-        self.proc = spare or spawn(command, _env())  # its stderr, tracebacks whole, goes to the daemon's log
+        # its stdout and stderr (tracebacks whole) go to the daemon's log and to the job log
+        self.proc = spare or spawn(command, _env(), self.job_log)
         self.spare_takeovers += spare is not None
         self._trained_at = None
         self.ready = False
@@ -223,6 +228,7 @@ class WorkerSupervisor:
         self.store_port = 0
         self.starts += 1
         log.info("started worker pid %d for job %s%s", self.proc.pid, self.job, " (the warm spare)" if spare else "")
+        self.job_log.line(self.proc.pid, "dpeer", f"worker started for job {self.job}{' (the warm spare)' if spare else ''}")
         if self.events is not None:
             self.events.worker_spawned(self.proc.pid)
 
@@ -297,6 +303,15 @@ class WorkerSupervisor:
             self._restart_at = now
 
     def _on_report(self, record: dict[str, Any]) -> None:
+        """Take one report of the worker. A worker is semi-trusted input (it runs the user's code):
+        a report whose fields do not parse is dropped with a warning, never raised into the daemon."""
+        try:
+            self._take_report(record)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("dropped a malformed report of the worker (%s: %s): %.300s", type(exc).__name__, exc,
+                        record)
+
+    def _take_report(self, record: dict[str, Any]) -> None:
         kind = record.get("kind")
         if kind == "built":
             port = record.get("store_port")
@@ -328,7 +343,7 @@ class WorkerSupervisor:
             self.failures += 1
             if self._failed_at is None:
                 self._failed_at = float(record["t"])
-            self._report(int(record.get("gen", 0)), self._failure(record, FailurePhase.GROUP))
+            self._report(_generation(record), self._failure(record, FailurePhase.GROUP))
         elif kind == "job_error":
             report = self._failure(record, FailurePhase.BUILD)
             self.last_failure = note_failure(self.last_failure, report)
@@ -374,7 +389,7 @@ class WorkerSupervisor:
             phase = default
         step = record.get("step")
         error = one_line(str(record.get("error") or record.get("reason") or "unknown failure"))
-        attempt = self.starts if phase is FailurePhase.BUILD else int(record.get("gen", 0))
+        attempt = self.starts if phase is FailurePhase.BUILD else _generation(record, warn=False)
         return FailureReport(self.node_id, phase, step if type(step) is int and step >= 0 else 0, error, attempt)
 
     def halt(self, why: str) -> None:
@@ -404,6 +419,8 @@ class WorkerSupervisor:
         self._restart_at = now
 
     def _on_exit(self, now: float, code: int) -> None:
+        if self.proc is not None:
+            self.job_log.line(self.proc.pid, "dpeer", f"worker exited with code {code}")
         self.proc, self.ready = None, False
         if code == 0:
             self.done = True
@@ -433,6 +450,22 @@ class WorkerSupervisor:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+            self.job_log.line(self.proc.pid, "dpeer", f"worker stopped by the daemon (exit code {self.proc.returncode})")
+
+
+def _generation(record: dict[str, Any], warn: bool = True) -> int:
+    """The group generation a report names: a count, which the daemon sends on as a uint64
+    (GroupFailedRequest.generation; -1 there raised "Value out of range: -1" out of the daemon's
+    chores, from a worker that resumed after the end and reported a failure outside any group).
+    Anything else is taken as 0 (no group: the leader judges the failure but re-forms nothing), with
+    a warning."""
+    gen = record.get("gen", 0)
+    if type(gen) is int and 0 <= gen <= MAX_GENERATION:
+        return gen
+    if warn:
+        log.warning("a %s report of the worker names generation %.40r, not a count: taken as 0",
+                    record.get("kind"), gen)
+    return 0
 
 
 def _env() -> dict[str, str]:

@@ -1,8 +1,11 @@
-"""A worker's stderr in the daemon's log. The worker (and its warm spare) writes to a pipe that a
-thread of the daemon reads: each line becomes an info record of `dpeer.worker.stderr`, and a Python
+"""A worker's stdout and stderr in the daemon's log. The worker (and its warm spare) writes to two
+pipes that threads of the daemon read, so nothing it writes reaches the daemon's own stdout or
+stderr raw. Each stderr line becomes an info record of `dpeer.worker.stderr`, and a Python
 traceback, with the exceptions chained to it, one error record that carries it whole (file and
-line of every frame) in its `traceback` field. So an exception reaches the log once, in the log's
-format, and a JSON log stays one object a line."""
+line of every frame) in its `traceback` field; each stdout line (a job's print()) an info record of
+`dpeer.job.stdout`. Every record carries the worker's `pid` (the log adds the node's id). So an
+exception reaches the log once, in the log's format, and a JSON log stays one object a line. Both
+streams also go, line by line as written, to the job's own log file (job_log.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +16,13 @@ import select
 import subprocess
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Callable, Iterator
 
+from dpeer.daemon.job_log import JobLog
 from dpeer.daemon.logs import TRACEBACK, fields
 
 log = logging.getLogger("dpeer.worker.stderr")
+stdout_log = logging.getLogger("dpeer.job.stdout")
 HEADS = ("Traceback (most recent call last):", "Exception Group Traceback (most recent call last):")
 CHAINS = ("During handling of the above exception, another exception occurred:",
           "The above exception was the direct cause of the following exception:")
@@ -118,24 +123,61 @@ def _raised(block: list[str]) -> str:
     return next((line for line in drawn if line.strip() and line[:1] not in (" ", "\t")), block[-1].strip())
 
 
-def spawn(command: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen:
-    """Start a worker process whose stderr goes to the daemon's log (by a thread of its own)."""
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, **popen)
-    assert proc.stderr is not None
-    threading.Thread(target=follow, args=(proc.stderr, proc.pid), name=f"worker-stderr-{proc.pid}",
+def spawn(command: list[str], env: dict[str, str], job_log: JobLog | None = None, **popen: Any) -> subprocess.Popen:
+    """Start a worker process whose stdout and stderr go to the daemon's log (by a thread each)
+    and, line by line, to `job_log`; nothing it writes reaches the daemon's own stdout or stderr."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    assert proc.stdout is not None and proc.stderr is not None
+    threading.Thread(target=follow_stdout, args=(proc.stdout, proc.pid, job_log), name=f"worker-stdout-{proc.pid}",
+                     daemon=True).start()
+    threading.Thread(target=follow, args=(proc.stderr, proc.pid, job_log), name=f"worker-stderr-{proc.pid}",
                      daemon=True).start()
     return proc
 
 
-def follow(stream: IO[bytes], pid: int) -> None:
-    """Log what the process `pid` writes to `stream` until it closes; a held traceback is logged
-    after QUIET_S of silence, since a worker that reported a failure may write nothing for long."""
-    lines, pending, fd = StderrLines(), b"", stream.fileno()
+def follow(stream: IO[bytes], pid: int, job_log: JobLog | None = None) -> None:
+    """Log what the process `pid` writes to `stream` (its stderr) until it closes; a held traceback
+    is logged after QUIET_S of silence, since a worker that reported a failure may write nothing for long."""
+    lines = StderrLines()
+    for line in _lines(stream, lambda: QUIET_S if lines.holding else None):
+        if line is None:
+            _log(lines.flush(), pid)
+            continue
+        if job_log is not None:
+            job_log.line(pid, "stderr", _shown(line))
+        _log(lines.feed(line), pid)
+    _log(lines.flush(), pid)
+
+
+def follow_stdout(stream: IO[bytes], pid: int, job_log: JobLog | None = None) -> None:
+    """Log each line the process `pid` writes to `stream` (its stdout) until it closes: an info
+    record of `dpeer.job.stdout` (blank lines only in the job log)."""
+    for line in _lines(stream, lambda: None):
+        assert line is not None
+        text = _shown(line)
+        if job_log is not None:
+            job_log.line(pid, "stdout", text)
+        if text.strip():
+            stdout_log.info("%s", text, extra=fields(pid=pid))
+
+
+def _shown(line: str) -> str:
+    """A line as a terminal shows it: a progress bar's last redraw."""
+    return line.rstrip("\r").rpartition("\r")[2]
+
+
+def _lines(stream: IO[bytes], quiet: Callable[[], float | None]) -> Iterator[str | None]:
+    """The lines of `stream` (without their line breaks; a stretch of MAX_LINE bytes without one
+    is a line of its own, and so is what follows the last one), and None after `quiet()`
+    seconds of silence (None: wait for ever). Ends when the stream closes, which it then does."""
+    pending, fd = b"", stream.fileno()
+    waiter = select.poll()  # not select(): a daemon holding many sockets has descriptors past FD_SETSIZE
+    waiter.register(fd, select.POLLIN)
     with stream:
         while True:
-            ready, _, _ = select.select([fd], [], [], QUIET_S if lines.holding else None)
-            if not ready:
-                _log(lines.flush(), pid)
+            wait = quiet()
+            if wait is not None and not waiter.poll(wait * 1000):
+                yield None
                 continue
             chunk = os.read(fd, MAX_LINE)
             if not chunk:
@@ -144,8 +186,9 @@ def follow(stream: IO[bytes], pid: int) -> None:
             if len(pending) >= MAX_LINE:
                 complete, pending = [*complete, pending], b""
             for raw in complete:
-                _log(lines.feed(raw.decode(errors="replace")), pid)
-    _log([*lines.feed(pending.decode(errors="replace")), *lines.flush()], pid)
+                yield raw.decode(errors="replace")
+    if pending:
+        yield pending.decode(errors="replace")
 
 
 def _log(records: list[StderrRecord], pid: int) -> None:

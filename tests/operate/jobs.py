@@ -67,3 +67,20 @@ def pid_file_job(ctx: JobContext) -> TrainSpec:
     """The demo job, writing its worker's pid where the `pid_file` option says (for hygiene tests)."""
     Path(ctx.options["pid_file"]).write_text(str(os.getpid()))
     return demo_build(ctx)
+
+
+def prints_and_fails_at_step(ctx: JobContext) -> TrainSpec:
+    """fails_at_step, printing to stdout as a user's script does: a line at build and one each time
+    the loss is taken (and a blank line, which only the job log keeps)."""
+    print(f"building the printing job on {ctx.node_id}")
+    print()
+    spec = fails_at_step(ctx)
+    loss_fn, schedule = spec.loss_fn, spec.scheduler
+    assert schedule is not None
+
+    def printing_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        print(f"taking the loss of step {schedule.last_epoch}")
+        return loss_fn(out, target)
+
+    spec.loss_fn = printing_loss
+    return spec

@@ -19,6 +19,7 @@ import yaml
 
 from dpeer.daemon import config as cfg
 from dpeer.daemon import logs
+from dpeer.daemon.job_log import JobLog
 from dpeer.daemon.worker_stderr import StderrLines, StderrRecord, follow, spawn
 from tests.operate import jobs
 from tests.support.daemons import WAIT, Daemons, formed, wait_status, wait_until
@@ -189,9 +190,8 @@ class Records(logging.Handler):
         self.records.append(record)
 
 
-@pytest.fixture
-def worker_records() -> Iterator[list[logging.LogRecord]]:
-    handler, log = Records(), logging.getLogger("dpeer.worker.stderr")
+def kept(name: str) -> Iterator[list[logging.LogRecord]]:
+    handler, log = Records(), logging.getLogger(name)
     log.addHandler(handler)
     saved = log.level
     log.setLevel(logging.DEBUG)
@@ -200,6 +200,16 @@ def worker_records() -> Iterator[list[logging.LogRecord]]:
     finally:
         log.removeHandler(handler)
         log.setLevel(saved)
+
+
+@pytest.fixture
+def worker_records() -> Iterator[list[logging.LogRecord]]:
+    yield from kept("dpeer.worker.stderr")
+
+
+@pytest.fixture
+def stdout_records() -> Iterator[list[logging.LogRecord]]:
+    yield from kept("dpeer.job.stdout")
 
 
 CRASH = """
@@ -244,6 +254,75 @@ def test_what_a_worker_writes_without_a_final_line_break_is_logged_at_its_end(
     assert [r.getMessage() for r in worker_records] == ["no line break"]
 
 
+# -- a worker's stdout, and the job log ----------------------------------------------------------
+
+PRINTS = r"""
+import sys
+print("epoch 1 loss 0.3127")
+print()
+sys.stdout.write("50%\r100%\n")
+print("a warning of the job's", file=sys.stderr)
+sys.stdout.write("no line break")
+"""
+JOB_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z pid=(\d+) (stdout|stderr|dpeer): (.*)$")
+
+
+def job_lines(path: Path) -> list[tuple[int, str, str]]:
+    """The job log's lines as (pid, stream, text), each checked against its format."""
+    out = []
+    for line in path.read_text().splitlines():
+        match = JOB_LINE.match(line)
+        assert match, line
+        out.append((int(match[1]), match[2], match[3]))
+    return out
+
+
+def test_a_worker_stdout_becomes_records_and_job_log_lines_never_raw_on_the_daemons_stdout(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], stdout_records: list[logging.LogRecord],
+        worker_records: list[logging.LogRecord]) -> None:
+    """The worker's stdout was the daemon's: a job's print() landed raw amid the JSON log."""
+    job_log = JobLog(tmp_path / "job.log")
+    proc = spawn([sys.executable, "-c", PRINTS], {"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"}, job_log)
+    proc.wait(timeout=30)
+    wait_until(lambda: proc.stdout is not None and proc.stdout.closed and proc.stderr is not None
+               and proc.stderr.closed, 10, "the readers to end at the pipes' end")
+    assert [(r.levelno, r.getMessage(), r.fields) for r in stdout_records] == [
+        (logging.INFO, text, {"pid": proc.pid}) for text in ("epoch 1 loss 0.3127", "100%", "no line break")]
+    assert [r.getMessage() for r in worker_records] == ["a warning of the job's"]
+    lines = job_lines(tmp_path / "job.log")
+    assert {pid for pid, _, _ in lines} == {proc.pid}
+    assert [text for _, stream, text in lines if stream == "stdout"] == ["epoch 1 loss 0.3127", "", "100%",
+                                                                          "no line break"]
+    assert [text for _, stream, text in lines if stream == "stderr"] == ["a warning of the job's"]
+    assert (tmp_path / "job.log").stat().st_mode & 0o777 == 0o600
+    assert capfd.readouterr().out == "", "the worker wrote to the daemon's own stdout"
+
+
+def test_the_job_log_is_rotated_past_its_bound_keeping_one_older_file(tmp_path: Path) -> None:
+    path = tmp_path / "job.log"
+    job_log = JobLog(path, rotate_bytes=1000)
+    for i in range(100):
+        job_log.line(42, "stdout", f"line {i:03d} " + "x" * 40, when=0.0)
+    job_log.close()
+    older, line = path.with_name("job.log.1"), len("1970-01-01T00:00:00.000Z pid=42 stdout: line 000 \n") + 40
+    assert path.stat().st_size <= 1000 and 1000 < older.stat().st_size <= 1000 + line
+    assert not list(tmp_path.glob("job.log.2*"))
+    texts = [text for p in (older, path) for _, _, text in job_lines(p)]
+    assert len(texts) > 1000 // line and texts == [f"line {i:03d} " + "x" * 40 for i in range(100 - len(texts), 100)]
+    JobLog(path, rotate_bytes=1000).line(42, "stdout", "after a restart", when=0.0)
+    assert job_lines(path)[-1] == (42, "stdout", "after a restart") and len(job_lines(path)) > 1
+
+
+def test_an_unwritable_job_log_is_warned_of_once_and_never_stops_the_readers(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    job_log = JobLog(tmp_path / "missing" / "job.log")
+    for _ in range(3):
+        job_log.line(42, "stdout", "lost")
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"cannot write the job's output to {tmp_path / 'missing' / 'job.log'} (No such file or directory); "
+        "it still reaches the daemon's log"]
+
+
 # -- real daemons --------------------------------------------------------------------------------
 
 def test_text_logs_and_the_level_from_config_and_environment(daemons: Daemons, tmp_path: Path) -> None:
@@ -285,3 +364,37 @@ def test_a_job_raising_in_a_step_logs_its_traceback_with_file_and_line_once_per_
         assert f'jobs.py", line {raise_line}, in failing_loss' in doc["traceback"], doc["traceback"]
         assert doc["traceback"].count("Traceback (most recent call last):") == 1
     assert not [d for d in docs if 'File "' in d["msg"]], "a frame logged as a record of its own"
+
+
+def test_a_printing_job_logs_its_stdout_as_records_and_in_its_job_log_and_its_traceback_once(
+        daemons: Daemons, tmp_path: Path) -> None:
+    """A job's print() went raw to the daemon's stdout, amid the JSON lines of its log (the journal
+    under systemd, the one log file here); a user had nowhere to `tail -f` their script's output."""
+    conf = tmp_path / "dpeer.yaml"
+    conf.write_text(yaml.safe_dump({"job": "tests.operate.jobs:prints_and_fails_at_step",
+                                    "training": {"steps": 60, "checkpoint_every": 0, "failure_repeats": 2}}))
+    node = daemons.start("n1", config=conf, env={"PYTHONPATH": str(REPO)})
+    doc = wait_status(node.addr, lambda d: (d.get("job") or {}).get("state") == "failed", "the job halted",
+                      timeout=2 * WAIT)
+    path = node.data_dir / "worker" / "job.log"
+    assert doc["worker"]["job_log"] == str(path)
+    raw = [line for line in node.tail(10_000).splitlines() if line.strip()]
+    docs = node.log_lines()
+    assert len(docs) == len(raw), [line for line in raw if not line.startswith("{")]
+    printed = [d for d in docs if d["logger"] == "dpeer.job.stdout"]
+    assert printed and all(d["level"] == "info" and d["node"] == "n1" and type(d["pid"]) is int for d in printed)
+    assert sum(d["msg"] == "building the printing job on n1" for d in printed) == 1, [d["msg"] for d in printed]
+    assert any(d["msg"] == "taking the loss of step 3" for d in printed)
+    assert not [d for d in printed if not d["msg"].strip()]
+    traces = [d for d in docs if "traceback" in d]
+    assert len(traces) == 2 and all(d["traceback"].count("Traceback (most recent call last):") == 1 for d in traces)
+    lines = job_lines(path)
+    assert {pid for pid, _, _ in lines} == {d["pid"] for d in printed}
+    stdout = [text for _, stream, text in lines if stream == "stdout"]
+    assert stdout.count("building the printing job on n1") == 1 and "" in stdout and "taking the loss of step 3" in stdout
+    stderr = [text for _, stream, text in lines if stream == "stderr"]
+    assert stderr.count("Traceback (most recent call last):") == 2
+    assert any('jobs.py", line' in text and "in failing_loss" in text for text in stderr)
+    marks = [text for _, stream, text in lines if stream == "dpeer"]  # the halt stopped the worker
+    assert len(marks) == 2 and marks[0] == "worker started for job tests.operate.jobs:prints_and_fails_at_step"
+    assert marks[1].startswith("worker stopped by the daemon (exit code "), marks

@@ -106,7 +106,7 @@ def test_the_supervisor_reads_a_dead_workers_last_reports_before_starting_the_ne
     reach the daemon; only an earlier daemon run's are skipped."""
     spawned: list[subprocess.Popen] = []
 
-    def spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def spawn(command: list[str], env: dict[str, str], job_log: object = None) -> subprocess.Popen:
         spawned.append(subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"]))
         return spawned[-1]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import subprocess
@@ -11,6 +12,8 @@ import sys
 import pytest
 
 from dpeer.daemon.config import TrainingConfig
+from dpeer.daemon.failures import FailureReport
+from dpeer.proto.v1 import dpeer_pb2 as pb
 from tests.support.worker_events import WorkerEventLog
 from dpeer.daemon.supervisor import TrainStatus, WorkerSupervisor
 from dpeer.daemon.worker_health import judge_worker, missed_view
@@ -123,3 +126,48 @@ def test_a_view_counts_as_given_only_once_a_worker_process_was_started(tmp_path:
     sup.proc.wait()
     sup.publish(view)
     assert sup.given_generation == 2
+
+
+class WireEvents(WorkerEventLog):
+    """Builds the request a follower's daemon sends its leader for each failure, as Daemon._send_failure does."""
+
+    def worker_failed(self, generation: int, report: FailureReport) -> None:
+        pb.GroupFailedRequest(node_id=report.node, generation=generation, reason=report.error, phase=report.phase.value,
+                              step=report.step, error=report.error, attempt=report.attempt)
+        super().worker_failed(generation, report)
+
+
+@pytest.mark.parametrize("gen", [-1, 2**64, "3", 2.0, True, None])
+def test_a_report_naming_no_generation_the_wire_takes_is_taken_as_generation_0_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, gen: object) -> None:
+    """A worker that resumed after the end reported a failure of generation -1; the daemon sent it on
+    as a uint64 and raised 'Value out of range: -1' out of its chores. A worker is semi-trusted."""
+    events = WireEvents()
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(events)
+    write(tmp_path, {"kind": "failure", "t": 1.0, "gen": gen, "phase": "train", "step": 7, "error": "ValueError: x"},
+          {"kind": "failure", "t": 2.0, "gen": 3, "phase": "group", "step": 8, "error": "reset"})
+    sup.poll(0.0)
+    assert [(g, r.phase.value, r.step, r.attempt) for g, r in events.failures] == [(0, "train", 7, 0),
+                                                                                   (3, "group", 8, 3)]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warned == [f"a failure report of the worker names generation {gen!r}, not a count: taken as 0"], warned
+
+
+def test_a_report_whose_fields_do_not_parse_is_dropped_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(WorkerEventLog())
+    write(tmp_path, {"kind": "progress", "t": 1.0, "step": "seven", "samples": 1, "loss": 0.1, "digest": "ab"},
+          {"kind": "progress", "t": 2.0, "samples": 1, "loss": 0.1, "digest": "ab"},
+          {"kind": "progress", "t": 3.0, "step": 2, "samples": 64, "loss": 0.5, "digest": "cd"})
+    sup.poll(0.0)
+    assert sup.train is not None and (sup.train.step, sup.latest_step) == (2, 2)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2 and all(m.startswith("dropped a malformed report of the worker (") for m in warned), warned
+    assert "ValueError: invalid literal for int() with base 10: 'seven'" in warned[0] and "KeyError" in warned[1]
+
+
+def test_the_status_names_the_job_log(tmp_path: Path) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    assert sup.status()["job_log"] == str(tmp_path / "worker" / "job.log")
