@@ -110,6 +110,9 @@ class Carried:
         if self.value.shape[0] != trainer.spec.global_batch:
             raise CarryUsageError(f"{name} has {self.value.shape[0]} rows but a step holds "
                                   f"{trainer.spec.global_batch} streams (training.global_batch): one row per stream")
+        device = getattr(getattr(trainer, "group", None), "device", None)
+        if device is not None and self.value.device != torch.device(device):  # the group's collective sums it there
+            self.value, self.initial = self.value.to(device), self.initial.to(device)
         self._binding, self.name = trainer, name
 
     def share(self, rows_planned: list[int]) -> None:
