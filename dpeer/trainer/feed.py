@@ -8,6 +8,9 @@ over a batch sampler that yields this rank's micro-batches step after step, so w
 fetch ahead while the model computes. Each micro-batch's fetch and collate run with Python's
 and torch's generators seeded from (seed, step, micro-batch), in whichever process fetches it,
 so random augmentation draws the same on any rank, in any world size, and again on a redo.
+
+A streaming (iterable) dataset is fetched through a ``stream.StreamReader`` that script.py builds:
+its "indices" are positions within an epoch, mapped to stream positions from the step.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import traceback
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from dpeer.trainer.sampler import micro_batch_seed
 
@@ -101,6 +104,8 @@ class _SeededCollate:
 
     def __call__(self, keys: list[tuple[int, int, int, int]]) -> tuple[tuple[int, int], Any]:
         step, j, seed, _ = keys[0]
+        at = getattr(self.dataset, "position", None)  # a stream: within-epoch index -> stream position
+        indices = [k[3] for k in keys] if at is None else [at(step, k[3]) for k in keys]
         np = sys.modules.get("numpy")
         saved = (torch.get_rng_state(), random.getstate(), np.random.get_state() if np is not None else None)
         torch.default_generator.manual_seed(seed)
@@ -108,7 +113,7 @@ class _SeededCollate:
         if np is not None:
             np.random.seed(seed & 0xFFFFFFFF)
         try:
-            return (step, j), fetch(self.dataset, self.collate, [k[3] for k in keys], f"step {step} micro-batch {j}")
+            return (step, j), fetch(self.dataset, self.collate, indices, f"step {step} micro-batch {j}")
         finally:
             torch.set_rng_state(saved[0])
             random.setstate(saved[1])
@@ -171,16 +176,19 @@ def _unwrapped(exc: BaseException, step: int) -> BaseException:
 class LoaderFeed:
     """A job's DataLoader settings over this rank's micro-batches (see the module)."""
 
-    def __init__(self, loader: DataLoader, micro_batch: int, seed: int) -> None:
+    def __init__(self, loader: DataLoader, micro_batch: int, seed: int, dataset: Any = None) -> None:
+        """``dataset``: what the loader's workers fetch from instead of ``loader.dataset`` (a stream's
+        StreamReader)."""
         check_loader(loader, micro_batch)
-        self.dataset = loader.dataset
+        self.dataset = loader.dataset if dataset is None else dataset
+        self.current: tuple[int, int, list[int]] | None = None  # the last micro-batch handed out: step, j, indices
         self._keys = _Keys(seed)
         extra: dict[str, Any] = {}
         if loader.num_workers > 0:
             extra = {"prefetch_factor": loader.prefetch_factor, "persistent_workers": loader.persistent_workers}
         self._loader = DataLoader(
-            _Keyed(loader.dataset), batch_sampler=self._keys,
-            collate_fn=_SeededCollate(loader.dataset, loader.collate_fn), num_workers=loader.num_workers,
+            _Keyed(self.dataset), batch_sampler=self._keys,
+            collate_fn=_SeededCollate(self.dataset, loader.collate_fn), num_workers=loader.num_workers,
             pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
             multiprocessing_context=loader.multiprocessing_context, pin_memory_device=loader.pin_memory_device,
             generator=torch.Generator(), **extra)  # its own generator: a restart draws nothing from the step's stream
@@ -197,6 +205,7 @@ class LoaderFeed:
     def get(self, step: int, j: int, indices: list[int]) -> Any:
         """Micro-batch ``j`` of ``step``: the one the loader fetched ahead, or, when the loop went
         elsewhere (a redone or healed step), from a restarted fetch."""
+        self.current = (step, j, indices)
         if (step, j) in self._cache:
             return self._cache[(step, j)]
         if self._cache and next(iter(self._cache))[0] != step:
@@ -247,9 +256,6 @@ def check_loader(loader: Any, micro_batch: int) -> None:
     """Refuse a loader the runtime cannot feed exactly once per sample, in one sentence."""
     if not isinstance(loader, DataLoader):
         raise FeedError(f"run.steps() takes a torch.utils.data.DataLoader, got {type(loader).__name__}")
-    if isinstance(loader.dataset, IterableDataset):
-        raise FeedError("streaming (iterable) datasets are not supported yet: the runtime picks each step's "
-                        "samples by index, so give the DataLoader a map-style Dataset (__len__ and __getitem__)")
     if loader.batch_size != micro_batch:
         raise FeedError(f"the DataLoader's batch_size is {loader.batch_size} but training.micro_batch is "
                         f"{micro_batch}: the runtime decides which samples each micro-batch holds (its sampler, "

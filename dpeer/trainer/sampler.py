@@ -143,3 +143,87 @@ def micro_batch_seed(seed: int, step: int, index: int) -> int:
 def micro_batch_slice(indices: list[int], micro_bs: int, index: int) -> list[int]:
     """The dataset indices of micro-batch ``index`` of a step whose global indices are ``indices``."""
     return indices[index * micro_bs : (index + 1) * micro_bs]
+
+
+@dataclass(frozen=True)
+class InOrderSampler:
+    """The data read in order, as a stream is: step ``s`` consumes positions ``[s*B, (s+1)*B)`` of the
+    endless sequence made of ``range(dataset_len)`` once per epoch (no shuffle: a stream that wants
+    one shuffles its own epoch, from ``set_epoch``). A step's "indices" are positions within their
+    epoch, so the ledger and the audit read them as for the seeded sampler."""
+
+    dataset_len: int
+    global_batch: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dataset_len <= 0 or self.global_batch <= 0:
+            raise ValueError("dataset_len and global_batch must be positive")
+        if self.global_batch > self.dataset_len:
+            raise ValueError(f"a stream of {self.dataset_len} items cannot feed a global batch of "
+                             f"{self.global_batch}: a step would read an item twice")
+
+    def indices_for_step(self, step: int) -> list[int]:
+        """The within-epoch positions ``step`` consumes, in order."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        base, n = step * self.global_batch, self.dataset_len
+        return [(base + k) % n for k in range(self.global_batch)]
+
+    def position(self, step: int, index: int) -> int:
+        """The stream position (``epoch * dataset_len + index``) of ``index`` in ``step``'s batch."""
+        base = step * self.global_batch
+        return base + (index - base) % self.dataset_len
+
+    def cursor_after(self, step: int) -> int:
+        """Stream position (items consumed) once ``step`` steps are committed."""
+        return step * self.global_batch
+
+
+@dataclass(frozen=True)
+class StreamsSampler:
+    """The corpus read in order as ``global_batch`` parallel streams (truncated BPTT): the dataset is a
+    sequence of ``windows``; stream ``b`` is the contiguous windows ``[b*L, (b+1)*L)`` with
+    ``L = windows // global_batch`` (the last ``windows % global_batch`` windows are not read), and
+    step ``s``'s global batch is window ``s mod L`` of every stream, row ``b`` being stream ``b``.
+    An epoch is ``L`` steps; each step reads every stream once, so a carried state has one row per
+    stream (carry.Carried)."""
+
+    windows: int
+    global_batch: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.global_batch <= 0 or self.windows < self.global_batch:
+            raise ValueError(f"order='streams' needs at least one window per stream: {self.windows} windows "
+                             f"for {self.global_batch} streams (training.global_batch)")
+
+    @property
+    def stream_length(self) -> int:
+        """Windows per stream, ``L``: the steps of an epoch."""
+        return self.windows // self.global_batch
+
+    @property
+    def dataset_len(self) -> int:
+        """The windows an epoch reads (``L * global_batch``): the audit's epoch."""
+        return self.stream_length * self.global_batch
+
+    def indices_for_step(self, step: int) -> list[int]:
+        """Window ``step mod L`` of each stream, stream 0 first."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        length = self.stream_length
+        t = step % length
+        return [b * length + t for b in range(self.global_batch)]
+
+    def stream_of(self, index: int) -> int:
+        """The stream (the carried state's row) that window ``index`` belongs to."""
+        return index // self.stream_length
+
+    def epoch_starts(self, step: int) -> bool:
+        """Whether ``step`` reads the first window of every stream (a carried state starts afresh)."""
+        return step % self.stream_length == 0
+
+    def cursor_after(self, step: int) -> int:
+        """Windows consumed once ``step`` steps are committed."""
+        return step * self.global_batch

@@ -14,14 +14,22 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
+from dpeer.trainer.allreduce import StepReduction
+from dpeer.trainer.carry import Carried
+from dpeer.trainer.collective_watch import patience
 from dpeer.trainer.feed import LoaderFeed
+from dpeer.trainer.group import GroupSeat
 from dpeer.trainer.job_api import JobContext, TrainSpec
 from dpeer.trainer.loop import LoopConfig, Trainer
 from dpeer.trainer.portable import load_initial
+from dpeer.trainer.sampler import InOrderSampler, StreamsSampler
 from dpeer.trainer.step import Step
+from dpeer.trainer.stream import StreamReader, stream_length
 from dpeer.trainer.viewsource import ViewSource
+
+ORDERS = ("shuffle", "sequential", "streams")
 
 
 class JobUsageError(RuntimeError):
@@ -163,24 +171,62 @@ class Run:
                 raise JobUsageError(f"optimizer {name!r} holds tensors that are not the model's parameters: build "
                                     f"it from model.parameters() after moving the model to run.device")
 
-    def steps(self, loader: DataLoader, loss: str = "mean") -> Iterator[Step]:
+    def steps(self, loader: DataLoader, loss: str = "mean", order: str | None = None) -> Iterator[Step]:
         """The run's steps, from where the group is, to ``total_steps``; ``loader`` is the job's
         DataLoader (its batch_size must be ``micro_batch``; the runtime picks its samples), ``loss``
-        how the job's loss reduces over a micro-batch: "mean" (torch's default) or "sum"."""
+        how the job's loss reduces over a micro-batch: "mean" (torch's default) or "sum".
+
+        ``order``, which samples a step holds (docs/data.md): "shuffle" (a map-style dataset's
+        default: a seeded permutation per epoch), "sequential" (in order: step s holds items
+        [s*B, (s+1)*B); the only order of an iterable dataset, whose position follows the step),
+        "streams" (the dataset's windows as global_batch parallel streams, for a carry.Carried)."""
         if self._model is None:
             raise JobUsageError("call run.register(model=..., optimizer=...) before run.steps()")
         if self.trainer is not None:
             raise JobUsageError("run.steps() is called once: the loop over it is the whole run")
         if loss not in ("mean", "sum"):
             raise JobUsageError(f"run.steps(loss=...) is 'mean' or 'sum', got {loss!r}")
-        self.trainer = self._trainer(loader, loss == "mean")
+        if order is not None and order not in ORDERS:
+            raise JobUsageError(f"run.steps(order=...) is one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        self.trainer = self._trainer(loader, loss == "mean", order)
         yield from self.trainer.steps()
         self.finished = self.trainer.step >= self.total_steps
 
-    def _trainer(self, loader: DataLoader, mean: bool) -> Trainer:
+    def _order(self, loader: DataLoader, order: str | None) -> tuple[Any, Any]:
+        """The sampler of ``order`` (None: the trainer's seeded one) and the dataset the feed reads."""
+        dataset, batch = loader.dataset, self.global_batch
+        if isinstance(dataset, IterableDataset):
+            if order not in (None, "sequential"):
+                raise JobUsageError(f"an iterable dataset is read in its own order: run.steps(order={order!r}) takes a "
+                                    f"map-style Dataset (shuffle a stream from its set_epoch(epoch) instead)")
+            length = stream_length(dataset)
+            if length is not None and length < 1:
+                raise JobUsageError("the DataLoader's dataset is empty")
+            n = length if length is not None else self.total_steps * batch
+            if n < batch:
+                raise JobUsageError(f"the stream has {n} items, fewer than training.global_batch ({batch}): a step "
+                                    f"would read an item twice")
+            sampler = InOrderSampler(n, batch, self.seed)
+            return sampler, StreamReader(dataset, n, sampler, type(dataset).__name__, length is not None, self.seed)
+        if len(dataset) < 1:
+            raise JobUsageError("the DataLoader's dataset is empty")
+        if order == "sequential":
+            if len(dataset) < batch:
+                raise JobUsageError(f"the dataset has {len(dataset)} samples, fewer than training.global_batch "
+                                    f"({batch})")
+            return InOrderSampler(len(dataset), batch, self.seed), None
+        if order == "streams":
+            if len(dataset) < batch:
+                raise JobUsageError(f"order='streams' needs a window per stream at least: the dataset has "
+                                    f"{len(dataset)} windows for {batch} streams (training.global_batch)")
+            return StreamsSampler(len(dataset), batch, self.seed), None
+        return None, None
+
+    def _trainer(self, loader: DataLoader, mean: bool, order: str | None = None) -> Trainer:
         """The runtime's loop over this script's state and data, reported built to the daemon."""
         launch, t0 = self._launch, time.monotonic()
-        feed = LoaderFeed(loader, self.micro_batch, self.seed)
+        sampler, reader = self._order(loader, order)
+        feed = LoaderFeed(loader, self.micro_batch, self.seed, dataset=reader)
         if launch.init_from:
             only = next(iter(self._optimizers.values())) if len(self._optimizers) == 1 else None
             print(f"dpeer worker: starting from {load_initial(launch.init_from, self._model, only)}", flush=True)
@@ -188,10 +234,12 @@ class Run:
         spec = TrainSpec(model=self._model, optimizer=optimizers, dataset=feed.dataset,  # type: ignore[arg-type]
                          loss_fn=None, global_batch=self.global_batch, micro_batch=self.micro_batch,
                          steps=self.total_steps, seed=self.seed, scheduler=Named(self._others), scaler=self._scaler)
-        if len(spec.dataset) < 1:
-            raise JobUsageError("the DataLoader's dataset is empty")
-        trainer = Trainer(spec, launch.source, self.node_id, launch.config, store_socket=launch.store, feed=feed,
-                          mean_loss=mean)
+        carried = {name: obj for name, obj in self._others.items() if isinstance(obj, Carried)}
+        if carried and order != "streams":
+            raise JobUsageError(f"{', '.join(carried)}: a Carried state needs run.steps(loader, order='streams'), "
+                                f"whose steps hold one window of every stream")
+        trainer = ScriptTrainer(spec, launch.source, self.node_id, launch.config, store_socket=launch.store,
+                                feed=feed, mean_loss=mean, sampler=sampler, carried=carried)
         launch.on_built(time.monotonic() - t0)
         return trainer
 
@@ -203,3 +251,49 @@ class Run:
                                 f"run.steps() (a `break` leaves the others untrained)")
         return self.total_steps
 
+
+
+class ScriptTrainer(Trainer):
+    """The loop of a script job: the order its steps read (``sampler``: None, the seeded shuffle) and
+    the carried states it shares in each step (carry.Carried): before the step's gradient sum
+    completes, so a step is committed with its rows or redone without them."""
+
+    def __init__(self, spec: TrainSpec, source: ViewSource, node_id: str, config: LoopConfig | None = None,
+                 store_socket: socket.socket | None = None, feed: LoaderFeed | None = None, mean_loss: bool = False,
+                 sampler: Any = None, carried: dict[str, Carried] | None = None) -> None:
+        super().__init__(spec, source, node_id, config, store_socket=store_socket, feed=feed, mean_loss=mean_loss)
+        if sampler is not None:  # the stepper plans from it, the ledger records it, progress counts it
+            self.sampler = self.stepper.sampler = sampler
+        self.carried = list((carried or {}).values())
+        for name, c in (carried or {}).items():
+            try:
+                c.bind(self, name)
+            except RuntimeError as exc:
+                raise JobUsageError(str(exc)) from None
+
+    def begin_step(self, m: GroupSeat) -> Step:
+        """Plan the step; the carried states forget what a failed try of it wrote."""
+        for c in self.carried:
+            c._clear(self.step)
+        return super().begin_step(m)
+
+    def reduce(self, m: GroupSeat) -> StepReduction | None:
+        """Share the carried rows (once a step, under the watch), then wait for the gradients' sums."""
+        if self.carried:
+            streams = self.sampler.stream_of
+            rows = [streams(i) for _, indices in self.stepper.planned() for i in indices]
+            if self.watch is not None:
+                self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
+            try:
+                for c in self.carried:
+                    c.share(rows)
+            finally:
+                if self.watch is not None:
+                    self.watch.disarm()
+        return super().reduce(m)
+
+    def commit_step(self, m: GroupSeat, red: StepReduction) -> bool:
+        """The carried rows of the step become the value before the step is counted (and checkpointed)."""
+        for c in self.carried:
+            c.commit(self.step)
+        return super().commit_step(m, red)
