@@ -3,7 +3,8 @@ baseline a user would otherwise pick, torchrun with DistributedDataParallel on t
 data, on this machine, in the same run.
 
 Each size is the demo MLP (``dpeer.trainer.demo``) with ``dim`` and ``hidden`` set: 5M is 256/2048
-(4.74M parameters), 25M is 256/4900 (25.3M). Every arm trains 2 ranks, one intra-op thread each,
+(4.74M parameters), 25M is 256/4900 (25.3M); ``lm`` is examples/lm/train.py, a script job of the
+user's own loop with 2 DataLoader workers a rank (its DDP baseline: scripts/ddp_lm.py). Every arm trains 2 ranks, one intra-op thread each,
 global batch 64 in micro-batches of 32 (one per rank and step), gloo on loopback:
 - floor: one process, no communication, one rank's share of each step (scripts/ddp_demo.py --floor);
 - ddp: ``torchrun --standalone --nproc-per-node 2 scripts/ddp_demo.py``;
@@ -38,7 +39,8 @@ from dpeer.channel.local import read_reports  # noqa: E402
 from dpeer.launch.cluster import LocalCluster  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SIZES = {"5M": (256, 2048), "25M": (256, 4900)}
+SIZES = {"5M": (256, 2048), "25M": (256, 4900), "lm": (0, 0)}
+LM_JOB = ROOT / "examples" / "lm" / "train.py"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 GLOBAL_BATCH, MICRO_BATCH = 64, 32
 
@@ -81,6 +83,9 @@ def run_script(out: Path, dim: int, hidden: int, steps: int, floor: bool) -> tup
     """The DDP baseline under torchrun (or the floor, alone): rank 0's records and every rank's peak."""
     common = [str(ROOT / "scripts" / "ddp_demo.py"), "--out", str(out), "--steps", str(steps), "--dim", str(dim),
               "--hidden", str(hidden), "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH)]
+    if not dim:  # the lm example
+        common = [str(ROOT / "scripts" / "ddp_lm.py"), "--out", str(out), "--steps", str(steps),
+                  "--global-batch", str(GLOBAL_BATCH), "--micro-batch", str(MICRO_BATCH)]
     if floor:
         cmd = [sys.executable, *common, "--floor"]
     else:
@@ -97,10 +102,10 @@ def run_script(out: Path, dim: int, hidden: int, steps: int, floor: bool) -> tup
 
 def run_dpeer(out: Path, dim: int, hidden: int, steps: int, reduction: str) -> tuple[list[dict], list[float]]:
     """Two daemons training the demo job to `steps`: n1's progress records and every worker's peak."""
+    options = {"dim": dim, "hidden": hidden} if dim else {"eval_every": 10 ** 9}
     config = {"training": {"steps": steps, "global_batch": GLOBAL_BATCH, "micro_batch": MICRO_BATCH,
-                           "threads": 1, "reduction": reduction, "checkpoint_every": 0,
-                           "options": {"dim": dim, "hidden": hidden}}}
-    cluster = LocalCluster(out, 2, job="demo", config=config, env={"OMP_NUM_THREADS": "1"})
+                           "threads": 1, "reduction": reduction, "checkpoint_every": 0, "options": options}}
+    cluster = LocalCluster(out, 2, job="demo" if dim else str(LM_JOB), config=config, env={"OMP_NUM_THREADS": "1"})
     peak = Peak()
     reports = str(out / "n1" / "worker")  # n1's reports, as long as its daemon keeps them (read_reports)
     try:

@@ -105,3 +105,18 @@ def test_fast_mode_trains_a_script_job(make_cluster, tmp_path: Path) -> None:
     assert final["step"] == STEPS
     problems = audit(ledgers(cluster), STEPS, GlobalBatchSampler(SAMPLES, GLOBAL, SEED))
     assert problems == [], problems[:10]
+
+
+def test_a_compiled_model_trains_the_same_bits_on_two_boxes_as_on_one(make_cluster, tmp_path: Path) -> None:
+    """torch.compile'd model (inductor kernels, the same on every box of one kind): the 1-box bits."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace("run.register(model=model", "model = torch.compile(model)\nrun.register(model=model"))
+    shape = {"training": {**config()["training"], "steps": 12}}
+    finals = []
+    for boxes in (1, 2):
+        cluster = make_cluster(boxes, job=str(script), config=shape)
+        cluster.start_all()
+        finals.append(run(finished(cluster)))
+        cluster.stop_all()
+    assert finals[0]["step"] == finals[1]["step"] == 12
+    assert finals[0]["digest"] == finals[1]["digest"], finals
