@@ -364,6 +364,16 @@ class Trainer:
             self._settle_digest()
         return red
 
+    def all_sum(self, m: GroupSeat, tensor: torch.Tensor) -> None:
+        """Sum ``tensor`` over the group ``m`` in place, under the watch (step.evaluate's collective)."""
+        if self.watch is not None:
+            self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
+        try:
+            torch.distributed.all_reduce(tensor)
+        finally:
+            if self.watch is not None:
+                self.watch.disarm()
+
     def commit_step(self, m: GroupSeat, red: StepReduction) -> bool:
         """The job ended a reduced step: count it, digest, record, report, checkpoint; True when the
         group agreed to switch to a newer view."""

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from dpeer.trainer.allreduce import StepReduction
 from dpeer.trainer.group import GroupSeat
+from dpeer.trainer.sampler import shard_bounds
 
 if TYPE_CHECKING:
     from dpeer.trainer.loop import Trainer
@@ -63,6 +64,34 @@ class Step:
     def reduced(self) -> bool:
         """Whether the step's gradients are summed (the step is committed by the group)."""
         return self.reduction is not None
+
+    def evaluate(self, count: int, values: Callable[[range], torch.Tensor], batch: int = 1) -> torch.Tensor:
+        """Evaluate sharded over the group: items ``range(count)`` in batches of ``batch``, whole
+        batches per rank; ``values(items)`` returns one value per item of one batch (a 1-d tensor), and
+        every rank gets all ``count`` of them in item order, the same bits whatever the world size
+        (a batch is computed alike on any rank, and each element is summed with zeros only). Reduce
+        them in order (``.mean()``) for a metric every box agrees on. Call it after the step's
+        micro-batches: a failure here restarts the worker from the committed state, as any failure
+        after the reduction does."""
+        if not self.reduced:
+            raise StepUsageError(f"step {self.number}: step.evaluate() runs after the loop over step.micro_batches()")
+        if count < 1 or batch < 1:
+            raise StepUsageError(f"step {self.number}: step.evaluate() needs count and batch of at least 1")
+        first, end = shard_bounds(-(-count // batch), self.rank, self.world)
+        full = torch.zeros(count, dtype=torch.float64, device=self._trainer.group.device)
+        if end > first:
+            parts = [self._values(values, range(b * batch, min((b + 1) * batch, count))) for b in range(first, end)]
+            full[first * batch : min(end * batch, count)] = torch.cat(parts).to(full.device, torch.float64)
+        self._trainer.all_sum(self.seat, full)
+        return full.add_(0.0)  # -0.0 as +0.0 on every rank, as a sum with another rank's zero makes it
+
+    def _values(self, values: Callable[[range], torch.Tensor], items: range) -> torch.Tensor:
+        out = values(items)
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(items),):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise StepUsageError(f"step {self.number}: step.evaluate's function got {len(items)} items and must "
+                                 f"return a 1-d tensor of one value per item, not {got}")
+        return out.detach()
 
     def __enter__(self) -> Step:
         if self._entered:

@@ -1,6 +1,7 @@
 """A training script of the user's own as the job (issue 36), on real daemons: its DataLoader's
-worker processes and a SIGKILLed box change nothing in exact mode (the final digest of a 1-box run,
-every sample once by the ledgers' audit), and fast mode trains it too."""
+worker processes, its evaluation sharded over the group (step.evaluate, feeding a ReduceLROnPlateau)
+and a SIGKILLed box change nothing in exact mode (the final digest of a 1-box run, every sample once
+by the ledgers' audit), and fast mode trains it too."""
 
 from __future__ import annotations
 
@@ -21,7 +22,17 @@ run = dj.connect()
 torch.manual_seed(run.seed)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
 opt = torch.optim.SGD(model.parameters(), lr=run.lr, momentum=0.9)
-run.register(model=model, optimizer=opt)
+sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, factor=0.5, patience=1)
+run.register(model=model, optimizer=opt, scheduler=sched)
+held = torch.Generator().manual_seed(99)
+hx, hy = torch.randn(60, 8, generator=held), torch.randint(0, 2, (60,), generator=held)
+
+
+def held_out(items):
+    """Per-item loss of one batch of the held-out set, evaluated sharded over the group."""
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(model(hx[items.start:items.stop]), hy[items.start:items.stop],
+                                                 reduction="none")
 
 
 class Noisy(torch.utils.data.Dataset):
@@ -44,6 +55,8 @@ for step in run.steps(loader):
         for x, y in step.micro_batches():
             step.backward(torch.nn.functional.cross_entropy(model(x), y))
         opt.step()
+        if step.number %% 5 == 4:
+            sched.step(float(step.evaluate(60, held_out, batch=8).mean()))
 run.finish()
 ''' % (SAMPLES, SAMPLES)
 

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dpeer.trainer.feed import FeedError, LoaderFeed
+from dpeer.trainer.sampler import shard_bounds
 from dpeer.trainer.step import Step, StepUsageError
 
 MB = 4
@@ -123,3 +124,49 @@ def test_a_step_that_skips_the_reduction_names_the_scripts_line() -> None:
     where = traceback.extract_tb(step.error.__traceback__)
     assert where and where[-1].filename == __file__, where
     assert "step 3 ended before its gradients were reduced" in str(step.error) and __file__ in str(step.error)
+
+
+def _evaluated(rank: int, world: int, count: int, batch: int) -> tuple[torch.Tensor, list[range]]:
+    """step.evaluate on one rank of a simulated group: its sum is the other ranks' values (each the
+    item's index squared) plus its own."""
+    seen: list[range] = []
+
+    def values(items: range) -> torch.Tensor:
+        seen.append(items)
+        return torch.tensor([float(i * i) for i in items])
+
+    def all_sum(_seat: object, full: torch.Tensor) -> None:
+        for r in range(world):
+            if r != rank:
+                other = _evaluated_part(r, world, count, batch)
+                full += other
+
+    trainer = SimpleNamespace(group=SimpleNamespace(device=torch.device("cpu")), all_sum=all_sum)
+    step = Step(trainer, SimpleNamespace(rank=rank, world=world), 0, True)  # type: ignore[arg-type]
+    step.reduction = SimpleNamespace()  # type: ignore[assignment]
+    return step.evaluate(count, values, batch=batch), seen
+
+
+def _evaluated_part(rank: int, world: int, count: int, batch: int) -> torch.Tensor:
+    first, end = shard_bounds(-(-count // batch), rank, world)
+    out = torch.zeros(count, dtype=torch.float64)
+    for i in range(first * batch, min(end * batch, count)):
+        out[i] = float(i * i)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_a_sharded_evaluation_gives_every_item_in_order_in_whole_batches(world: int) -> None:
+    full, seen = _evaluated(0, world, 10, 4)
+    assert full.tolist() == [float(i * i) for i in range(10)]
+    assert all(r.start % 4 == 0 and len(r) <= 4 for r in seen), seen  # the batches of a 1-box run
+
+
+def test_an_evaluation_before_the_reduction_or_of_the_wrong_shape_is_refused() -> None:
+    trainer = SimpleNamespace(group=SimpleNamespace(device=torch.device("cpu")), all_sum=lambda *_: None)
+    step = Step(trainer, SimpleNamespace(rank=0, world=1), 2, True)  # type: ignore[arg-type]
+    with pytest.raises(StepUsageError, match="runs after the loop over step.micro_batches"):
+        step.evaluate(4, lambda items: torch.zeros(len(items)))
+    step.reduction = SimpleNamespace()  # type: ignore[assignment]
+    with pytest.raises(StepUsageError, match="must return a 1-d tensor of one value per item, not \\(4, 2\\)"):
+        step.evaluate(4, lambda items: torch.zeros(len(items), 2), batch=4)
