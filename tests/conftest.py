@@ -4,7 +4,9 @@ asks for fresh ones."""
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Iterator
 
 import pytest
 from hypothesis import settings
@@ -22,3 +24,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _dpeer_logger_restored() -> Iterator[None]:
+    """Each test starts with the `dpeer` logger as Python makes it (propagating, so caplog sees its
+    records) and leaves it so: a test that runs the CLI in-process sets it up as a daemon does
+    (dpeer.daemon.logs.setup: its own handler, no propagation), which would hide later tests' records."""
+    root = logging.getLogger("dpeer")
+    saved = (root.handlers[:], root.level, root.propagate)
+    root.handlers[:], root.level, root.propagate = [], logging.NOTSET, True
+    try:
+        yield
+    finally:
+        root.handlers[:], root.level, root.propagate = saved

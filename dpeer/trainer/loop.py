@@ -449,12 +449,13 @@ class Trainer:
                 step = self.begin_step(m)
                 yield step
                 if step.error is not None:
+                    error, step.error = step.error, None  # the job's loop still holds the step
                     if step.reduced:
                         self._torn = StateTorn(
-                            f"step {step.number} failed after its gradients were reduced ({type(step.error).__name__}: "
-                            f"{step.error}): the job's code may have changed the model or optimizer already, so "
+                            f"step {step.number} failed after its gradients were reduced ({type(error).__name__}: "
+                            f"{error}): the job's code may have changed the model or optimizer already, so "
                             f"the worker restarts from the committed state instead of redoing the step")
-                    raise step.error
+                    raise error
                 if step.reduction is None:
                     raise StepUsageError(f"step {step.number} was not run: run each step's body inside `with step:`")
                 if self.commit_step(m, step.reduction):
@@ -465,6 +466,7 @@ class Trainer:
             failure, self._given_up = None, (view.generation, time.monotonic())
         except Exception as exc:  # noqa: BLE001 - every failure is reported; the job's own with its traceback
             failure = self._failed(exc, view.generation)
+            traceback.clear_frames(exc.__traceback__)  # its frames hold the failed group's works (and its sockets)
         return failure
 
     def _failed(self, exc: Exception, generation: int) -> Failure:
