@@ -81,6 +81,7 @@ def main() -> None:
             sched.step()
             opt.zero_grad()
             log.write(json.dumps({"t": time.time(), "step": step + 1}) + "\n")
+    del batches, loader  # its worker processes stop before the group goes (else the exit can hang mid-epoch)
     if not args.floor:
         dist.destroy_process_group()
 

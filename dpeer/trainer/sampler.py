@@ -80,27 +80,29 @@ class GlobalBatchSampler:
         if self.dataset_len <= 0 or self.global_batch <= 0:
             raise ValueError("dataset_len and global_batch must be positive")
 
-    def _perm(self, epoch: int) -> FeistelPermutation:
-        return _epoch_permutation(self.dataset_len, self.seed, epoch)
-
     def indices_for_step(self, step: int) -> list[int]:
         """Global sample indices consumed by ``step`` (same on every node, any world size)."""
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
-        out: list[int] = []
-        pos = step * self.global_batch
-        end = pos + self.global_batch
-        while pos < end:
-            epoch, offset = divmod(pos, self.dataset_len)
-            perm = self._perm(epoch)
-            take = min(end - pos, self.dataset_len - offset)
-            out.extend(perm.images(offset, take))
-            pos += take
-        return out
+        return list(_step_indices(self.dataset_len, self.global_batch, self.seed, step))
 
     def cursor_after(self, step: int) -> int:
         """Stream position (samples consumed) once ``step`` steps are committed."""
         return step * self.global_batch
+
+
+@lru_cache(maxsize=8)
+def _step_indices(dataset_len: int, global_batch: int, seed: int, step: int) -> tuple[int, ...]:
+    """A step's indices, computed once however many ask (the stepper's plan and a script job's
+    loader both read the step about to train)."""
+    out: list[int] = []
+    pos, end = step * global_batch, (step + 1) * global_batch
+    while pos < end:
+        epoch, offset = divmod(pos, dataset_len)
+        take = min(end - pos, dataset_len - offset)
+        out.extend(_epoch_permutation(dataset_len, seed, epoch).images(offset, take))
+        pos += take
+    return tuple(out)
 
 
 @lru_cache(maxsize=8)
