@@ -205,9 +205,9 @@ class ExactStep:
         self.lo, self.hi = fx.exponent_range(self.bits, self.dtype)
         home = params[0].device if params else device
         self.row = torch.zeros(self.nb, fx.BUCKET, dtype=self.dtype, device=home)
-        self.scratch = torch.empty_like(self.row)
         same = self.dtype == torch.float64 and home == device
-        self.wide = None if same else torch.empty(self.nb, fx.BUCKET, dtype=torch.float64, device=device)
+        chunk = min(self.nb, fx.chunk_rows(self.dtype))  # the float64 staging of one chunk of integers
+        self.wide = None if same else torch.empty(chunk, fx.BUCKET, dtype=torch.float64, device=device)
         self._grads = GradViews(params, self.row.view(-1))
         self._scale: torch.Tensor | None = None
         self._amaxes = torch.zeros(1, self.nb, dtype=self.dtype, device=home)
@@ -347,10 +347,8 @@ class ExactStep:
         if overlap and n == len(self._mine) - 1:
             return
         o = self._o
-        fx.bucket_amax(self.row, self.scratch, amax[n])
-        if scale is not None:
-            acc = self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
-            fx.accumulate(acc, self.row, scale, self.wide, first=n == 0)
+        acc = self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
+        fx.quantize(self.row, scale, amax[n], acc, self.wide, first=n == 0)
 
     def abort(self) -> None:
         """Put torch's generators back if a micro-batch left them seeded (it ended, or failed)."""
@@ -386,10 +384,8 @@ class ExactStep:
         g = self._o["grads"]
         r0, r1 = max(bucket.lo - g, 0) // fx.BUCKET, (bucket.hi - g) // fx.BUCKET
         if last >= 0 and r1 > r0:
-            rows = self.row[r0:r1]
-            fx.bucket_amax(rows, self.scratch[r0:r1], amax[last, r0:r1])
             acc = self._buf[g + r0 * fx.BUCKET : g + r1 * fx.BUCKET].view(r1 - r0, fx.BUCKET)
-            fx.accumulate(acc, rows, scale[r0:r1], None if self.wide is None else self.wide[r0:r1], first=last == 0)
+            fx.quantize(self.row[r0:r1], scale[r0:r1], amax[last, r0:r1], acc, self.wide, first=last == 0)
         if bucket.lo == 0:
             self._write_control(self.exponents, amax, rank)
         self._works.append(dist.all_reduce(self._buf[bucket.lo : bucket.hi], async_op=True))
