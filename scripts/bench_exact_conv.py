@@ -1,8 +1,8 @@
 """The exact reduction's own cost per step against the fast one's, in one process (issue 37).
 
 A 1-rank gloo group, the stepper driven micro-batch by micro-batch as step.py drives it, on the demo
-MLP at dim 256, hidden 2048 (4.74M parameters), global batch 64, micro batch 32 (two micro-batches
-a step on this rank), one thread. Two workloads:
+MLP at dim 256, hidden 2048 (4.74M parameters), global batch 32 * ``--micro``, micro batch 32 (``--micro``
+micro-batches a step, all on this rank), one thread. Two workloads:
 - ``cheap``: the loss is sum(p * c) over the parameters for fixed random c, so backward writes each
   gradient at the cost of one multiply an element: the step is almost all the reduction's own work
   (fixed-point passes, copies, the 1-rank allreduce);
@@ -30,8 +30,12 @@ from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep
 
 
+MICRO = 2  # micro-batches a step (--micro)
+
+
 def spec() -> TrainSpec:
-    options = {"dim": "256", "hidden": "2048", "global_batch": "64", "micro_batch": "32", "dataset_len": "8192"}
+    options = {"dim": "256", "hidden": "2048", "global_batch": str(32 * MICRO), "micro_batch": "32",
+               "dataset_len": "8192"}
     return build(JobContext("a", torch.device("cpu"), options))
 
 
@@ -72,7 +76,11 @@ def main() -> None:
     p.add_argument("--warm", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--work", default="cheap,model")
+    p.add_argument("--micro", type=int, default=2, help="micro-batches a step, all on this rank (1: the path of "
+                   "a rank with one micro-batch, as in the 2-rank benchmark)")
     args = p.parse_args()
+    global MICRO
+    MICRO = args.micro
     configure_process(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     for work in args.work.split(","):

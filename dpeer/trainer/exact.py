@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 _NORMS = torch.nn.modules.batchnorm._NormBase
 
 
+WIRE_SLOTS = 8  # bucket-sized float64 wire buffers a rank with one micro-batch keeps (32 MiB of BUCKET_BYTES)
+
+
 class ExactModeError(ValueError):
     """The job cannot train with exact reduction; the text says why and what to do instead."""
 
@@ -220,7 +223,10 @@ class ExactStep:
         self._print = -1  # crc32 of the exponents (-1: none), compared across ranks in the allreduce
         self._step = 0
         self.redos = 0  # steps whose sum was redone (first step, grown gradients, differing exponents)
-        self._buf = torch.empty(0, dtype=torch.float64, device=device)
+        self._ctl = torch.empty(0, dtype=torch.float64, device=device)  # this rank's control slots
+        self._acc: torch.Tensor | None = None  # [control | grads] sums of a rank with several micro-batches
+        self._slots: list[torch.Tensor] = []  # free bucket-sized wire buffers of a rank with one micro-batch
+        self._plan: list[Bucket] = []
         self._o: dict[str, int] = {}
         self._world = 0
         self._mine: list[int] = []
@@ -232,8 +238,10 @@ class ExactStep:
         self._newest = -1  # the newest generation this rank has seen, sent with the step
         self._rank, self._world_planned = 0, 1
         self._overlap: Overlap | None = None
-        self._works: list[Any] = []
-        self._pending: tuple[torch.Tensor, torch.Tensor, int, int] | None = None  # scale, amax, last i, rank
+        self._works: list[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = []  # work, bucket, wire, slot
+        self._tail: torch.Tensor | None = None  # the reduced control slots, on the CPU
+        self._pending: tuple[torch.Tensor | None, torch.Tensor, int, int, bool] | None = None
+        # (scale, amax, last i, rank, whether launching converts the last micro-batch's buckets)
 
     # -- the allreduce buffer: [M losses | per rank: nb exponents, fingerprint, flag, newest | M*norms | grads]
     def _layout(self, world: int) -> dict[str, int]:
@@ -244,15 +252,21 @@ class ExactStep:
         return offs
 
     def _buffer(self, world: int) -> torch.Tensor:
+        """The control slots of a group of ``world``, its buckets planned. The gradients' sums travel
+        in the planned buckets: a rank with several micro-batches sums them in one float64 buffer of
+        the whole model's (``_acc``, the buckets its slices); a rank with one micro-batch (or none)
+        converts each bucket into a wire buffer of a bucket's size from a pool of WIRE_SLOTS, which
+        returns to the pool once its sum is back and turned into the mean gradient."""
         if world != self._world:
             self.close()
             o = self._o = self._layout(world)
-            self._buf = torch.zeros(o["end"], dtype=torch.float64, device=self.device)
+            self._ctl = torch.zeros(o["grads"], dtype=torch.float64, device=self.device)
+            self._acc, self._slots, self._works = None, [], []
+            self._plan = plan_buckets(self.nb * fx.BUCKET, o["grads"], self._ctl.element_size(), fx.BUCKET)
             if not self._grads.loose:  # a gradient of its own is copied in after backward, never overlapped
-                buckets = plan_buckets(self.nb * fx.BUCKET, o["grads"], self._buf.element_size(), fx.BUCKET)
-                self._overlap = Overlap(self.params, self._grads.offsets, buckets, o["grads"], self._launch)
+                self._overlap = Overlap(self.params, self._grads.offsets, self._plan, o["grads"], self._launch)
             self._world = world
-        return self._buf
+        return self._ctl
 
     def close(self) -> None:
         """Remove the gradient hooks."""
@@ -303,18 +317,20 @@ class ExactStep:
     def _begin_pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, overlap: bool) -> None:
         """A pass over the micro-batches quantizes with ``scale`` (None: only measures); ``overlap``:
         the last micro-batch's buckets start their allreduce as its backward fills them."""
-        buf, o = self._buffer(self._world_planned), self._o
+        ctl = self._buffer(self._world_planned)
         if self._overlap is not None:
             self._overlap.disarm()  # a step that failed half-way may have left it armed
         overlap = overlap and scale is not None and self._overlap is not None
-        buf[: o["grads"]].zero_()
-        if not self._mine:
-            buf[o["grads"] : o["end"]].zero_()
+        ctl.zero_()
+        if scale is not None and len(self._mine) > 1 and self._acc is None:
+            self._acc = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
         amax = self._amax(len(self._mine))
         self._grads.bind()
-        self._works = []
+        if self._works:  # a step that failed half-way: its buffers may still be written, take fresh ones
+            self._works, self._slots = [], []
+        self._tail = None
         self._pass_of = (exponents, scale, overlap, amax)
-        self._pending = (scale, amax, len(self._mine) - 1, self._rank) if overlap else None
+        self._pending = (scale, amax, len(self._mine) - 1, self._rank, True) if overlap else None
 
     def enter(self, n: int) -> None:
         """Micro-batch ``n`` of the plan runs alone: the row zeroed, norm statistics at the step's
@@ -329,10 +345,10 @@ class ExactStep:
         DDP's gradient_as_bucket_view), so backward accumulates into it in place: 0 + g is g (and
         -0.0 becomes +0.0), with no fresh allocation; the loss and the norm statistics go to their
         slots first (an armed backward may send them)."""
-        buf, o, j = self._buf, self._o, self._mine[self._n]
-        buf[o["loss"] + j] = float(loss.detach()) + 0.0
+        ctl, o, j = self._ctl, self._o, self._mine[self._n]
+        ctl[o["loss"] + j] = float(loss.detach()) + 0.0
         if self.norms.buffers:
-            self.norms.write(buf[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
+            self.norms.write(ctl[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
         if self._pending is not None and self._n == len(self._mine) - 1 and self._overlap is not None:
             self._overlap.arm()
         (self.spec.scaler.scale(loss) if self.spec.scaler is not None else loss).backward()
@@ -344,10 +360,11 @@ class ExactStep:
         self.abort()
         self._grads.gather_loose()
         _exponents, scale, overlap, amax = self._pass_of
-        if overlap and n == len(self._mine) - 1:
-            return
-        o = self._o
-        acc = self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
+        if n == len(self._mine) - 1 and (overlap or (scale is not None and n == 0)):
+            return  # converted bucket by bucket as it launches
+        acc = None
+        if scale is not None and self._acc is not None:
+            acc = self._acc[self._o["grads"] :].view(self.nb, fx.BUCKET)
         fx.quantize(self.row, scale, amax[n], acc, self.wide, first=n == 0)
 
     def abort(self) -> None:
@@ -359,14 +376,19 @@ class ExactStep:
     def end_pass(self) -> None:
         """Every micro-batch ran: launch the buckets not launched yet (or write the control slots of a
         pass that is not overlapped); norm statistics back at the step's start values until combine."""
-        exponents, _scale, overlap, amax = self._pass_of
+        exponents, scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
             if not self._mine:
                 self._overlap.arm()
             self._overlap.finish()
-        else:
+        elif scale is None:  # a pass that only measures: the control slots alone are summed
             self._write_control(exponents, amax, self._rank)
+            self._works = [(dist.all_reduce(self._ctl, async_op=True), Bucket(0, self._o["grads"]), self._ctl, None)]
+        else:
+            self._pending = (scale, amax, len(self._mine) - 1, self._rank, len(self._mine) <= 1)
+            for k, bucket in enumerate(self._plan):
+                self._launch(k, bucket)
         self.norms.restore()
         if [b._version for b in self._others] != self._versions:
             names = [n for n, b in self.spec.model.named_buffers() if any(b is x for x in self._others)]
@@ -376,24 +398,58 @@ class ExactStep:
                 f"use training.reduction: fast, or keep that state out of buffers")
 
     def _launch(self, _k: int, bucket: Bucket) -> None:
-        """Quantize one bucket of the last micro-batch's gradient into the sum and start its allreduce;
-        the bucket at the front carries the control slots, written once every other bucket's
-        largest magnitudes are known."""
+        """Start one bucket's allreduce; when ``convert``, its slice of the last micro-batch's gradient is
+        first measured and quantized into the sum (into a pooled wire buffer on a rank with one
+        micro-batch or none). The bucket at the front carries the control slots, written once every
+        other bucket's largest magnitudes are known."""
         assert self._pending is not None
-        scale, amax, last, rank = self._pending
+        scale, amax, last, rank, convert = self._pending
         g = self._o["grads"]
         r0, r1 = max(bucket.lo - g, 0) // fx.BUCKET, (bucket.hi - g) // fx.BUCKET
-        if last >= 0 and r1 > r0:
-            acc = self._buf[g + r0 * fx.BUCKET : g + r1 * fx.BUCKET].view(r1 - r0, fx.BUCKET)
-            fx.quantize(self.row[r0:r1], scale[r0:r1], amax[last, r0:r1], acc, self.wide, first=last == 0)
+        slot = self._slot() if self._acc is None or len(self._mine) <= 1 else None
+        wire = self._acc[bucket.lo : bucket.hi] if slot is None else slot[: bucket.hi - bucket.lo]
+        grads = wire[max(g - bucket.lo, 0) :].view(r1 - r0, fx.BUCKET)
+        if convert and last >= 0 and r1 > r0:
+            fx.quantize(self.row[r0:r1], scale[r0:r1], amax[last, r0:r1], grads, self.wide, first=last == 0)
+        elif convert and r1 > r0:
+            grads.zero_()  # a rank with no micro-batch adds zeros
         if bucket.lo == 0:
-            self._write_control(self.exponents, amax, rank)
-        self._works.append(dist.all_reduce(self._buf[bucket.lo : bucket.hi], async_op=True))
+            self._write_control(self._pass_of[0], amax, rank)
+            wire[:g].copy_(self._ctl)
+        self._works.append((dist.all_reduce(wire, async_op=True), bucket, wire, slot))
+
+    def _slot(self) -> torch.Tensor:
+        """A free wire buffer of the longest bucket's size: a new one while fewer than WIRE_SLOTS are
+        in use, else the oldest bucket in flight's, once its sum is back and finished."""
+        while not self._slots:
+            if sum(slot is not None for *_, slot in self._works) < WIRE_SLOTS:
+                longest = max(b.hi - b.lo for b in self._plan)
+                self._slots.append(torch.empty(longest, dtype=torch.float64, device=self.device))
+            else:
+                self._complete_oldest()
+        return self._slots.pop()
+
+    def _complete_oldest(self) -> None:
+        """Wait for the oldest bucket in flight; its sum (when the pass quantized) into the mean
+        gradient of its rows, at once: a later redo recomputes every row, so nothing is lost if the
+        step's exponents turn out not to fit. The front bucket's control slots are kept."""
+        work, bucket, wire, slot = self._works.pop(0)
+        wait_all([work])
+        g = self._o["grads"]
+        if bucket.lo == 0:
+            self._tail = wire[:g].to("cpu", copy=True)
+        exponents, scale = self._pass_of[0], self._pass_of[1]
+        r0, r1 = max(bucket.lo - g, 0) // fx.BUCKET, (bucket.hi - g) // fx.BUCKET
+        if scale is not None and exponents is not None and r1 > r0:
+            grads = wire[max(g - bucket.lo, 0) :].view(r1 - r0, fx.BUCKET)
+            fx.finish(grads, exponents[r0:r1], self.bits, self.spec.global_batch, self.row[r0:r1])
+        if slot is not None:
+            self._slots.append(slot)
 
     def _write_control(self, exponents: torch.Tensor | None, amax: torch.Tensor, rank: int) -> None:
         """This rank's slots: its measured exponents, the exponents' fingerprint, whether a gradient
         outgrew its exponent, and the newest generation it has seen."""
-        buf, o = self._buf, self._o
+        buf, o = self._ctl, self._o
         measured = fx.bucket_exponents(amax.amax(dim=0), self.lo)
         grew = exponents is None or bool((measured > exponents.to(measured.device)).any())
         block = o["ranks"] + rank * (self.nb + 3)
@@ -406,17 +462,15 @@ class ExactStep:
         ``.grad`` and the combined norm statistics in their buffers. None when the exponents did not
         fit: the micro-batches run again (a second pass that quantizes with the measured exponents,
         begun here), and the next ``end_pass`` and ``reduce`` sum them."""
-        buf, o = self._buffer(world), self._o
+        self._buffer(world)
+        o = self._o
+        while self._works:
+            self._complete_oldest()
         if self._redo is not None:
             redo, self._redo = self._redo, None
-            dist.all_reduce(buf[o["grads"] : o["end"]])
             return self._finish(*redo)
-        if self._works:
-            works, self._works = self._works, []
-            wait_all(works)
-        else:
-            dist.all_reduce(buf)
-        tail = buf[: o["grads"]].to("cpu", copy=True)  # a redo refills buf
+        assert self._tail is not None, "reduce() before end_pass()"
+        tail, self._tail = self._tail, None
         ranks = tail[o["ranks"] : o["norm"]].view(world, self.nb + 3)
         measured = ranks[:, : self.nb].to(torch.int64).amax(dim=0)
         prints = set(ranks[:, self.nb].tolist())
@@ -435,10 +489,12 @@ class ExactStep:
 
     def _finish(self, used: torch.Tensor, measured: torch.Tensor, tail: torch.Tensor, loss_mean: float,
                 seen: list[int]) -> StepReduction:
-        """The summed integers to the mean gradient, the norm statistics combined, the next exponents."""
+        """The norm statistics combined, each parameter without a view given its slice of the mean
+        gradient (the row got it bucket by bucket as the sums came back), the next exponents."""
         o = self._o
         self.norms.combine(tail[o["norm"] : o["grads"]].view(self.micro, self.norms.numel))
-        self._write_grads(self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET), used)
+        self._grads.bind()
+        self._grads.scatter_loose()
         self._set_exponents(fx.next_exponents(measured, used, self.lo, self.hi))
         return StepReduction(loss_mean, seen)
 
@@ -463,13 +519,6 @@ class ExactStep:
                 return names.get(id(p), "?")
             off += p.numel()
         return "?"
-
-    def _write_grads(self, acc: torch.Tensor, used: torch.Tensor) -> None:
-        """The mean gradient into the row every ``.grad`` views (fx.finish), and a copy of its slice to
-        each parameter that has no view."""
-        fx.finish(acc, used, self.bits, self.spec.global_batch, self.row)
-        self._grads.bind()
-        self._grads.scatter_loose()
 
     def state(self) -> dict[str, Any]:
         """The agreed exponents of the next step: part of the training state, so a healed or resumed
