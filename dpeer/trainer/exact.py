@@ -322,7 +322,7 @@ class ExactStep:
             self._overlap.disarm()  # a step that failed half-way may have left it armed
         overlap = overlap and scale is not None and self._overlap is not None
         ctl.zero_()
-        if scale is not None and len(self._mine) > 1 and self._acc is None:
+        if len(self._mine) > 1 and self._acc is None:
             self._acc = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
         amax = self._amax(len(self._mine))
         self._grads.bind()
@@ -360,8 +360,8 @@ class ExactStep:
         self.abort()
         self._grads.gather_loose()
         _exponents, scale, overlap, amax = self._pass_of
-        if n == len(self._mine) - 1 and (overlap or (scale is not None and n == 0)):
-            return  # converted bucket by bucket as it launches
+        if n == len(self._mine) - 1 and (overlap or n == 0):
+            return  # measured and converted bucket by bucket as it launches
         acc = None
         if scale is not None and self._acc is not None:
             acc = self._acc[self._o["grads"] :].view(self.nb, fx.BUCKET)
@@ -376,16 +376,13 @@ class ExactStep:
     def end_pass(self) -> None:
         """Every micro-batch ran: launch the buckets not launched yet (or write the control slots of a
         pass that is not overlapped); norm statistics back at the step's start values until combine."""
-        exponents, scale, overlap, amax = self._pass_of
+        _exponents, scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
             if not self._mine:
                 self._overlap.arm()
             self._overlap.finish()
-        elif scale is None:  # a pass that only measures: the control slots alone are summed
-            self._write_control(exponents, amax, self._rank)
-            self._works = [(dist.all_reduce(self._ctl, async_op=True), Bucket(0, self._o["grads"]), self._ctl, None)]
-        else:
+        else:  # the same collectives, in the same order, as an overlapped pass (another rank's may be)
             self._pending = (scale, amax, len(self._mine) - 1, self._rank, len(self._mine) <= 1)
             for k, bucket in enumerate(self._plan):
                 self._launch(k, bucket)
@@ -410,8 +407,9 @@ class ExactStep:
         wire = self._acc[bucket.lo : bucket.hi] if slot is None else slot[: bucket.hi - bucket.lo]
         grads = wire[max(g - bucket.lo, 0) :].view(r1 - r0, fx.BUCKET)
         if convert and last >= 0 and r1 > r0:
-            fx.quantize(self.row[r0:r1], scale[r0:r1], amax[last, r0:r1], grads, self.wide, first=last == 0)
-        elif convert and r1 > r0:
+            fx.quantize(self.row[r0:r1], None if scale is None else scale[r0:r1], amax[last, r0:r1],
+                        grads, self.wide, first=last == 0)
+        elif convert and r1 > r0 and scale is not None:
             grads.zero_()  # a rank with no micro-batch adds zeros
         if bucket.lo == 0:
             self._write_control(self._pass_of[0], amax, rank)
@@ -424,7 +422,7 @@ class ExactStep:
         while not self._slots:
             if sum(slot is not None for *_, slot in self._works) < WIRE_SLOTS:
                 longest = max(b.hi - b.lo for b in self._plan)
-                self._slots.append(torch.empty(longest, dtype=torch.float64, device=self.device))
+                self._slots.append(torch.zeros(longest, dtype=torch.float64, device=self.device))
             else:
                 self._complete_oldest()
         return self._slots.pop()
