@@ -11,11 +11,22 @@ BatchNorm and InstanceNorm running statistics reset to the step's start values.
 Reduction (fixedpoint.py). The micro-batches' gradients are summed as exact fixed-point integers
 held in float64, with per-bucket exponents the group agreed in the previous step's allreduce
 (every rank's measured exponents ride in it as slots), so a step costs one allreduce, like the fast
-path, of twice the bytes. When a gradient outgrew its exponent, when the exponents are not known
-yet (the first step) or when two ranks' exponents differ, every rank sees it in the same allreduce,
+path, of twice the bytes: the overlap buckets (overlap.py), each converted and started as the last
+micro-batch's backward fills it, the control slots in the bucket launched last. Every pass of
+every rank issues the same bucket collectives in the same order, whether it overlaps, quantizes
+or only measures. When a gradient outgrew its exponent, when the exponents are not known yet (the
+first step) or when two ranks' exponents differ, every rank sees it in the same allreduce,
 recomputes its micro-batches (a deterministic replay) and sums again with the exponents just
 measured. A NaN or an Inf raises NonFiniteGradient on every rank at the same step (with a
 GradScaler the step is skipped instead, as AMP expects).
+
+Memory. The float32 gradients live in one row (each ``.grad`` a view of it, as the fast path's
+buffer). A rank that runs one micro-batch a step (or none) converts each bucket into a float64
+wire buffer of a bucket's size taken from a pool of WIRE_SLOTS, and turns each sum back into the
+mean gradient as soon as it returns, which frees its buffer for the next bucket (during backward,
+when more buckets than buffers are in flight); a rank with several micro-batches sums them in one
+float64 buffer of the model's size, which its buckets then reduce. The conversion passes work a
+chunk of buckets at a time (fixedpoint.chunk_rows) with no copy of the model beyond these.
 
 Buffers. Running statistics of norm layers are combined: each micro-batch's forward updates them
 from the step's start values, and the step's new statistics are the mean of the M updated values
@@ -355,8 +366,8 @@ class ExactStep:
 
     def leave(self, n: int) -> None:
         """Micro-batch ``n`` is done: generators put back, its gradient measured and quantized into the
-        sum (the last one's, when overlapped, as its buckets launched). A grad that is not the row's
-        view (another dtype, or replaced by the job) is copied in."""
+        sum (the last one's as its buckets launch, when the pass overlaps or it is the rank's only
+        one). A grad that is not the row's view (another dtype, or replaced by the job) is copied in."""
         self.abort()
         self._grads.gather_loose()
         _exponents, scale, overlap, amax = self._pass_of
@@ -374,8 +385,8 @@ class ExactStep:
             self._rng = None
 
     def end_pass(self) -> None:
-        """Every micro-batch ran: launch the buckets not launched yet (or write the control slots of a
-        pass that is not overlapped); norm statistics back at the step's start values until combine."""
+        """Every micro-batch ran: launch the buckets not launched yet (every bucket, in a pass that is not
+        overlapped); norm statistics back at the step's start values until combine."""
         _exponents, scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
