@@ -344,9 +344,11 @@ class ExactStep:
         self._pending = (scale, amax, len(self._mine) - 1, self._rank, True) if overlap else None
 
     def enter(self, n: int) -> None:
-        """Micro-batch ``n`` of the plan runs alone: the row zeroed, norm statistics at the step's
-        start values, torch's generators seeded from (seed, step, j) until ``leave``."""
+        """Micro-batch ``n`` of the plan runs alone: the row zeroed (and a loose parameter's gradient
+        dropped), norm statistics at the step's start values, torch's generators seeded from (seed,
+        step, j) until ``leave``."""
         self.row.zero_()
+        self._grads.drop_loose()
         self.norms.restore()
         self._n = n
         self._rng = seed_rng(micro_batch_seed(self.spec.seed, self._step, self._mine[n]), self.device)
