@@ -89,8 +89,8 @@ def main() -> None:
             for mode in (("fast", "exact") if r % 2 == 0 else ("exact", "fast")):
                 t = statistics.median(step_times(mode, work, args.steps)[args.warm:])
                 figures[mode].append(t)
-            print(f"{work} round {r + 1}: fast {figures['fast'][-1] * 1e3:.2f} ms, exact {figures['exact'][-1] * 1e3:.2f} ms",
-                  flush=True)
+            fast, exact = figures["fast"][-1], figures["exact"][-1]
+            print(f"{work} round {r + 1}: fast {fast * 1e3:.2f} ms, exact {exact * 1e3:.2f} ms", flush=True)
         f, e = statistics.median(figures["fast"]), statistics.median(figures["exact"])
         print(f"{work}: median fast {f * 1e3:.2f} ms, exact {e * 1e3:.2f} ms, exact extra {(e - f) * 1e3:.2f} ms "
               f"({e / f:.2f}x)", flush=True)
