@@ -121,18 +121,18 @@ def bench_methods(repeats: int) -> None:
         acc64, wide = torch.zeros(nb, fx.BUCKET, dtype=torch.float64), torch.empty(nb, fx.BUCKET, dtype=torch.float64)
         acc_i, wide_i = torch.zeros(nb, fx.BUCKET, dtype=torch.int64), torch.empty(nb, fx.BUCKET, dtype=torch.int64)
         amax = torch.empty(nb)
-        fx.bucket_amax(grad, scratch, amax)
+        fx.bucket_amax(grad, amax)
         exps = fx.bucket_exponents(amax, -200) + fx.HEADROOM
         scale = fx.scales(exps, 51, torch.float32, grad.device)
 
         def f64() -> None:
             row.copy_(grad)
-            fx.bucket_amax(row, scratch, amax)
+            fx.bucket_amax(row, amax)
             fx.accumulate(acc64, row, scale, wide)
 
         def i64() -> None:
             row.copy_(grad)
-            fx.bucket_amax(row, scratch, amax)
+            fx.bucket_amax(row, amax)
             row.mul_(scale).round_()
             wide_i.copy_(row)
             acc_i.add_(wide_i)

@@ -11,11 +11,22 @@ BatchNorm and InstanceNorm running statistics reset to the step's start values.
 Reduction (fixedpoint.py). The micro-batches' gradients are summed as exact fixed-point integers
 held in float64, with per-bucket exponents the group agreed in the previous step's allreduce
 (every rank's measured exponents ride in it as slots), so a step costs one allreduce, like the fast
-path, of twice the bytes. When a gradient outgrew its exponent, when the exponents are not known
-yet (the first step) or when two ranks' exponents differ, every rank sees it in the same allreduce,
+path, of twice the bytes: the overlap buckets (overlap.py), each converted and started as the last
+micro-batch's backward fills it, the control slots in the bucket launched last. Every pass of
+every rank issues the same bucket collectives in the same order, whether it overlaps, quantizes
+or only measures. When a gradient outgrew its exponent, when the exponents are not known yet (the
+first step) or when two ranks' exponents differ, every rank sees it in the same allreduce,
 recomputes its micro-batches (a deterministic replay) and sums again with the exponents just
 measured. A NaN or an Inf raises NonFiniteGradient on every rank at the same step (with a
 GradScaler the step is skipped instead, as AMP expects).
+
+Memory. The float32 gradients live in one row (each ``.grad`` a view of it, as the fast path's
+buffer). A rank that runs one micro-batch a step (or none) converts each bucket into a float64
+wire buffer of a bucket's size taken from a pool of WIRE_SLOTS, and turns each sum back into the
+mean gradient as soon as it returns, which frees its buffer for the next bucket (during backward,
+when more buckets than buffers are in flight); a rank with several micro-batches sums them in one
+float64 buffer of the model's size, which its buckets then reduce. The conversion passes work a
+chunk of buckets at a time (fixedpoint.chunk_rows) with no copy of the model beyond these.
 
 Buffers. Running statistics of norm layers are combined: each micro-batch's forward updates them
 from the step's start values, and the step's new statistics are the mean of the M updated values
@@ -51,6 +62,9 @@ if TYPE_CHECKING:
     from dpeer.trainer.job_api import TrainSpec
 
 _NORMS = torch.nn.modules.batchnorm._NormBase
+
+
+WIRE_SLOTS = 8  # bucket-sized float64 wire buffers a rank with one micro-batch keeps (32 MiB of BUCKET_BYTES)
 
 
 class ExactModeError(ValueError):
@@ -205,9 +219,9 @@ class ExactStep:
         self.lo, self.hi = fx.exponent_range(self.bits, self.dtype)
         home = params[0].device if params else device
         self.row = torch.zeros(self.nb, fx.BUCKET, dtype=self.dtype, device=home)
-        self.scratch = torch.empty_like(self.row)
         same = self.dtype == torch.float64 and home == device
-        self.wide = None if same else torch.empty(self.nb, fx.BUCKET, dtype=torch.float64, device=device)
+        chunk = min(self.nb, fx.chunk_rows(self.dtype))  # the float64 staging of one chunk of integers
+        self.wide = None if same else torch.empty(chunk, fx.BUCKET, dtype=torch.float64, device=device)
         self._grads = GradViews(params, self.row.view(-1))
         self._scale: torch.Tensor | None = None
         self._amaxes = torch.zeros(1, self.nb, dtype=self.dtype, device=home)
@@ -220,7 +234,10 @@ class ExactStep:
         self._print = -1  # crc32 of the exponents (-1: none), compared across ranks in the allreduce
         self._step = 0
         self.redos = 0  # steps whose sum was redone (first step, grown gradients, differing exponents)
-        self._buf = torch.empty(0, dtype=torch.float64, device=device)
+        self._ctl = torch.empty(0, dtype=torch.float64, device=device)  # this rank's control slots
+        self._acc: torch.Tensor | None = None  # [control | grads] sums of a rank with several micro-batches
+        self._slots: list[torch.Tensor] = []  # free bucket-sized wire buffers of a rank with one micro-batch
+        self._plan: list[Bucket] = []
         self._o: dict[str, int] = {}
         self._world = 0
         self._mine: list[int] = []
@@ -232,8 +249,10 @@ class ExactStep:
         self._newest = -1  # the newest generation this rank has seen, sent with the step
         self._rank, self._world_planned = 0, 1
         self._overlap: Overlap | None = None
-        self._works: list[Any] = []
-        self._pending: tuple[torch.Tensor, torch.Tensor, int, int] | None = None  # scale, amax, last i, rank
+        self._works: list[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = []  # work, bucket, wire, slot
+        self._tail: torch.Tensor | None = None  # the reduced control slots, on the CPU
+        self._pending: tuple[torch.Tensor | None, torch.Tensor, int, int, bool] | None = None
+        # (scale, amax, last i, rank, whether launching converts the last micro-batch's buckets)
 
     # -- the allreduce buffer: [M losses | per rank: nb exponents, fingerprint, flag, newest | M*norms | grads]
     def _layout(self, world: int) -> dict[str, int]:
@@ -244,15 +263,21 @@ class ExactStep:
         return offs
 
     def _buffer(self, world: int) -> torch.Tensor:
+        """The control slots of a group of ``world``, its buckets planned. The gradients' sums travel
+        in the planned buckets: a rank with several micro-batches sums them in one float64 buffer of
+        the whole model's (``_acc``, the buckets its slices); a rank with one micro-batch (or none)
+        converts each bucket into a wire buffer of a bucket's size from a pool of WIRE_SLOTS, which
+        returns to the pool once its sum is back and turned into the mean gradient."""
         if world != self._world:
             self.close()
             o = self._o = self._layout(world)
-            self._buf = torch.zeros(o["end"], dtype=torch.float64, device=self.device)
+            self._ctl = torch.zeros(o["grads"], dtype=torch.float64, device=self.device)
+            self._acc, self._slots, self._works = None, [], []
+            self._plan = plan_buckets(self.nb * fx.BUCKET, o["grads"], self._ctl.element_size(), fx.BUCKET)
             if not self._grads.loose:  # a gradient of its own is copied in after backward, never overlapped
-                buckets = plan_buckets(self.nb * fx.BUCKET, o["grads"], self._buf.element_size(), fx.BUCKET)
-                self._overlap = Overlap(self.params, self._grads.offsets, buckets, o["grads"], self._launch)
+                self._overlap = Overlap(self.params, self._grads.offsets, self._plan, o["grads"], self._launch)
             self._world = world
-        return self._buf
+        return self._ctl
 
     def close(self) -> None:
         """Remove the gradient hooks."""
@@ -303,23 +328,27 @@ class ExactStep:
     def _begin_pass(self, exponents: torch.Tensor | None, scale: torch.Tensor | None, overlap: bool) -> None:
         """A pass over the micro-batches quantizes with ``scale`` (None: only measures); ``overlap``:
         the last micro-batch's buckets start their allreduce as its backward fills them."""
-        buf, o = self._buffer(self._world_planned), self._o
+        ctl = self._buffer(self._world_planned)
         if self._overlap is not None:
             self._overlap.disarm()  # a step that failed half-way may have left it armed
         overlap = overlap and scale is not None and self._overlap is not None
-        buf[: o["grads"]].zero_()
-        if not self._mine:
-            buf[o["grads"] : o["end"]].zero_()
+        ctl.zero_()
+        if len(self._mine) > 1 and self._acc is None:
+            self._acc = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
         amax = self._amax(len(self._mine))
         self._grads.bind()
-        self._works = []
+        if self._works:  # a step that failed half-way: its buffers may still be written, take fresh ones
+            self._works, self._slots = [], []
+        self._tail = None
         self._pass_of = (exponents, scale, overlap, amax)
-        self._pending = (scale, amax, len(self._mine) - 1, self._rank) if overlap else None
+        self._pending = (scale, amax, len(self._mine) - 1, self._rank, True) if overlap else None
 
     def enter(self, n: int) -> None:
-        """Micro-batch ``n`` of the plan runs alone: the row zeroed, norm statistics at the step's
-        start values, torch's generators seeded from (seed, step, j) until ``leave``."""
+        """Micro-batch ``n`` of the plan runs alone: the row zeroed (and a loose parameter's gradient
+        dropped), norm statistics at the step's start values, torch's generators seeded from (seed,
+        step, j) until ``leave``."""
         self.row.zero_()
+        self._grads.drop_loose()
         self.norms.restore()
         self._n = n
         self._rng = seed_rng(micro_batch_seed(self.spec.seed, self._step, self._mine[n]), self.device)
@@ -329,28 +358,27 @@ class ExactStep:
         DDP's gradient_as_bucket_view), so backward accumulates into it in place: 0 + g is g (and
         -0.0 becomes +0.0), with no fresh allocation; the loss and the norm statistics go to their
         slots first (an armed backward may send them)."""
-        buf, o, j = self._buf, self._o, self._mine[self._n]
-        buf[o["loss"] + j] = float(loss.detach()) + 0.0
+        ctl, o, j = self._ctl, self._o, self._mine[self._n]
+        ctl[o["loss"] + j] = float(loss.detach()) + 0.0
         if self.norms.buffers:
-            self.norms.write(buf[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
+            self.norms.write(ctl[o["norm"] : o["grads"]].view(self.micro, self.norms.numel)[j])
         if self._pending is not None and self._n == len(self._mine) - 1 and self._overlap is not None:
             self._overlap.arm()
         (self.spec.scaler.scale(loss) if self.spec.scaler is not None else loss).backward()
 
     def leave(self, n: int) -> None:
         """Micro-batch ``n`` is done: generators put back, its gradient measured and quantized into the
-        sum (the last one's, when overlapped, as its buckets launched). A grad that is not the row's
-        view (another dtype, or replaced by the job) is copied in."""
+        sum (the last one's as its buckets launch, when the pass overlaps or it is the rank's only
+        one). A grad that is not the row's view (another dtype, or replaced by the job) is copied in."""
         self.abort()
         self._grads.gather_loose()
         _exponents, scale, overlap, amax = self._pass_of
-        if overlap and n == len(self._mine) - 1:
-            return
-        o = self._o
-        fx.bucket_amax(self.row, self.scratch, amax[n])
-        if scale is not None:
-            acc = self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET)
-            fx.accumulate(acc, self.row, scale, self.wide, first=n == 0)
+        if n == len(self._mine) - 1 and (overlap or n == 0):
+            return  # measured and converted bucket by bucket as it launches
+        acc = None
+        if scale is not None and self._acc is not None:
+            acc = self._acc[self._o["grads"] :].view(self.nb, fx.BUCKET)
+        fx.quantize(self.row, scale, amax[n], acc, self.wide, first=n == 0)
 
     def abort(self) -> None:
         """Put torch's generators back if a micro-batch left them seeded (it ended, or failed)."""
@@ -359,16 +387,18 @@ class ExactStep:
             self._rng = None
 
     def end_pass(self) -> None:
-        """Every micro-batch ran: launch the buckets not launched yet (or write the control slots of a
-        pass that is not overlapped); norm statistics back at the step's start values until combine."""
-        exponents, _scale, overlap, amax = self._pass_of
+        """Every micro-batch ran: launch the buckets not launched yet (every bucket, in a pass that is not
+        overlapped); norm statistics back at the step's start values until combine."""
+        _exponents, scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
             if not self._mine:
                 self._overlap.arm()
             self._overlap.finish()
-        else:
-            self._write_control(exponents, amax, self._rank)
+        else:  # the same collectives, in the same order, as an overlapped pass (another rank's may be)
+            self._pending = (scale, amax, len(self._mine) - 1, self._rank, len(self._mine) <= 1)
+            for k, bucket in enumerate(self._plan):
+                self._launch(k, bucket)
         self.norms.restore()
         if [b._version for b in self._others] != self._versions:
             names = [n for n, b in self.spec.model.named_buffers() if any(b is x for x in self._others)]
@@ -378,26 +408,59 @@ class ExactStep:
                 f"use training.reduction: fast, or keep that state out of buffers")
 
     def _launch(self, _k: int, bucket: Bucket) -> None:
-        """Quantize one bucket of the last micro-batch's gradient into the sum and start its allreduce;
-        the bucket at the front carries the control slots, written once every other bucket's
-        largest magnitudes are known."""
+        """Start one bucket's allreduce; when ``convert``, its slice of the last micro-batch's gradient is
+        first measured and quantized into the sum (into a pooled wire buffer on a rank with one
+        micro-batch or none). The bucket at the front carries the control slots, written once every
+        other bucket's largest magnitudes are known."""
         assert self._pending is not None
-        scale, amax, last, rank = self._pending
+        scale, amax, last, rank, convert = self._pending
         g = self._o["grads"]
         r0, r1 = max(bucket.lo - g, 0) // fx.BUCKET, (bucket.hi - g) // fx.BUCKET
-        if last >= 0 and r1 > r0:
-            rows = self.row[r0:r1]
-            fx.bucket_amax(rows, self.scratch[r0:r1], amax[last, r0:r1])
-            acc = self._buf[g + r0 * fx.BUCKET : g + r1 * fx.BUCKET].view(r1 - r0, fx.BUCKET)
-            fx.accumulate(acc, rows, scale[r0:r1], None if self.wide is None else self.wide[r0:r1], first=last == 0)
+        slot = self._slot() if self._acc is None or len(self._mine) <= 1 else None
+        wire = self._acc[bucket.lo : bucket.hi] if slot is None else slot[: bucket.hi - bucket.lo]
+        grads = wire[max(g - bucket.lo, 0) :].view(r1 - r0, fx.BUCKET)
+        if convert and last >= 0 and r1 > r0:
+            fx.quantize(self.row[r0:r1], None if scale is None else scale[r0:r1], amax[last, r0:r1],
+                        grads, self.wide, first=last == 0)
+        elif convert and r1 > r0 and scale is not None:
+            grads.zero_()  # a rank with no micro-batch adds zeros
         if bucket.lo == 0:
-            self._write_control(self.exponents, amax, rank)
-        self._works.append(dist.all_reduce(self._buf[bucket.lo : bucket.hi], async_op=True))
+            self._write_control(self._pass_of[0], amax, rank)
+            wire[:g].copy_(self._ctl)
+        self._works.append((dist.all_reduce(wire, async_op=True), bucket, wire, slot))
+
+    def _slot(self) -> torch.Tensor:
+        """A free wire buffer of the longest bucket's size: a new one while fewer than WIRE_SLOTS are
+        in use, else the oldest bucket in flight's, once its sum is back and finished."""
+        while not self._slots:
+            if sum(slot is not None for *_, slot in self._works) < WIRE_SLOTS:
+                longest = max(b.hi - b.lo for b in self._plan)
+                self._slots.append(torch.zeros(longest, dtype=torch.float64, device=self.device))
+            else:
+                self._complete_oldest()
+        return self._slots.pop()
+
+    def _complete_oldest(self) -> None:
+        """Wait for the oldest bucket in flight; its sum (when the pass quantized) into the mean
+        gradient of its rows, at once: a later redo recomputes every row, so nothing is lost if the
+        step's exponents turn out not to fit. The front bucket's control slots are kept."""
+        work, bucket, wire, slot = self._works.pop(0)
+        wait_all([work])
+        g = self._o["grads"]
+        if bucket.lo == 0:
+            self._tail = wire[:g].to("cpu", copy=True)
+        exponents, scale = self._pass_of[0], self._pass_of[1]
+        r0, r1 = max(bucket.lo - g, 0) // fx.BUCKET, (bucket.hi - g) // fx.BUCKET
+        if scale is not None and exponents is not None and r1 > r0:
+            grads = wire[max(g - bucket.lo, 0) :].view(r1 - r0, fx.BUCKET)
+            fx.finish(grads, exponents[r0:r1], self.bits, self.spec.global_batch, self.row[r0:r1])
+        if slot is not None:
+            self._slots.append(slot)
 
     def _write_control(self, exponents: torch.Tensor | None, amax: torch.Tensor, rank: int) -> None:
         """This rank's slots: its measured exponents, the exponents' fingerprint, whether a gradient
         outgrew its exponent, and the newest generation it has seen."""
-        buf, o = self._buf, self._o
+        buf, o = self._ctl, self._o
         measured = fx.bucket_exponents(amax.amax(dim=0), self.lo)
         grew = exponents is None or bool((measured > exponents.to(measured.device)).any())
         block = o["ranks"] + rank * (self.nb + 3)
@@ -410,17 +473,15 @@ class ExactStep:
         ``.grad`` and the combined norm statistics in their buffers. None when the exponents did not
         fit: the micro-batches run again (a second pass that quantizes with the measured exponents,
         begun here), and the next ``end_pass`` and ``reduce`` sum them."""
-        buf, o = self._buffer(world), self._o
+        self._buffer(world)
+        o = self._o
+        while self._works:
+            self._complete_oldest()
         if self._redo is not None:
             redo, self._redo = self._redo, None
-            dist.all_reduce(buf[o["grads"] : o["end"]])
             return self._finish(*redo)
-        if self._works:
-            works, self._works = self._works, []
-            wait_all(works)
-        else:
-            dist.all_reduce(buf)
-        tail = buf[: o["grads"]].to("cpu", copy=True)  # a redo refills buf
+        assert self._tail is not None, "reduce() before end_pass()"
+        tail, self._tail = self._tail, None
         ranks = tail[o["ranks"] : o["norm"]].view(world, self.nb + 3)
         measured = ranks[:, : self.nb].to(torch.int64).amax(dim=0)
         prints = set(ranks[:, self.nb].tolist())
@@ -439,10 +500,12 @@ class ExactStep:
 
     def _finish(self, used: torch.Tensor, measured: torch.Tensor, tail: torch.Tensor, loss_mean: float,
                 seen: list[int]) -> StepReduction:
-        """The summed integers to the mean gradient, the norm statistics combined, the next exponents."""
+        """The norm statistics combined, each parameter without a view given its slice of the mean
+        gradient (the row got it bucket by bucket as the sums came back), the next exponents."""
         o = self._o
         self.norms.combine(tail[o["norm"] : o["grads"]].view(self.micro, self.norms.numel))
-        self._write_grads(self._buf[o["grads"] : o["end"]].view(self.nb, fx.BUCKET), used)
+        self._grads.bind()
+        self._grads.scatter_loose()
         self._set_exponents(fx.next_exponents(measured, used, self.lo, self.hi))
         return StepReduction(loss_mean, seen)
 
@@ -467,13 +530,6 @@ class ExactStep:
                 return names.get(id(p), "?")
             off += p.numel()
         return "?"
-
-    def _write_grads(self, acc: torch.Tensor, used: torch.Tensor) -> None:
-        """The mean gradient into the row every ``.grad`` views (fx.finish), and a copy of its slice to
-        each parameter that has no view."""
-        fx.finish(acc, used, self.bits, self.spec.global_batch, self.row)
-        self._grads.bind()
-        self._grads.scatter_loose()
 
     def state(self) -> dict[str, Any]:
         """The agreed exponents of the next step: part of the training state, so a healed or resumed

@@ -90,6 +90,11 @@ class GradViews:
             if view is not None and p.grad is not view:
                 p.grad = view
 
+    def drop_loose(self) -> None:
+        """Drop the loose parameters' gradients, so that the next backward's are their own."""
+        for p, _off in self.loose:
+            p.grad = None
+
     def gather_loose(self) -> None:
         """Copy the loose parameters' gradients into the flat tensor (zeros where there is none)."""
         for p, off in self.loose:

@@ -128,3 +128,65 @@ def test_a_nan_or_inf_gradient_raises_a_clear_error(group: None) -> None:
 
 def test_demo_defaults_are_exact_compatible() -> None:
     assert DEFAULTS["global_batch"] % DEFAULTS["micro_batch"] == 0
+
+
+@pytest.mark.parametrize("micro_batches", [1, 3])
+def test_bucket_wire_buffers_reused_in_flight_give_the_same_bits(group: None, micro_batches: int,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model of several overlap buckets (1.1M parameters): a rank with one micro-batch sums in a
+    pool of bucket-sized wire buffers, and with one buffer in the pool each launch waits for the
+    previous bucket's sum and finishes it into the gradients during backward; the bits equal those of
+    a pool as large as the model, step after step (the first measures, the others overlap); with
+    three micro-batches (the whole-model sum) likewise."""
+    from dpeer.trainer import exact
+
+    options = {"dim": 64, "hidden": 1024, "global_batch": 4 * micro_batches}
+    results = []
+    for slots in (1, 64):
+        monkeypatch.setattr(exact, "WIRE_SLOTS", slots)
+        spec = demo(**options)
+        step = stepper(spec)
+        out = []
+        for s in range(3):
+            step.plan(s, 0, 1)
+            run_step(step)
+            out.append(grads(spec))
+            spec.optimizer.step()
+        assert step.redos == 1 and len(step._plan) >= 3
+        results.append(out)
+    for a, b in zip(*results):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert any(bool(g.abs().sum() > 0) for g in results[0][-1])
+
+
+class _Cast(torch.nn.Module):
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.dtype)
+
+
+def test_a_loose_gradient_is_each_micro_batchs_own(group: None) -> None:
+    """A float32 parameter in a model with float64 ones keeps a gradient of its own (it is loose),
+    copied into the row after each micro-batch: each copy is that micro-batch's gradient alone, not
+    the sum since the step began (or since the last step's mean), so the mean gradient is the
+    global batch's, step after step, with no zero_grad between them."""
+    spec = demo(global_batch=8, micro_batch=4)
+    dim, hidden = spec.model[0].in_features, spec.model[0].out_features
+    torch.manual_seed(3)
+    spec.model = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.ReLU(), _Cast(torch.float64),
+                                     torch.nn.Linear(hidden, 10).double(), _Cast(torch.float32))
+    step = stepper(spec)
+    assert step._grads.loose, "the float32 layer should be loose next to the float64 one"
+    for s in range(2):
+        step.plan(s, 0, 1)
+        run_step(step)
+        got = [p.grad.clone() for p in spec.model.parameters()]
+        x, y = default_collate([spec.dataset[i] for i in step.sampler.indices_for_step(s)])
+        ref = torch.nn.Sequential(*spec.model)  # the same modules, gradients computed afresh
+        params = list(ref.parameters())
+        want = torch.autograd.grad(spec.loss_fn(ref(x), y) / spec.global_batch, params)
+        for g, w in zip(got, want):
+            assert torch.allclose(g.double(), w.double(), rtol=1e-5, atol=1e-9), s

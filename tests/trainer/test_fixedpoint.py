@@ -33,7 +33,7 @@ def gradients(seed: int) -> list[torch.Tensor]:
 
 def exponents_of(row: torch.Tensor) -> torch.Tensor:
     amax = torch.empty(row.shape[0], dtype=row.dtype)
-    fx.bucket_amax(row, torch.empty_like(row), amax)
+    fx.bucket_amax(row, amax)
     return fx.bucket_exponents(amax, LO)
 
 
@@ -148,6 +148,28 @@ def test_finish_turns_negative_zero_into_positive_zero() -> None:
     for dtype in (torch.float32, torch.float64):
         out = fx.finish(acc, torch.tensor([BITS]), BITS, 1, torch.empty(1, 3, dtype=dtype))
         assert [str(v) for v in out[0].tolist()] == ["0.0", "0.0", "-3.0"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_finish_has_the_bits_of_one_addcmul_over_the_whole_row(dtype: torch.dtype) -> None:
+    """finish works a chunk at a time and, where every factor is normal, multiplies then adds 0.0;
+    its bits are those of 0 + f(integers) * factor in one addcmul, at the exponent range's ends too
+    (where a factor is subnormal, and products round to zeros of either sign)."""
+    g = torch.Generator().manual_seed(5)
+    lo, hi = fx.exponent_range(BITS, dtype)
+    rows = 3 * fx.chunk_rows(dtype) + 5
+    acc = torch.randint(-(2 ** 20), 2 ** 20, (rows, fx.BUCKET), generator=g).to(torch.float64)
+    acc *= torch.exp2(torch.randint(0, 33, (rows, fx.BUCKET), generator=g).to(torch.float64))
+    acc[:, :9] = torch.tensor([-0.0, 0.0, 1.0, -1.0, 2.0 ** 53, -(2.0 ** 53), 3.0, -3.0, 2.0 ** 53 - 1])
+    bits_of = torch.int32 if dtype == torch.float32 else torch.int64
+    for exponents in (torch.randint(lo + 8, hi - 60, (rows,), generator=g),  # every factor normal
+                      torch.randint(lo, hi + 1, (rows,), generator=g), torch.full((rows,), lo),
+                      torch.full((rows,), hi), torch.full((rows,), BITS)):
+        for samples in (1, 3, 64):
+            out = fx.finish(acc, exponents, BITS, samples, torch.empty(rows, fx.BUCKET, dtype=dtype))
+            factor = (fx.pow2(exponents - BITS) / samples).to(dtype).view(-1, 1)
+            want = torch.addcmul(torch.zeros((), dtype=dtype), acc.to(dtype), factor)
+            assert torch.equal(out.view(bits_of), want.view(bits_of))
 
 
 def test_config_check_bounds_micro_batches_as_exact_sums_do() -> None:
