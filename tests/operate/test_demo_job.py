@@ -61,16 +61,6 @@ run.finish()
 '''
 
 
-def worker_accepts_scripts() -> bool:
-    """Whether the worker runs a `.py` job yet (the lead's half of issue 36: dpeer.job and the
-    worker's script runner)."""
-    import importlib.util
-
-    from dpeer.trainer import worker
-
-    return hasattr(worker, "run_script") and importlib.util.find_spec("dpeer.job") is not None
-
-
 def user_env() -> dict[str, str]:
     """The environment a user's shell gives `dpeer`: no DPEER_* keys, and this checkout on
     PYTHONPATH (the venv's editable install may point at another one) in place of the module's folder."""
@@ -229,8 +219,6 @@ def test_demo_trains_a_module_job_found_in_the_working_directory(tmp_path: Path)
     assert_trained_to_the_end(demo(tmp_path, "tinyjob:build"), "tinyjob:build")
 
 
-@pytest.mark.skipif(not worker_accepts_scripts(), reason="the worker does not run .py jobs yet (issue 36, the "
-                    "lead's half: dpeer.job and the worker's run_script)")
 def test_demo_trains_a_script_job(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(SCRIPT_JOB)
     assert_trained_to_the_end(demo(tmp_path, "train.py"), str(tmp_path / "train.py"))
