@@ -94,6 +94,22 @@ class Named:
             obj.load_state_dict(state[name])
 
 
+class InitialOptimizers(Named):
+    """The registered optimizers as a starting point fills them: a script job's own checkpoint holds
+    them by name (Named); a plain script's file holds one optimizer's state, which fits a script
+    that registered exactly one."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """By name when the names match; one optimizer's own state into the only one; else ValueError."""
+        if set(state) == set(self.objects):
+            super().load_state_dict(state)
+        elif len(self.objects) == 1:
+            next(iter(self.objects.values())).load_state_dict(state)
+        else:
+            raise ValueError(f"the file's optimizer state names {sorted(map(str, state))}, the script registered "
+                             f"{sorted(self.objects)}")
+
+
 def _stateful(name: str, obj: Any) -> Any:
     if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
         raise JobUsageError(f"run.register({name}=...) takes an object with state_dict() and load_state_dict(), "
@@ -228,8 +244,8 @@ class Run:
         sampler, reader = self._order(loader, order)
         feed = LoaderFeed(loader, self.micro_batch, self.seed, dataset=reader)
         if launch.init_from:
-            only = next(iter(self._optimizers.values())) if len(self._optimizers) == 1 else None
-            print(f"dpeer worker: starting from {load_initial(launch.init_from, self._model, only)}", flush=True)
+            took = load_initial(launch.init_from, self._model, InitialOptimizers(self._optimizers))
+            print(f"dpeer worker: starting from {took}", flush=True)
         optimizers = Named(self._optimizers)
         spec = TrainSpec(model=self._model, optimizer=optimizers, dataset=feed.dataset,  # type: ignore[arg-type]
                          loss_fn=None, global_batch=self.global_batch, micro_batch=self.micro_batch,
