@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dpeer import errors  # noqa: E402
 from dpeer.channel import local  # noqa: E402
-from dpeer.daemon.node import Node  # noqa: E402
+from dpeer.daemon.node.driver import Node  # noqa: E402
 from dpeer.launch.cluster import LocalCluster  # noqa: E402
 from dpeer.trainer.ledger import DIGESTS_KEPT  # noqa: E402
 from dpeer.transport.client import NodeClient  # noqa: E402

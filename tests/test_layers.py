@@ -9,26 +9,29 @@ import dpeer
 
 ROOT = Path(dpeer.__file__).parent
 IMPURE = {"asyncio", "grpc", "lmdb", "torch", "time", "socket", "subprocess"}
+# The daemon's pure decisions are its decide/ folder: a file put there is held to these rules.
+DECIDE = "daemon/decide"
 PURE = [
     "statemachine/entry.py", "statemachine/payloads.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
-    "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py", "view.py", "address.py",
-    "daemon/views.py", "daemon/sightings.py", "daemon/resync.py", "daemon/quorum.py", "errors.py", "daemon/checkpoints.py",
-    "daemon/worker_health.py", "daemon/failures.py", "daemon/probe_rtt.py", "daemon/job_status.py", "cli/demo_events.py", "cli/status_text.py", "security/auth.py",
-    "security/exposure.py", "security/proof.py",
+    "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py", "view.py", "address.py", "errors.py",
+    "cli/demo_events.py", "cli/status_text.py", "security/auth.py", "security/exposure.py", "security/proof.py",
     "trainer/decisions.py", "trainer/sampler.py", "trainer/rendezvous_table.py", "chaos/linear.py", "chaos/prefix.py",
-    *[p.relative_to(ROOT).as_posix() for d in ("membership", "consensus", "sim")
+    *[p.relative_to(ROOT).as_posix() for d in ("membership", "consensus", "sim", DECIDE)
       for p in sorted((ROOT / d).glob("*.py"))],
 ]
 
 
 def imports(path: Path) -> set[str]:
-    """Every module a file imports (absolute names)."""
+    """Every module a file imports (absolute names; a relative import resolved against its package)."""
+    package = ["dpeer", *path.relative_to(ROOT).parent.parts]
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.add(node.module)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            names.add(".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])))
     return names
 
 
@@ -41,6 +44,18 @@ def test_pure_cores_import_no_io_clock_or_framework() -> None:
     for rel in PURE:
         bad = {n.split(".")[0] for n in imports(ROOT / rel)} & IMPURE
         assert not bad, f"{rel} is a pure core but imports {sorted(bad)}"
+
+
+def test_the_daemons_decisions_import_no_driver() -> None:
+    """decide/ sits below the daemon's drivers: it may import the layers below the daemon and its
+    own folder, never node/, worker/, serve/ or the daemon's top (what a driver does is its caller's)."""
+    own = "dpeer." + DECIDE.replace("/", ".")
+    decisions = sorted((ROOT / DECIDE).glob("*.py"))
+    assert len(decisions) > 1, f"no decisions found under {DECIDE}"
+    for path in decisions:
+        wrong = {n for n in imports(path)
+                 if n.startswith("dpeer.daemon") and n != own and not n.startswith(own + ".")}
+        assert not wrong, f"{DECIDE}/{path.name} is a decision but imports the daemon's {sorted(wrong)}"
 
 
 def test_only_the_store_imports_lmdb() -> None:

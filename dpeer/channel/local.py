@@ -39,7 +39,7 @@ VIEWS_KEPT = 4  # view files kept: a worker reads only the newest
 REPORTS_ROTATE_BYTES = 512 * 1024  # a live reports file past this is sealed (about 4000 steps' progress)
 REPORTS_KEPT = 1  # sealed segments the daemon keeps once read, as history (read_reports)
 CHECKPOINT_FILE = "checkpoint.json"
-# A warm spare worker (daemon/spare.py) waits for this line on its stdin; end of file means: exit unused
+# A warm spare worker (daemon/worker/spare.py) waits for this line on its stdin; end of file means: exit unused
 SPARE_GO = b"go\n"
 
 

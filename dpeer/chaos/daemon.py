@@ -17,7 +17,7 @@ from dpeer.daemon import config as cfg
 from dpeer.daemon import logs
 from dpeer.daemon.data_dir import private_data_dir
 from dpeer.daemon.run import run_daemon
-from dpeer.daemon.supervisor import WorkerSupervisor
+from dpeer.daemon.worker.supervisor import WorkerSupervisor
 from dpeer.transport.api import Transport
 from dpeer.transport.faulty import FaultyTransport
 

@@ -38,7 +38,7 @@ from rich.live import Live
 from dpeer.launch.cluster import LocalCluster, LocalNode
 from dpeer.daemon import job_name
 from dpeer.daemon.config import TrainingConfig
-from dpeer.daemon.job_status import JobStatus
+from dpeer.daemon.decide.job_status import JobStatus
 from dpeer.cli.parser import UsageError
 from dpeer.cli.demo_events import Docs, EventLog, Kill, newest_step, train_of
 from dpeer.cli.demo_screen import Frame, final_table, newest_committed, plain, progress_record, render

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from dpeer.daemon.job_status import JobStatus
+from dpeer.daemon.decide.job_status import JobStatus
 
 Docs = Mapping[str, "dict[str, Any] | None"]
 

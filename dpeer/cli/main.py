@@ -296,7 +296,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         raise UsageError(wildcard)
     try:
         if config.metrics_listen is not None:
-            from dpeer.daemon.metrics import check_listen
+            from dpeer.daemon.serve.metrics import check_listen
             check_listen(config.metrics_listen)  # before the data dir: a busy port founds no cluster
         from dpeer.daemon import logs
         from dpeer.daemon.data_dir import private_data_dir
@@ -385,7 +385,7 @@ def start_worker_early(config: cfg.NodeConfig) -> Any:
     """Spawn the job's worker before the daemon's heavy imports (see daemon.start_worker)."""
     if not config.job:
         return None
-    from dpeer.daemon.supervisor import WorkerSupervisor
+    from dpeer.daemon.worker.supervisor import WorkerSupervisor
 
     worker = WorkerSupervisor(config.node_id or "", config.job, config.data_dir, config.training,
                               store_bind=config.store_bind)

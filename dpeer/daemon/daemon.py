@@ -21,24 +21,24 @@ from dpeer.clock import REAL, Clock
 
 from dpeer.security import exposure
 
-from dpeer.daemon.checkpoints import Held
-from dpeer.daemon.failures import FailurePhase, FailureReport
-from dpeer.daemon.final_state import fetch_final, holds
-from dpeer.daemon.job_status import job_document
+from dpeer.daemon.decide.checkpoints import Held
+from dpeer.daemon.decide.failures import FailurePhase, FailureReport
+from dpeer.daemon.worker.final_state import fetch_final, holds
+from dpeer.daemon.decide.job_status import job_document
 from dpeer.daemon.config import NodeConfig
 from dpeer.consensus import Role, bootstrap
-from dpeer.daemon.leader import LeaderChores
-from dpeer.daemon.member_record import MemberRecordSync
-from dpeer.daemon.metrics import Metrics
-from dpeer.daemon.node import Node
+from dpeer.daemon.node.leader_chores import LeaderChores
+from dpeer.daemon.node.member_record import MemberRecordSync
+from dpeer.daemon.serve.metrics import Metrics
+from dpeer.daemon.node.driver import Node
 from dpeer.daemon.notify import Notifier, watchdog_interval
-from dpeer.daemon.resyncer import Resyncer
-from dpeer.daemon.service import Service
-from dpeer.daemon.status import document, identity, tolerance
-from dpeer.daemon.storage_adapter import StoreStorage
-from dpeer.daemon.supervisor import Worker, WorkerSupervisor
-from dpeer.daemon.worker_health import missed_view
-from dpeer.daemon.worker_wake import WorkerWake
+from dpeer.daemon.node.resyncer import Resyncer
+from dpeer.daemon.serve.service import Service
+from dpeer.daemon.serve.status import document, identity, tolerance
+from dpeer.daemon.node.storage_adapter import StoreStorage
+from dpeer.daemon.worker.supervisor import Worker, WorkerSupervisor
+from dpeer.daemon.decide.worker_health import missed_view
+from dpeer.daemon.worker.wake import WorkerWake
 from dpeer.transport.api import PeerClient, Transport, TransportFactory
 from dpeer.transport.grpc_transport import GrpcTransport
 from dpeer.transport.options import Security

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from dpeer.daemon import logs
 from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.daemon import Daemon
-from dpeer.daemon.supervisor import WorkerSupervisor
+from dpeer.daemon.worker.supervisor import WorkerSupervisor
 from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
 from dpeer.statemachine.store import Store
 from dpeer.transport.api import Transport

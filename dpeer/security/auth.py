@@ -196,7 +196,7 @@ def vouch(caller: Caller | None) -> Vouch | None:
     return Vouch(str(caller.principal), caller.proof)
 
 
-# The calls a node forwards to the leader for the caller it took them from (daemon/service.py's
+# The calls a node forwards to the leader for the caller it took them from (daemon/serve/service.py's
 # _via_leader); only these may carry ON_BEHALF_OF. Raft and gossip messages never do, nor Force
 # (it acts on the addressed node).
 FORWARDED = frozenset({"Join", "Leave", "GroupFailed", "ReportCheckpoint", "KvPut", "KvGet", "KvDelete", "KvList",

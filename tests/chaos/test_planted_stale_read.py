@@ -1,5 +1,5 @@
 """The kv history check catches a broken read path: with tests/chaos/plant_stale_reads on
-PYTHONPATH (its sitecustomize.py patches dpeer.daemon.service in every daemon the run starts;
+PYTHONPATH (its sitecustomize.py patches dpeer.daemon.serve.service in every daemon the run starts;
 dpeer itself holds no test switch) a node that does not lead answers `kv get` from its own applied
 state, without the leader's ReadIndex. While the seeded partition cuts a follower off, it serves
 values the majority has since overwritten or deleted: the run must exit non-zero and the

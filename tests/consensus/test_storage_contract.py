@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 
 from dpeer.consensus import VotingConfig, MemoryStorage, Snapshot, Storage
-from dpeer.daemon.storage_adapter import StoreStorage
+from dpeer.daemon.node.storage_adapter import StoreStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.snapshot import encode_snapshot
 from dpeer.statemachine.state import ClusterState

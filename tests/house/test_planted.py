@@ -12,8 +12,8 @@ from dpeer.consensus import force as force_mod
 from dpeer.consensus import follower as follower_mod
 from dpeer.consensus.follower import FollowerSide
 from dpeer.daemon import daemon as daemon_mod
-from dpeer.daemon import resyncer as resyncer_mod
-from dpeer.daemon.worker_health import Health
+from dpeer.daemon.node import resyncer as resyncer_mod
+from dpeer.daemon.decide.worker_health import Health
 from dpeer.statemachine import store as store_mod
 
 from tests.house import scenarios

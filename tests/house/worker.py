@@ -1,6 +1,6 @@
 """The modelled worker: what the daemon sees of a training process, without a process.
 
-Implements dpeer.daemon.supervisor.Worker. A worker builds its job (ready after BUILD_S), takes
+Implements dpeer.daemon.worker.supervisor.Worker. A worker builds its job (ready after BUILD_S), takes
 committed views, forms a group once every member of the view took that generation (a Gloo
 rendezvous that waits for all), and steps together with its group every STEP_S while all members
 still run it and reach each other; a member that left (crash, fence, restart, newer view,
@@ -16,9 +16,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from dpeer.daemon.checkpoints import Held
-from dpeer.daemon.failures import FailurePhase, FailureReport, LastFailure
-from dpeer.daemon.supervisor import RESTART_BACKOFF, TrainStatus, WorkerEvents
+from dpeer.daemon.decide.checkpoints import Held
+from dpeer.daemon.decide.failures import FailurePhase, FailureReport, LastFailure
+from dpeer.daemon.worker.supervisor import RESTART_BACKOFF, TrainStatus, WorkerEvents
 from dpeer.statemachine.state import Checkpoint
 from dpeer.view import View
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Gauge
 
-from dpeer.daemon.metrics_http import MAX_CONNECTIONS, MetricsServer, MetricsTLS
+from dpeer.daemon.serve.metrics_http import MAX_CONNECTIONS, MetricsServer, MetricsTLS
 from dpeer.transport.options import TLS_SERVER_NAME
 from tests.support.daemons import Daemons, cli_many, formed, one_sentence, wait_until
 from tests.support.pki import Pki, make_pki

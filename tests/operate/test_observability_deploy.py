@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-from dpeer.daemon.job_status import JobStatus
+from dpeer.daemon.decide.job_status import JobStatus
 from dpeer.membership import MemberState
 from dpeer.security.auth import Refusal
 from dpeer.statemachine.state import MemberStatus

@@ -19,8 +19,8 @@ import yaml
 
 from dpeer.daemon import config as cfg
 from dpeer.daemon import logs
-from dpeer.daemon.job_log import JobLog
-from dpeer.daemon.worker_stderr import StderrLines, StderrRecord, follow, spawn
+from dpeer.daemon.worker.job_log import JobLog
+from dpeer.daemon.worker.output import StderrLines, StderrRecord, follow, spawn
 from tests.operate import jobs
 from tests.support.daemons import WAIT, Daemons, formed, wait_status, wait_until
 

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 from prometheus_client import Gauge
 
-from dpeer.daemon.metrics import Metrics
+from dpeer.daemon.serve.metrics import Metrics
 from dpeer.statemachine.state import Member, MemberStatus
 from tests.operate.test_metrics import scrape, value
 from tests.support.daemons import WAIT, Daemons, formed, wait_until

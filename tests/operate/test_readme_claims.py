@@ -275,7 +275,9 @@ def _claims() -> list[tuple[str, str, Callable[[], tuple[str, ...]]]]:
     from dpeer.consensus.config import PRESETS
     from dpeer.consensus.force import force_after, reach_window
     from dpeer.consensus.identity import answer_window
-    from dpeer.daemon import failures, service, supervisor
+    from dpeer.daemon.decide import failures
+    from dpeer.daemon.serve import service
+    from dpeer.daemon.worker import supervisor
     from dpeer.daemon.config import NodeConfig, TrainingConfig
     from dpeer.daemon.timing import LEADER_PRESETS
     from dpeer.security import auth, proof

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dpeer.daemon.checkpoints import Held
-from dpeer.daemon.failures import FailureReport
+from dpeer.daemon.decide.checkpoints import Held
+from dpeer.daemon.decide.failures import FailureReport
 
 
 class WorkerEventLog:
-    """dpeer.daemon.supervisor.WorkerEvents, kept in lists."""
+    """dpeer.daemon.worker.supervisor.WorkerEvents, kept in lists."""
 
     def __init__(self) -> None:
         self.failures: list[tuple[int, FailureReport]] = []

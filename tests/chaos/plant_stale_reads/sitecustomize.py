@@ -1,6 +1,6 @@
 """Test code, never part of dpeer: tests/chaos/test_planted_stale_read.py puts this directory on
 PYTHONPATH for the chaos run, so every process it starts imports this module at start-up and, the
-moment ``dpeer.daemon.service`` is imported (in the daemons: nothing is loaded here until then),
+moment ``dpeer.daemon.serve.service`` is imported (in the daemons: nothing is loaded here until then),
 plants a deliberate bug in it: a node that does not lead answers `kv get` from its own applied
 state, without the leader's ReadIndex, so a follower that lags (or is cut off) serves stale reads."""
 
@@ -12,7 +12,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-TARGET = "dpeer.daemon.service"
+TARGET = "dpeer.daemon.serve.service"
 
 
 def plant(module: ModuleType) -> None:

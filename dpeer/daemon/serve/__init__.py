@@ -1,0 +1,1 @@
+"""What the node answers: the Peer RPC service, the status document of `dpeer status`, /metrics."""

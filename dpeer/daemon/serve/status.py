@@ -1,0 +1,93 @@
+"""The status document of `dpeer status --json` (a public contract: see docs/architecture.md "Interfaces")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpeer.consensus import Role
+from dpeer.daemon.node.driver import Node
+from dpeer.daemon.decide.quorum import explain_no_leader
+from dpeer.daemon.decide.proposals import fault_tolerance
+
+
+def members(node: Node) -> list[dict[str, Any]]:
+    """Gossip's members with their committed status and the last probe's round trip:
+    {node_id, addr, state, incarnation, version, committed, rtt_ms}."""
+    committed = node.store.state.members
+    out = []
+    for rec in sorted(node.swim.members(), key=lambda r: r.node_id):
+        member = committed.get(rec.node_id)
+        out.append({
+            "node_id": rec.node_id, "addr": rec.addr, "state": rec.state.value,
+            "incarnation": rec.incarnation, "version": rec.last_applied,
+            "committed": member.status if member is not None else None,
+            "rtt_ms": node.probes.rtt_ms(rec.node_id),
+        })
+    return out
+
+
+def group(node: Node) -> dict[str, Any] | None:
+    """The committed view as seen by this node, or None when it is not in it."""
+    view = node.store.state.view
+    if view is None or node.id not in view.members:
+        return None
+    return {"generation": view.generation, "world_size": len(view.members),
+            "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store)}
+
+
+def checkpoint(node: Node) -> dict[str, Any] | None:
+    """The newest committed checkpoint: {step, digest, holders}, or None when none is recorded."""
+    ckpt = node.store.state.checkpoint
+    if ckpt is None:
+        return None
+    return {"step": ckpt.step, "digest": ckpt.digest, "holders": list(ckpt.holders)}
+
+
+def tolerance(node: Node) -> dict[str, Any] | None:
+    """On the leader: how many voter failures the cluster survives now, {voters, live_voters,
+    can_lose, unheld} (unheld: voters that have not answered under the store uid the configuration
+    names, dead or held by no live box, or that two live processes answer for, a copied disk);
+    None on any other node."""
+    answering = node.answering_voters(node.clock())
+    if answering is None:
+        return None
+    t = fault_tolerance(node.store.state.voters, answering)
+    return {"voters": t.voters, "live_voters": t.live_voters, "can_lose": t.can_lose, "unheld": list(t.unheld)}
+
+
+def identity(node: Node) -> dict[str, Any]:
+    """This node's store uid, its daemon's boot (sightings), cluster epoch and when it was forced,
+    why no leader is known (null while one is), members seen under another store uid than the
+    configuration names, and voters of older epochs this node refused."""
+    raft, conf = node.raft, node.raft.membership
+    no_leader = None
+    if node.leader_id is None and node.role is not Role.LEADER:
+        why = explain_no_leader(node.id, raft.uid, conf, raft.seen_uids, node.alive_voters(), raft.newest_epoch,
+                                node.addr)
+        no_leader = {"since_s": round(raft.leaderless_for(node.clock()), 3), "reason": why.reason,
+                     "action": why.action}
+    return {
+        "uid": raft.uid, "boot": node.boot, "epoch": raft.epoch, "forced_at": conf.forced_at or None,
+        "no_leader": no_leader,
+        "strangers": [{"node_id": n, "uid": u, "configured_uid": conf.uid_of(n)}
+                      for n, u in sorted(raft.strangers().items())],
+        "old_epoch_peers": dict(sorted(raft.old_epoch_peers.items())),
+        "forced": node.forced, "force_refused": node.force_refused,
+    }
+
+
+def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
+    """The whole status object; `extra` adds train, resync and process fields."""
+    store, state = node.store, node.store.state
+    doc: dict[str, Any] = {
+        "node_id": node.id, "addr": node.addr, "term": store.current_term, "leader": node.leader_id,
+        "role": node.role.value, "commit_index": store.commit_index, "last_applied": store.last_applied,
+        "first_index": store.first_index, "snapshot_index": store.snapshot_index,
+        "members": members(node), "group": group(node), "train": None,
+        "voters": list(state.voters), "learners": list(state.learners), "fault_tolerance": tolerance(node),
+        "control": state.control, "checkpoint": checkpoint(node), "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
+        "recovered_from": str(store.recovered_from) if store.recovered_from else None,
+    }
+    doc.update(identity(node))
+    doc.update(extra)
+    return doc
