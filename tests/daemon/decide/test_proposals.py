@@ -8,7 +8,9 @@ import pytest
 
 from dpeer.membership import MemberState
 from dpeer.consensus.voting import ChangeOp
-from dpeer.daemon.decide.proposals import MembershipChange, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members
+from dpeer.daemon.decide.proposals import (
+    MembershipChange, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members,
+)
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import ControlMode, MemberJoined, ViewChange
 from dpeer.statemachine.state import ClusterState, Member
