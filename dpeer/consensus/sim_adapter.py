@@ -16,13 +16,15 @@ from typing import Any, Protocol
 
 from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
+from dpeer.consensus.entry import Entry, RaftKind
 from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.messages import InvalidRaftMessage, Message, Peer
 from dpeer.consensus.ready import Outgoing, Ready, drive, persist
 from dpeer.consensus.storage import MemoryStorage
-from dpeer.statemachine.entry import Entry, EntryKind
 
 Outbox = list[tuple[str, Any]]
+# The modelled application's own entry kinds (the state machine's names for the same records)
+VIEW, KV_PUT = "view", "kv_put"
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,12 @@ class RaftActor:
 
     def _apply(self, entry: Entry) -> None:
         effective = False
-        if entry.kind is EntryKind.CONFIG_CHANGE:
+        if entry.kind == RaftKind.CONFIG_CHANGE:
             self.applied_membership = VotingConfig.from_payload(entry.payload)
-        elif entry.kind is EntryKind.VIEW and entry.payload["generation"] > self.state["view"]:
+        elif entry.kind == VIEW and entry.payload["generation"] > self.state["view"]:
             self.state["view"] = entry.payload["generation"]
             effective = True
-        elif entry.kind is EntryKind.KV_PUT:
+        elif entry.kind == KV_PUT:
             self.state["kv"][entry.payload["key"]] = entry.payload["value"]
         if self.observer is not None:
             self.observer.on_apply(self.id, entry, effective)
