@@ -19,6 +19,7 @@ from pathlib import Path
 from dpeer.clock import LoopClock
 from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.daemon import Daemon
+from dpeer.ids import SeededIds
 from dpeer.sim.network import LinkPolicy, SimNetwork
 from dpeer.statemachine.store import Store
 from dpeer.transport.memory import MemoryClient, MemoryNetwork
@@ -58,6 +59,7 @@ class House:
         """unready: boxes whose job never builds (they are members but never train)."""
         self.loop, self.seed, self.root = loop, seed, root
         self.rng = random.Random(seed)
+        self.id_seeds = random.Random(seed ^ 0x1D5)  # each start's id source (store uid, boot id, view secrets)
         self.links = SimNetwork(random.Random(seed ^ 0x5EED), LinkPolicy(delay_min=0.0005, delay_max=0.003))
         self.net = MemoryNetwork(self.links)
         self.clock = LoopClock(loop)
@@ -82,14 +84,15 @@ class House:
         peers = join if join is not None else [b.addr for b in self.boxes.values() if b is not box and not b.gone]
         box.data_dir.mkdir(parents=True, exist_ok=True)
         config = NodeConfig(node_id=nid, listen=box.addr, data_dir=box.data_dir, join=peers, preset="lan")
-        store = Store.open(box.data_dir / "store", node_id=nid)
+        ids = SeededIds(self.id_seeds.getrandbits(64))
+        store = Store.open(box.data_dir / "store", node_id=nid, ids=ids)
         box.worker.start(self.loop.time())
         box.lives += 1
         box.gone = False
         ctx = self.loop.context_of(f"{nid}#{box.lives}")
         box.worker.context = ctx
         daemon = Daemon(config, store, Security(), box.worker, transport=self.net.transport(nid, box.addr),
-                        clock=self.clock, seed=self.rng.randrange(1 << 32))
+                        clock=self.clock, seed=self.rng.randrange(1 << 32), ids=ids)
         box.daemon = daemon
         daemon.rings, box.worker.bell, box.worker.exited = True, daemon.ring, daemon.worker_exited
         self.net.attach(box.addr, nid, daemon.service, ctx)
