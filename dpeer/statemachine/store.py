@@ -65,6 +65,7 @@ from dpeer.statemachine.txn import (
     check_contents,
     delete_range,
     put_meta,
+    torn_tail,
 )
 
 log = logging.getLogger("dpeer.statemachine")
@@ -159,6 +160,7 @@ class Store(StoreProperties):
             raise NodeIdMismatch(f"store {path} belongs to node {meta.node_id!r}, not {node_id!r}")
         dbs = _open_dbs(env)
         try:
+            _drop_torn_tail(env, dbs, meta, path)
             with env.begin() as txn:
                 bounds, state = check_contents(txn, dbs, meta)
         except (CorruptEntry, CorruptState, BadMeta) as exc:
@@ -464,6 +466,17 @@ class Store(StoreProperties):
             return
         with self._env.begin() as txn:
             yield txn
+
+
+def _drop_torn_tail(env: lmdb.Environment, dbs: dict[str, Any], meta: Meta, path: Path) -> None:
+    """Discard a torn last entry (txn.torn_tail): an uncommitted write cut short at power loss."""
+    with env.begin(write=True) as txn:
+        index = torn_tail(txn, dbs["log"], meta)
+        if index is not None:
+            txn.delete(encode_key(index), db=dbs["log"])
+    if index is not None:
+        log.warning("store %s: discarded entry %d, torn by a write cut short (uncommitted; the leader "
+                    "sends it again)", path, index)
 
 
 def _open_dbs(env: lmdb.Environment) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 `run(seed)` builds a House, lets it found a cluster and start training, then plays a schedule
 drawn from the seed for `seconds` virtual seconds: crashes and restarts, wiped disks, pauses,
 partitions (both ways, one way, flip-flopping), loss, delay, worker crashes, a power loss, a
-spare box joining, a graceful leave, and `force` on a box; an operator writes and reads keys
-throughout. The invariants (checks.py) run every CHECK_EVERY virtual seconds and after every
+box losing power in the middle of a log append (the write torn at a drawn offset, or lost: a
+storage fault in the log's last entry), a spare box joining, a graceful leave, and `force` on a
+box; an operator writes and reads keys throughout. The invariants (checks.py) run every CHECK_EVERY virtual seconds and after every
 fault. Then every fault heals and the cluster gets `settle` seconds to converge, after which
 acknowledged writes must be present and the newest group must train.
 
@@ -43,7 +44,7 @@ HEALTHY_AFTER = 3.0  # seconds without a fault before the cluster counts as heal
 BOOT_S = 3.0
 TMP = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 KINDS = {"crash": 3, "wipe": 1, "pause": 2, "partition": 3, "one_way": 2, "flip_flop": 1, "loss": 2,
-         "delay": 1, "worker": 2, "power_loss": 1, "join_spare": 1, "leave": 1, "force": 1}
+         "delay": 1, "worker": 2, "power_loss": 1, "torn_write": 1, "join_spare": 1, "leave": 1, "force": 1}
 
 
 @dataclass
@@ -198,6 +199,10 @@ async def _apply(house: House, rng: random.Random, kind: str) -> str:
         await house.crash(victim)
         later(length, _restart, house, victim)
         return f"crash {victim} for {length:.2f}s"
+    if kind == "torn_write":
+        index, offset = await house.tear(victim, 0.0 if rng.random() < 0.2 else rng.random())
+        later(length, _restart, house, victim)
+        return f"torn write on {victim}: entry {index} cut at byte {offset}, back in {length:.2f}s"
     if kind == "wipe":
         await house.wipe(victim)
         later(length, _restart, house, victim)
