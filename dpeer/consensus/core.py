@@ -5,8 +5,8 @@ Contract. The caller owns the clock, the disk and the network:
   Peer that sent it, to_uid: the store uid it was meant for), observe(sender) for any other
   message from a peer (gossip), tick(now) when now >= next_deadline(), propose /
   change_membership / read_index / accept_committed / force_new_configuration;
-- drain it: while has_ready(): rd = ready(); persist rd.hard_state (term, vote), install
-  rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); then send rd.messages, each
+- drain it: while has_ready(): rd = ready(); persist it (ready.persist: install rd.snapshot,
+  then save rd.hard_state and rd.entries in one durable write); then send rd.messages, each
   stamped with `identity`, and apply rd.committed_entries in order (either first; see ready.py);
   advance(rd). Never step between ready() and advance().
 Features: pre-vote, check-quorum, leader lease on votes, fast log backoff, snapshots, learners,

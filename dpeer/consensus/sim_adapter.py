@@ -1,7 +1,7 @@
 """RaftActor: a RaftNode plus MemoryStorage driven by dpeer.sim's Simulator.
 
 It plays the daemon's part in one process: each Ready is persisted to the MemoryStorage
-(hard state, snapshot, entries, commit) before its messages are returned to the simulator,
+(consensus.ready.persist, the daemon's path too) before its messages are returned to the simulator,
 so after sim.crash() the storage holds exactly what a real node would have fsynced, and
 restart() builds a new RaftActor over the same storage object. Messages travel as Stamped:
 the sender's identity and the store uid they are meant for, as the daemon's envelopes carry.
@@ -106,7 +106,7 @@ class RaftActor:
             self.observer.on_ready(self.id, self.node, rd)
 
     def persist(self, rd: Ready) -> None:
-        """ReadyHandler: hard state, snapshot, entries, commit index (consensus.ready.persist)."""
+        """ReadyHandler: the snapshot, then hard state, entries and commit index (consensus.ready.persist)."""
         persist(self.storage, rd)
         if rd.snapshot is not None:
             self.state = _decode_state(rd.snapshot.data)

@@ -70,8 +70,8 @@ class Storage(Protocol):
 
     @property
     def commit_index(self) -> int:
-        """The highest index known committed; written with the Ready that moves it, never lowered.
-        A crash may lose a recent raise: the leader tells it again, so it is a hint, not a promise."""
+        """The highest index known committed; durable with the Ready that raised it, never lowered.
+        Raft needs it only as a hint: a node back with an older one learns the newer from the leader."""
 
     @property
     def last_applied(self) -> int:

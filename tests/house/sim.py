@@ -5,9 +5,10 @@ drawn from the seed for `seconds` virtual seconds: crashes and restarts, wiped d
 partitions (both ways, one way, flip-flopping), loss, delay, worker crashes, a power loss, a
 box losing power in the middle of a log append (the write torn at a drawn offset, or lost: a
 storage fault in the log's last entry), a spare box joining, a graceful leave, and `force` on a
-box; an operator writes and reads keys throughout. The invariants (checks.py) run every CHECK_EVERY virtual seconds and after every
-fault. Then every fault heals and the cluster gets `settle` seconds to converge, after which
-acknowledged writes must be present and the newest group must train.
+box; an operator writes and reads keys throughout. The invariants (checks.py) run every
+CHECK_EVERY virtual seconds and after every fault. Then every fault heals and the cluster gets
+`settle` seconds to converge, after which acknowledged writes must be present and the newest
+group must train.
 
 A seed is one run in any process: every random choice and id comes from the seed, passed
 explicitly (each box's daemon gets a seeded rng and a seeded id source, cluster.py), and nothing

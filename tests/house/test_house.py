@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,5 +63,6 @@ def test_a_seed_replays_the_same_run() -> None:
     code = f"from tests.house.sim import run; print(run(7, {SECONDS!r}, {SIZE!r}).digest)"
     for hashseed in ("1", "random"):
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=300, check=True, cwd=Path(__file__).parents[2])
         assert out.stdout.split()[-1] == a.digest, f"PYTHONHASHSEED={hashseed} gave another run"
