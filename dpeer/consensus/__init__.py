@@ -22,11 +22,11 @@ from dpeer.consensus.ready import (
     Role,
     SoftState,
 )
-from dpeer.consensus.storage import MemoryStorage, Snapshot, Storage
-from dpeer.consensus.voting import ConfigChangeError, VotingConfig, bootstrap
+from dpeer.consensus.storage import MemoryStorage, Snapshot, Storage, StorageWriter, bootstrap
+from dpeer.consensus.voting import ConfigChangeError, VotingConfig
 
 __all__ = [
     "AcceptResult", "ConfigChangeError", "EDGE", "HardState", "LAN", "MemoryStorage", "NotLeader", "Outgoing",
     "Peer", "Proposed", "RaftConfig", "RaftNode", "ReadRequested", "ReadState", "Ready", "Refused", "Role",
-    "Snapshot", "SoftState", "Storage", "VotingConfig", "WAN", "bootstrap", "force_after",
+    "Snapshot", "SoftState", "Storage", "StorageWriter", "VotingConfig", "WAN", "bootstrap", "force_after",
 ]

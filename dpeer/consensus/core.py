@@ -5,8 +5,8 @@ Contract. The caller owns the clock, the disk and the network:
   Peer that sent it, to_uid: the store uid it was meant for), observe(sender) for any other
   message from a peer (gossip), tick(now) when now >= next_deadline(), propose /
   change_membership / read_index / accept_committed / force_new_configuration;
-- drain it: while has_ready(): rd = ready(); persist rd.hard_state (term, vote), install
-  rd.snapshot, append rd.entries, set_commit(rd.hard_state.commit); then send rd.messages, each
+- drain it: while has_ready(): rd = ready(); persist it (ready.persist: install rd.snapshot,
+  then save rd.hard_state and rd.entries in one durable write); then send rd.messages, each
   stamped with `identity`, and apply rd.committed_entries in order (either first; see ready.py);
   advance(rd). Never step between ready() and advance().
 Features: pre-vote, check-quorum, leader lease on votes, fast log backoff, snapshots, learners,
@@ -24,6 +24,7 @@ import random
 from typing import Any, Mapping
 
 from dpeer.consensus.config import RaftConfig
+from dpeer.consensus.entry import Entry, RaftKind, storable
 from dpeer.consensus.follower import FollowerSide
 from dpeer.consensus.force import ForceSide
 from dpeer.consensus.identity import IdentitySide
@@ -66,7 +67,6 @@ from dpeer.consensus.voting import (
     load_history,
     pruned_history,
 )
-from dpeer.statemachine.entry import Entry, EntryKind, entry_to_wire
 
 log = logging.getLogger(__name__)
 _LEADER_MSGS = (AppendRequest, RaftHeartbeat, SnapshotRequest)
@@ -201,19 +201,20 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         finally:
             self._peer = None
 
-    def propose(self, kind: EntryKind, payload: Mapping[str, Any]) -> ProposeResult:
+    def propose(self, kind: str, payload: Mapping[str, Any]) -> ProposeResult:
         """Append an entry as leader; config changes go through change_membership.
 
-        The payload is opaque here: the core never reads it. What it means, and whether it is
-        well formed, is the state machine's (statemachine/payloads.py builds and checks it)."""
+        The kind and payload are opaque here: the core never reads them. What they mean, and
+        whether they are well formed, is the state machine's (statemachine/payloads.py builds and
+        checks them); the core refuses only what cannot be stored or sent."""
         if self.role is not Role.LEADER:
             return NotLeader(self.leader)
-        if not isinstance(kind, EntryKind):
+        if not isinstance(kind, str) or not kind:
             return Refused(f"unknown entry kind {kind!r}")
-        if kind is EntryKind.CONFIG_CHANGE:
+        if kind == RaftKind.CONFIG_CHANGE:
             return Refused("use change_membership for configuration changes")
         try:
-            entry_to_wire(Entry(self.log.last_index() + 1, self.term, kind, dict(payload)))
+            storable(Entry(self.log.last_index() + 1, self.term, kind, dict(payload)))
         except (ValueError, TypeError, OverflowError) as exc:  # not a dict of str keys or not msgpack-able
             return Refused(f"the payload cannot be stored: {exc}")
         entry = self._leader_append(kind, dict(payload))
@@ -235,7 +236,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
             return Refused(f"learner {node!r} has not caught up with the commit index yet")
         if op is ChangeOp.REMOVE and (refusal := self.removal_refusal(node)) is not None:
             return refusal
-        entry = self._leader_append(EntryKind.CONFIG_CHANGE, new.to_payload())
+        entry = self._leader_append(RaftKind.CONFIG_CHANGE, new.to_payload())
         self._pending_conf_index = entry.index
         return Proposed(entry.index, entry.term)
 
@@ -482,7 +483,7 @@ class RaftNode(LeaderSide, FollowerSide, ForceSide, IdentitySide):
         self._heartbeat_due = self._now + self.cfg.heartbeat_interval
         self._learner_heartbeat_due = self._now + self.cfg.learner_heartbeat_interval
         self._quorum_check_due = self._now + self.cfg.election_timeout_min
-        self._leader_append(EntryKind.NOOP, {})
+        self._leader_append(RaftKind.NOOP, {})
         self._pending_conf_index = self.log.last_index()
 
     # -- plumbing ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from dpeer.consensus.messages import (
 )
 from dpeer.consensus.ready import AcceptResult, Role
 from dpeer.consensus.storage import Snapshot
-from dpeer.statemachine.entry import Entry
+from dpeer.consensus.entry import Entry
 
 log = logging.getLogger("dpeer.consensus.core")
 

@@ -24,7 +24,7 @@ from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.host import RaftHost
 from dpeer.consensus.ready import Proposed, ProposeResult, Refused, Role
 from dpeer.consensus.voting import ConfigChangeError, VotingConfig
-from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.consensus.entry import Entry, RaftKind
 
 log = logging.getLogger("dpeer.consensus.core")
 
@@ -96,7 +96,7 @@ class ForceSide(RaftHost):
                     "entries only the lost voters held may be lost)", self.id, self.term, sorted(conf.voters),
                     sorted(new.voters), conf.epoch, new.epoch)
         self._become_follower(self.term + 1, None)
-        entry = Entry(self.log.last_index() + 1, self.term, EntryKind.CONFIG_CHANGE, new.to_payload())
+        entry = Entry(self.log.last_index() + 1, self.term, RaftKind.CONFIG_CHANGE, new.to_payload())
         self._append([entry])
         self._campaign(pre_vote=False)
         return Proposed(entry.index, entry.term)

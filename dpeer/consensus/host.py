@@ -14,7 +14,7 @@ from dpeer.consensus.log import RaftLog
 from dpeer.consensus.progress import Tracker
 from dpeer.consensus.ready import Outgoing, ReadState, Role
 from dpeer.consensus.voting import History, VotingConfig
-from dpeer.statemachine.entry import Entry
+from dpeer.consensus.entry import Entry
 
 
 class RaftHost:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from dpeer.consensus.storage import Snapshot, Storage, entry_size
-from dpeer.statemachine.entry import Entry
+from dpeer.consensus.entry import Entry, entry_size
+from dpeer.consensus.storage import Snapshot, Storage
 
 
 class LogInvariantError(AssertionError):

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Union
 
 from dpeer.consensus.voting import VotingConfig
-from dpeer.statemachine.entry import Entry
-from dpeer.statemachine.meta import valid_uid
+from dpeer.consensus.entry import Entry
+from dpeer.ids import valid_uid
 
 MAX_ID_LEN = 256
 _MAX_U64 = (1 << 63) - 1  # terms and indexes stay below 2**63 so term + 1 always fits in a u64

@@ -1,7 +1,7 @@
 """What the core hands the caller (Ready) and the results of its commands.
 
-Ready contract: first persist, each step durable before the next: set_hard_state(term,
-voted_for); install_snapshot(snapshot); append(entries); set_commit(hard_state.commit). Then
+Ready contract: first persist (persist() below, the one persist path): install the snapshot,
+then hard state, entries and commit index in one durable write (StorageWriter.save). Then
 apply `committed_entries` in order, then send `messages`; then RaftNode.advance(ready).
 drive() below does exactly that, for the daemon's node and the simulations alike. Do not step,
 tick or propose between ready() and advance().
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol, Union
 
-from dpeer.consensus.storage import Snapshot, Storage
-from dpeer.statemachine.entry import Entry
+from dpeer.consensus.storage import HardState, Snapshot, StorageWriter
+from dpeer.consensus.entry import Entry
 
 
 class Role(StrEnum):
@@ -25,15 +25,6 @@ class Role(StrEnum):
     PRE_CANDIDATE = "pre_candidate"
     CANDIDATE = "candidate"
     LEADER = "leader"
-
-
-@dataclass(frozen=True)
-class HardState:
-    """Durable Raft state: Storage.set_hard_state(term, voted_for) and set_commit(commit)."""
-
-    term: int
-    voted_for: str | None
-    commit: int
 
 
 @dataclass(frozen=True)
@@ -160,19 +151,13 @@ class AcceptResult:
     reason: str = ""
 
 
-def persist(storage: Storage, rd: Ready) -> None:
-    """The contract's first half: make rd durable in storage, hard state, snapshot, entries and
-    commit index in that order (what the simulator and the tests' drivers share; the daemon
-    writes the same in one LMDB transaction)."""
-    hs = rd.hard_state
-    if hs is not None:
-        storage.set_hard_state(hs.term, hs.voted_for)
+def persist(writer: StorageWriter, rd: Ready) -> None:
+    """The contract's first half, for the daemon's node and the simulations alike: make rd
+    durable, the snapshot first, then hard state, entries and commit index in one write."""
     if rd.snapshot is not None:
-        storage.install_snapshot(rd.snapshot)
-    if rd.entries:
-        storage.append(rd.entries)
-    if hs is not None:
-        storage.set_commit(hs.commit)
+        writer.install_snapshot(rd.snapshot)
+    if rd.hard_state is not None or rd.entries:
+        writer.save(rd.hard_state, rd.entries)
 
 
 ProposeResult = Union[Proposed, NotLeader, Refused]

@@ -19,8 +19,8 @@ from dpeer.consensus.messages import (
 from dpeer.consensus.host import RaftHost
 from dpeer.consensus.progress import ProgressState
 from dpeer.consensus.ready import ReadState, Role
-from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.errors import Compacted
+from dpeer.consensus.entry import Entry
+from dpeer.consensus.errors import Compacted
 
 log = logging.getLogger("dpeer.consensus.core")
 
@@ -116,7 +116,7 @@ class LeaderSide(RaftHost):
                 pr.pending_snapshot = 0
                 pr.become_probe()
 
-    def _leader_append(self, kind: EntryKind, payload: dict[str, Any]) -> Entry:
+    def _leader_append(self, kind: str, payload: dict[str, Any]) -> Entry:
         entry = Entry(self.log.last_index() + 1, self.term, kind, payload)
         self._mark_active()
         self._append([entry])

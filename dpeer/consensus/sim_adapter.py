@@ -1,7 +1,7 @@
 """RaftActor: a RaftNode plus MemoryStorage driven by dpeer.sim's Simulator.
 
 It plays the daemon's part in one process: each Ready is persisted to the MemoryStorage
-(hard state, snapshot, entries, commit) before its messages are returned to the simulator,
+(consensus.ready.persist, the daemon's path too) before its messages are returned to the simulator,
 so after sim.crash() the storage holds exactly what a real node would have fsynced, and
 restart() builds a new RaftActor over the same storage object. Messages travel as Stamped:
 the sender's identity and the store uid they are meant for, as the daemon's envelopes carry.
@@ -16,13 +16,15 @@ from typing import Any, Protocol
 
 from dpeer.consensus.config import RaftConfig
 from dpeer.consensus.core import RaftNode
+from dpeer.consensus.entry import Entry, RaftKind
 from dpeer.consensus.voting import VotingConfig
 from dpeer.consensus.messages import InvalidRaftMessage, Message, Peer
 from dpeer.consensus.ready import Outgoing, Ready, drive, persist
 from dpeer.consensus.storage import MemoryStorage
-from dpeer.statemachine.entry import Entry, EntryKind
 
 Outbox = list[tuple[str, Any]]
+# The modelled application's own entry kinds (the state machine's names for the same records)
+VIEW, KV_PUT = "view", "kv_put"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class RaftActor:
             self.observer.on_ready(self.id, self.node, rd)
 
     def persist(self, rd: Ready) -> None:
-        """ReadyHandler: hard state, snapshot, entries, commit index (consensus.ready.persist)."""
+        """ReadyHandler: the snapshot, then hard state, entries and commit index (consensus.ready.persist)."""
         persist(self.storage, rd)
         if rd.snapshot is not None:
             self.state = _decode_state(rd.snapshot.data)
@@ -112,12 +114,12 @@ class RaftActor:
 
     def _apply(self, entry: Entry) -> None:
         effective = False
-        if entry.kind is EntryKind.CONFIG_CHANGE:
+        if entry.kind == RaftKind.CONFIG_CHANGE:
             self.applied_membership = VotingConfig.from_payload(entry.payload)
-        elif entry.kind is EntryKind.VIEW and entry.payload["generation"] > self.state["view"]:
+        elif entry.kind == VIEW and entry.payload["generation"] > self.state["view"]:
             self.state["view"] = entry.payload["generation"]
             effective = True
-        elif entry.kind is EntryKind.KV_PUT:
+        elif entry.kind == KV_PUT:
             self.state["kv"][entry.payload["key"]] = entry.payload["value"]
         if self.observer is not None:
             self.observer.on_apply(self.id, entry, effective)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Iterable, Mapping
 
-from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.meta import valid_uid
+from dpeer.consensus.entry import Entry, RaftKind
+from dpeer.ids import valid_uid
 
 
 class ConfigChangeError(ValueError):
@@ -133,24 +133,6 @@ class VotingConfig:
         return VotingConfig.of(v, l, uids, self.epoch, self.forced_at)
 
 
-def bootstrap(storage: Any, voters: Iterable[str], learners: Iterable[str] = (), *,
-              uids: Mapping[str, str]) -> None:
-    """Found a cluster on an empty storage: a committed config_change entry at index 1, term 1,
-    epoch 1, naming each founding member with its store uid.
-
-    Every founding member runs this with the same sets, so their logs start identical (etcd does
-    the same); nodes that join later start empty and learn the configuration from the leader.
-    """
-    if storage.last_index != 0 or storage.snapshot_index != 0:
-        raise ConfigChangeError("bootstrap needs an empty storage")
-    conf = VotingConfig.of(voters, learners, uids)
-    if not conf.voters:
-        raise ConfigChangeError("bootstrap needs at least one voter")
-    storage.set_hard_state(1, None)
-    storage.append([Entry(1, 1, EntryKind.CONFIG_CHANGE, conf.to_payload())])
-    storage.set_commit(1)
-
-
 History = list[tuple[int, VotingConfig]]
 
 
@@ -161,7 +143,7 @@ def load_history(storage: Any) -> History:
     history = [(snap.index, snap.membership)]
     lo = max(storage.first_index, snap.index + 1)
     for e in storage.entries(lo, storage.last_index + 1) if lo <= storage.last_index else []:
-        if e.kind is EntryKind.CONFIG_CHANGE:
+        if e.kind == RaftKind.CONFIG_CHANGE:
             history.append((e.index, VotingConfig.from_payload(e.payload)))
     return history
 
@@ -172,7 +154,7 @@ def history_after_append(history: History, entries: Iterable[Entry]) -> History:
     entries = list(entries)
     start = entries[0].index
     out = [c for c in history if c[0] < start] or history[:1]
-    out += [(e.index, VotingConfig.from_payload(e.payload)) for e in entries if e.kind is EntryKind.CONFIG_CHANGE]
+    out += [(e.index, VotingConfig.from_payload(e.payload)) for e in entries if e.kind == RaftKind.CONFIG_CHANGE]
     return out
 
 

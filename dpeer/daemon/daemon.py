@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 from dpeer import errors
 from dpeer.address import Address
 from dpeer.clock import REAL, Clock
+from dpeer.ids import SECRETS, Ids
 
 from dpeer.security import exposure
 
@@ -63,10 +64,11 @@ class Daemon:
 
     def __init__(
         self, config: NodeConfig, store: Store, security: Security, worker: Worker | None = None, *,
-        transport: TransportFactory | None = None, clock: Clock = REAL, seed: int | None = None,
+        transport: TransportFactory | None = None, clock: Clock = REAL, seed: int | None = None, ids: Ids = SECRETS,
     ) -> None:
         """transport: builds the network seam given where refusals go (default gRPC; the chaos
-        entry and the simulation pass their own); clock: what every loop here reads."""
+        entry and the simulation pass their own); clock: what every loop here reads; seed and
+        ids: the node's randomness and the source of every random id it draws."""
         assert config.node_id is not None
         self.config, self.store, self.security, self.clock = config, store, security, clock
         self.node_id = config.node_id
@@ -79,7 +81,7 @@ class Daemon:
             log.info("founded a new cluster (store identity %s)", store.uid)
         self.node = Node(self.node_id, self.addr, store, self.transport.send, preset=config.preset,
                          max_voters=config.max_voters, timing=config.resolved_timing(), clock=clock, seed=seed,
-                         events=self)
+                         events=self, ids=ids)
         self.resyncer = Resyncer(self.node, self.transport)
         self.worker = worker
         if worker is not None:

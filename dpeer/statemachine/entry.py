@@ -1,7 +1,10 @@
-"""Log entries and their byte encodings: the LMDB key/value form and the wire form.
+"""The state machine's entry kinds and the entries' byte encodings: the LMDB key/value form and
+the wire form.
 
-Pure: no lmdb, asyncio, grpc, torch or clock. A stored value is msgpack ``[term, kind, payload,
-crc32]`` where the CRC covers the msgpack of ``[term, kind, payload]``.
+The entry type is consensus's (consensus/entry.py), with an opaque kind: the kinds are defined
+here, on top of the two consensus writes itself (RaftKind). Pure: no lmdb, asyncio, grpc, torch
+or clock. A stored value is msgpack ``[term, kind, payload, crc32]`` where the CRC covers the
+msgpack of ``[term, kind, payload]``.
 """
 
 from __future__ import annotations
@@ -10,20 +13,26 @@ import enum
 import hashlib
 import struct
 import zlib
-from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import msgpack
 
+from dpeer.consensus.entry import MAX_INDEX, Entry, RaftKind, check_fields, check_payload_dict, pack_payload
 from dpeer.statemachine.errors import CorruptEntry, LogGapError
 
+__all__ = [
+    "MAX_KEY", "MAX_VALUE", "Entry", "EntryKind", "canonical_bytes", "check_contiguous", "decode_entry",
+    "decode_key", "encode_entry", "encode_key", "entry_digest", "entry_from_wire", "entry_to_wire",
+    "pack_payload", "unpack_payload",
+]
+
 _KEY = struct.Struct(">Q")
-_MAX_INDEX = (1 << 64) - 1
 _CRC_93 = zlib.crc32(b"\x93")  # CRC of the 3-element array header the CRC covers
 
 
 class EntryKind(enum.StrEnum):
-    """What a log entry records; the value is the string stored on disk and sent on the wire."""
+    """What a log entry records; the value is the string stored on disk and sent on the wire.
+    NOOP and CONFIG_CHANGE are consensus's own kinds (RaftKind), with the same values."""
 
     MEMBER_JOINED = "member_joined"
     MEMBER_LEFT = "member_left"
@@ -32,8 +41,8 @@ class EntryKind(enum.StrEnum):
     CHECKPOINT = "checkpoint"
     KV_PUT = "kv_put"
     KV_DELETE = "kv_delete"
-    NOOP = "noop"
-    CONFIG_CHANGE = "config_change"
+    NOOP = RaftKind.NOOP.value
+    CONFIG_CHANGE = RaftKind.CONFIG_CHANGE.value
     JOB = "job"
     CONTROL = "control"
 
@@ -44,19 +53,9 @@ MAX_KEY, MAX_VALUE = 256, 64 * 1024
 _KINDS: dict[str, EntryKind] = {k.value: k for k in EntryKind}
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One replicated log entry: its position, the term it was proposed in, and what it records."""
-
-    index: int
-    term: int
-    kind: EntryKind
-    payload: dict[str, Any]
-
-
 def encode_key(index: int) -> bytes:
     """Big-endian u64 so LMDB's byte order is index order (and append=True puts stay valid)."""
-    if not 0 <= index <= _MAX_INDEX:
+    if not 0 <= index <= MAX_INDEX:
         raise ValueError(f"log index {index} is outside 0..2**64-1")
     return _KEY.pack(index)
 
@@ -68,11 +67,6 @@ def decode_key(key: bytes) -> int:
     return _KEY.unpack(key)[0]
 
 
-def pack_payload(payload: Mapping[str, Any]) -> bytes:
-    """Msgpack a payload dict, e.g. for the wire's payload-bytes field."""
-    return msgpack.packb(dict(payload), use_bin_type=True)
-
-
 def unpack_payload(data: bytes) -> dict[str, Any]:
     """Inverse of pack_payload; raises CorruptEntry unless the bytes hold a dict with str keys."""
     try:
@@ -80,7 +74,7 @@ def unpack_payload(data: bytes) -> dict[str, Any]:
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise CorruptEntry(f"payload bytes are not valid msgpack: {exc}") from exc
     try:
-        _check_payload_dict(payload)
+        check_payload_dict(payload)
     except ValueError as exc:
         raise CorruptEntry(str(exc)) from exc
     return payload
@@ -88,8 +82,8 @@ def unpack_payload(data: bytes) -> dict[str, Any]:
 
 def encode_entry(entry: Entry) -> bytes:
     """Encode an entry's value (the index lives in the key) with a CRC over term, kind, payload."""
-    _check_fields(entry.index, entry.term, entry.kind, entry.payload)
-    body = msgpack.packb([entry.term, entry.kind.value, entry.payload], use_bin_type=True)
+    kind = _check_fields(entry.index, entry.term, entry.kind, entry.payload)
+    body = msgpack.packb([entry.term, kind.value, entry.payload], use_bin_type=True)
     crc = zlib.crc32(body)
     # body starts with the 3-element array header 0x93; the stored value is a 4-element array.
     return b"\x94" + body[1:] + msgpack.packb(crc)
@@ -135,7 +129,7 @@ def _canonical(value: Any) -> Any:
 def canonical_bytes(entry: Entry) -> bytes:
     """An entry's canonical bytes: msgpack [index, term, kind, payload], map keys sorted. Two
     nodes hold the same entry at an index exactly when these bytes are equal."""
-    return msgpack.packb([entry.index, entry.term, entry.kind.value, _canonical(entry.payload)],
+    return msgpack.packb([entry.index, entry.term, str(entry.kind), _canonical(entry.payload)],
                          use_bin_type=True)
 
 
@@ -146,8 +140,8 @@ def entry_digest(entry: Entry) -> str:
 
 def entry_to_wire(entry: Entry) -> tuple[int, int, str, bytes]:
     """The transport's form of an entry: (index, term, kind string, msgpack payload bytes)."""
-    _check_fields(entry.index, entry.term, entry.kind, entry.payload)
-    return entry.index, entry.term, entry.kind.value, pack_payload(entry.payload)
+    kind = _check_fields(entry.index, entry.term, entry.kind, entry.payload)
+    return entry.index, entry.term, kind.value, pack_payload(entry.payload)
 
 
 def entry_from_wire(index: int, term: int, kind: str, payload: bytes) -> Entry:
@@ -163,21 +157,14 @@ def entry_from_wire(index: int, term: int, kind: str, payload: bytes) -> Entry:
     return Entry(index, term, kind_enum, body)
 
 
-def _check_fields(index: Any, term: Any, kind: Any, payload: Any) -> None:
-    """Shape checks shared by every encoder and decoder (types, ranges)."""
-    if type(index) is not int or not 1 <= index <= _MAX_INDEX:
-        raise ValueError(f"index must be an int in 1..2**64-1, got {index!r}")
-    if type(term) is not int or not 0 <= term <= _MAX_INDEX:
-        raise ValueError(f"term must be an int in 0..2**64-1, got {term!r}")
-    if not isinstance(kind, EntryKind):
+def _check_fields(index: Any, term: Any, kind: Any, payload: Any) -> EntryKind:
+    """Shape checks shared by every encoder and decoder (types, ranges), and a kind this state
+    machine defines (an EntryKind, or consensus's RaftKind of the same value); returns it."""
+    check_fields(index, term, kind, payload)
+    known = _KINDS.get(kind)
+    if known is None:
         raise ValueError(f"kind must be an EntryKind, got {kind!r}")
-    _check_payload_dict(payload)
-
-
-def _check_payload_dict(payload: Any) -> None:
-    """A payload is a dict keyed by strings; what its fields mean is payloads.py's concern."""
-    if type(payload) is not dict or not all(type(k) is str for k in payload):
-        raise ValueError(f"payload must be a dict with str keys, got {type(payload).__name__}")
+    return known
 
 
 def check_contiguous(entries: Sequence[Entry]) -> list[Entry]:

@@ -1,10 +1,27 @@
-"""Exceptions raised by the durable state machine; kept free of lmdb so any layer can catch them."""
+"""Exceptions raised by the durable state machine; kept free of lmdb so any layer can catch them.
+
+The Raft log's rules are consensus's (consensus/errors.py): the store raises those same classes,
+and its own errors below share their base, StoreError (consensus's StorageError).
+"""
 
 from __future__ import annotations
 
+from dpeer.consensus.errors import (
+    CommittedEntryError,
+    Compacted,
+    HardStateError,
+    LogGapError,
+    StaleSnapshot,
+    StorageError,
+)
 
-class StoreError(Exception):
-    """Base class for every error raised by the state machine package."""
+__all__ = [
+    "CommittedEntryError", "Compacted", "CorruptEntry", "CorruptState", "HardStateError", "LogGapError",
+    "NodeIdMismatch", "StaleSnapshot", "StoreClosed", "StoreError", "StoreForkedError", "StoreFormatError",
+]
+
+StoreError = StorageError
+"""Base class for every error raised by the state machine package (and by any Raft storage)."""
 
 
 class CorruptEntry(StoreError, ValueError):
@@ -21,26 +38,6 @@ class StoreFormatError(StoreError):
 
 class NodeIdMismatch(StoreError):
     """The store on disk belongs to another node id; opening it would steal its identity."""
-
-
-class Compacted(StoreError):
-    """The requested log range starts below the first index still held; serve a snapshot instead."""
-
-
-class CommittedEntryError(StoreError):
-    """An operation would change or remove a committed entry, which Raft never allows."""
-
-
-class LogGapError(StoreError, ValueError):
-    """Appended entries would leave a hole in the log or are not contiguous."""
-
-
-class StaleSnapshot(StoreError, ValueError):
-    """A snapshot at or below the commit index was offered; installing it would move state back."""
-
-
-class HardStateError(StoreError, ValueError):
-    """A term/vote update would lower the term or change a vote already given in this term."""
 
 
 class StoreForkedError(StoreError):

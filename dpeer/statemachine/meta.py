@@ -6,23 +6,18 @@ driver stays small and every rule here can be tested without a disk.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import msgpack
 
+from dpeer.ids import valid_uid
 from dpeer.statemachine.errors import StoreFormatError
 
+__all__ = ["FORMAT_VERSION", "BadMeta", "Meta", "check_version", "decode_raw", "encode_value", "parse_meta",
+           "salvage", "valid_uid"]
+
 FORMAT_VERSION = 1
-
-
-UID_PATTERN = re.compile(r"[0-9a-f]{32}")
-
-
-def valid_uid(value: Any) -> bool:
-    """True for a store identity: 32 lowercase hex digits (128 random bits)."""
-    return type(value) is str and UID_PATTERN.fullmatch(value) is not None
 
 
 class BadMeta(Exception):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import resource
-import secrets
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import lmdb
 
+from dpeer.ids import SECRETS, Ids, new_uid
 from dpeer.statemachine.aside import move_aside
 from dpeer.statemachine.entry import (
     Entry,
@@ -65,6 +65,7 @@ from dpeer.statemachine.txn import (
     check_contents,
     delete_range,
     put_meta,
+    torn_tail,
 )
 
 log = logging.getLogger("dpeer.statemachine")
@@ -97,12 +98,13 @@ class Store(StoreProperties):
 
     @classmethod
     def open(cls, path: str | Path, *, node_id: str | None = None,
-             map_size: int = DEFAULT_MAP_SIZE) -> Store:
+             map_size: int = DEFAULT_MAP_SIZE, ids: Ids = SECRETS) -> Store:
         """Open (or create) the store at the directory `path`; a store that fails its checks is
-        renamed to `<path>.corrupt-<timestamp>` and an empty one created in its place."""
+        renamed to `<path>.corrupt-<timestamp>` and an empty one created in its place. ids: where
+        a new store draws its uid."""
         path = Path(path)
         try:
-            return cls._open_checked(path, node_id, map_size, {})
+            return cls._open_checked(path, node_id, map_size, {}, ids)
         except _Unusable as bad:
             aside = move_aside(path)
             nid, term, vote = salvage(bad.fields)
@@ -112,13 +114,13 @@ class Store(StoreProperties):
                 raise StoreError(f"store {path} was unusable ({bad}) and moved aside to {aside}; "
                                  "pass node_id to create a fresh one") from bad
             salvaged = {"node_id": node_id or nid, "current_term": term, "voted_for": vote}
-            store = cls._open_checked(path, node_id or nid, map_size, salvaged)
+            store = cls._open_checked(path, node_id or nid, map_size, salvaged, ids)
             store.recovered_from = aside
             return store
 
     @classmethod
     def _open_checked(cls, path: Path, node_id: str | None, map_size: int,
-                      salvaged: dict[str, Any]) -> Store:
+                      salvaged: dict[str, Any], ids: Ids) -> Store:
         path.mkdir(parents=True, exist_ok=True)
         data = path / "data.mdb"
         size = data.stat().st_size if data.exists() else None
@@ -130,7 +132,7 @@ class Store(StoreProperties):
         except lmdb.Error as exc:
             raise _Unusable(f"LMDB refused to open it: {exc}") from exc
         try:
-            return cls._check_env(env, path, node_id, salvaged)
+            return cls._check_env(env, path, node_id, salvaged, ids)
         except lmdb.Error as exc:
             env.close()
             raise _Unusable(f"LMDB error while checking it: {exc}") from exc
@@ -140,7 +142,7 @@ class Store(StoreProperties):
 
     @classmethod
     def _check_env(cls, env: lmdb.Environment, path: Path, node_id: str | None,
-                   salvaged: dict[str, Any]) -> Store:
+                   salvaged: dict[str, Any], ids: Ids) -> Store:
         size = (path / "data.mdb").stat().st_size
         need = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
         if size < need:
@@ -148,7 +150,7 @@ class Store(StoreProperties):
         env.reader_check()
         fields = _read_meta_fields(env)
         if fields is None:
-            return cls._create(env, path, node_id, salvaged)
+            return cls._create(env, path, node_id, salvaged, ids)
         check_version(fields)
         try:
             meta = parse_meta(fields)
@@ -158,6 +160,7 @@ class Store(StoreProperties):
             raise NodeIdMismatch(f"store {path} belongs to node {meta.node_id!r}, not {node_id!r}")
         dbs = _open_dbs(env)
         try:
+            _drop_torn_tail(env, dbs, meta, path)
             with env.begin() as txn:
                 bounds, state = check_contents(txn, dbs, meta)
         except (CorruptEntry, CorruptState, BadMeta) as exc:
@@ -166,13 +169,13 @@ class Store(StoreProperties):
 
     @classmethod
     def _create(cls, env: lmdb.Environment, path: Path, node_id: str | None,
-                salvaged: dict[str, Any]) -> Store:
+                salvaged: dict[str, Any], ids: Ids) -> Store:
         if env.stat()["entries"]:
             raise _Unusable("the environment holds data but no meta record")
         if not node_id:
             raise StoreError(f"no store at {path}; a node_id is needed to create one")
         # A new store is a new identity, a salvaged one too: it lost the log its votes stood for.
-        meta = Meta(node_id, secrets.token_hex(16), salvaged.get("current_term", 0), salvaged.get("voted_for"))
+        meta = Meta(node_id, new_uid(ids), salvaged.get("current_term", 0), salvaged.get("voted_for"))
         state = ClusterState()
         dbs = _open_dbs(env)
         with env.begin(write=True) as txn:
@@ -463,6 +466,17 @@ class Store(StoreProperties):
             return
         with self._env.begin() as txn:
             yield txn
+
+
+def _drop_torn_tail(env: lmdb.Environment, dbs: dict[str, Any], meta: Meta, path: Path) -> None:
+    """Discard a torn last entry (txn.torn_tail): an uncommitted write cut short at power loss."""
+    with env.begin(write=True) as txn:
+        index = torn_tail(txn, dbs["log"], meta)
+        if index is not None:
+            txn.delete(encode_key(index), db=dbs["log"])
+    if index is not None:
+        log.warning("store %s: discarded entry %d, torn by a write cut short (uncommitted; the leader "
+                    "sends it again)", path, index)
 
 
 def _open_dbs(env: lmdb.Environment) -> dict[str, Any]:

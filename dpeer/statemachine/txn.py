@@ -18,6 +18,7 @@ Txn = Any
 """An lmdb.Transaction opened by store.py."""
 
 TAIL_CHECK = 4096  # newest entries, and next entries to apply, whose CRC is checked at open
+TORN_ZEROS = 8  # zero bytes that end a torn write: where the disk stopped, nothing was written
 STATE_KEY = b"applied"
 SNAP_KEY = b"current"
 
@@ -35,6 +36,27 @@ def delete_range(txn: Txn, db: Any, lo: int | None, hi: int | None) -> None:
     stop = encode_key(hi) if hi is not None else None
     while found and (stop is None or cur.key() < stop):
         found = cur.delete() and bool(cur.key())
+
+
+def torn_tail(txn: Txn, db: Any, meta: Meta) -> int | None:
+    """The index of a torn last entry, or None: one that fails its checks, ends in TORN_ZEROS or
+    more zero bytes (a write cut short at power loss: past the tear nothing reached the disk; a
+    damaged byte leaves no such run) and lies beyond the commit index and the applied index, so it
+    is an uncommitted tail whose write never returned, hence was never acknowledged (etcd's WAL
+    repairs a torn tail the same way). Any other bad entry is damage, left to check_contents."""
+    cur = txn.cursor(db=db)
+    if not cur.last():
+        return None
+    index, value = decode_key(cur.key()), bytes(cur.value())
+    if index <= max(meta.commit_index, meta.last_applied, meta.snapshot_index) or index < meta.first_index:
+        return None
+    if len(value) <= TORN_ZEROS or any(value[-TORN_ZEROS:]):
+        return None
+    try:
+        decode_entry(index, value)
+    except CorruptEntry:
+        return index
+    return None
 
 
 def check_contents(txn: Txn, dbs: dict[str, Any],

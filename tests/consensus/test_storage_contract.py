@@ -12,7 +12,7 @@ from typing import Callable
 
 import pytest
 
-from dpeer.consensus import VotingConfig, MemoryStorage, Snapshot, Storage
+from dpeer.consensus import HardState, VotingConfig, MemoryStorage, Snapshot, Storage
 from dpeer.daemon.node.storage_adapter import StoreStorage
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.snapshot import encode_snapshot
@@ -111,6 +111,19 @@ def test_append_keeps_matching_entries_and_truncates_conflicts(
         with pytest.raises(error):
             st.append(batch)
     assert (st.last_index, st.last_term, st.term_at(last)) == (last, last_term, last_term)
+
+
+def test_save_writes_all_or_nothing(make: Callable[[], Storage]) -> None:
+    """StorageWriter.save, what ready.persist calls for the daemon and the simulations alike: hard
+    state, entries and commit index in one write; on an error none of it is written."""
+    st = filled(make)
+    st.save(HardState(3, "b", 8), ents(11, 12, 3))
+    assert (st.current_term, st.voted_for, st.commit_index, st.last_index) == (3, "b", 8, 11)
+    with pytest.raises(CommittedEntryError):
+        st.save(HardState(4, "c", 9), ents(7, 9, 4))
+    assert (st.current_term, st.voted_for, st.commit_index, st.last_index, st.last_term) == (3, "b", 8, 11, 3)
+    st.save(None, ents(12, 13, 3))
+    assert (st.current_term, st.voted_for, st.commit_index, st.last_index) == (3, "b", 8, 12)
 
 
 def test_entries_ranges_byte_limits_and_compaction(make: Callable[[], Storage]) -> None:

@@ -3,8 +3,9 @@
 Each box is the real dpeer Daemon (node driver, leader chores, service, resync, checkpoint
 recording, views) on a real LMDB Store in a tmpfs folder, with a modelled worker. Boxes crash
 (every task of the box cancelled, the store closed), restart from their disk, lose the disk,
-pause; the network partitions (also one way), loses and delays. Operators call the services as
-`dpeer` would: kv put/get, join, leave, force.
+lose power in the middle of a log append (the write torn: tests/support/disk.py), pause; the
+network partitions (also one way), loses and delays. Operators call the services as `dpeer`
+would: kv put/get, join, leave, force.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpeer.clock import LoopClock
+from dpeer.consensus.entry import Entry
 from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.daemon import Daemon
+from dpeer.ids import SeededIds
 from dpeer.sim.network import LinkPolicy, SimNetwork
+from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.store import Store
+from dpeer.statemachine.txn import TORN_ZEROS
 from dpeer.transport.memory import MemoryClient, MemoryNetwork
 from dpeer.transport.options import Security
 
+from tests.support.disk import tear, torn_bytes
 from tests.house.loop import VirtualLoop
 from tests.house.worker import BUILD_S, STEP_S, SimWorker, Training
 
@@ -58,6 +64,7 @@ class House:
         """unready: boxes whose job never builds (they are members but never train)."""
         self.loop, self.seed, self.root = loop, seed, root
         self.rng = random.Random(seed)
+        self.id_seeds = random.Random(seed ^ 0x1D5)  # each start's id source (store uid, boot id, view secrets)
         self.links = SimNetwork(random.Random(seed ^ 0x5EED), LinkPolicy(delay_min=0.0005, delay_max=0.003))
         self.net = MemoryNetwork(self.links)
         self.clock = LoopClock(loop)
@@ -82,14 +89,15 @@ class House:
         peers = join if join is not None else [b.addr for b in self.boxes.values() if b is not box and not b.gone]
         box.data_dir.mkdir(parents=True, exist_ok=True)
         config = NodeConfig(node_id=nid, listen=box.addr, data_dir=box.data_dir, join=peers, preset="lan")
-        store = Store.open(box.data_dir / "store", node_id=nid)
+        ids = SeededIds(self.id_seeds.getrandbits(64))
+        store = Store.open(box.data_dir / "store", node_id=nid, ids=ids)
         box.worker.start(self.loop.time())
         box.lives += 1
         box.gone = False
         ctx = self.loop.context_of(f"{nid}#{box.lives}")
         box.worker.context = ctx
         daemon = Daemon(config, store, Security(), box.worker, transport=self.net.transport(nid, box.addr),
-                        clock=self.clock, seed=self.rng.randrange(1 << 32))
+                        clock=self.clock, seed=self.rng.randrange(1 << 32), ids=ids)
         box.daemon = daemon
         daemon.rings, box.worker.bell, box.worker.exited = True, daemon.ring, daemon.worker_exited
         self.net.attach(box.addr, nid, daemon.service, ctx)
@@ -119,6 +127,20 @@ class House:
         await self.loop.cancel_host(f"{box.node_id}#{box.lives}")
         daemon.store.close()
         box.gone = gone
+
+    async def tear(self, nid: str, at: float) -> tuple[int, int]:
+        """Power off nid in the middle of appending its next log entry: the write tears `at` that
+        fraction of the bytes it may tear at (0: lost whole; at most up to TORN_ZEROS bytes from
+        its end, as a disk cuts a write at a sector). Returns (the torn entry's index, the offset)."""
+        box = self.boxes[nid]
+        assert box.daemon is not None, f"{nid} is down"
+        store = box.daemon.store
+        entry = Entry(store.last_index + 1, max(store.current_term, store.last_term), EntryKind.KV_PUT,
+                      {"key": "torn", "value": "x" * 48})
+        offset = round(at * (len(torn_bytes(entry, 0)) - TORN_ZEROS))
+        await self.crash(nid)
+        tear(box.data_dir / "store", entry, offset)
+        return entry.index, offset
 
     async def wipe(self, nid: str) -> None:
         """Power off nid and replace its disk (same node id, nothing on it)."""

@@ -3,13 +3,16 @@
 `run(seed)` builds a House, lets it found a cluster and start training, then plays a schedule
 drawn from the seed for `seconds` virtual seconds: crashes and restarts, wiped disks, pauses,
 partitions (both ways, one way, flip-flopping), loss, delay, worker crashes, a power loss, a
-spare box joining, a graceful leave, and `force` on a box; an operator writes and reads keys
-throughout. The invariants (checks.py) run every CHECK_EVERY virtual seconds and after every
-fault. Then every fault heals and the cluster gets `settle` seconds to converge, after which
-acknowledged writes must be present and the newest group must train.
+box losing power in the middle of a log append (the write torn at a drawn offset, or lost: a
+storage fault in the log's last entry), a spare box joining, a graceful leave, and `force` on a
+box; an operator writes and reads keys throughout. The invariants (checks.py) run every
+CHECK_EVERY virtual seconds and after every fault. Then every fault heals and the cluster gets
+`settle` seconds to converge, after which acknowledged writes must be present and the newest
+group must train.
 
-A seed is one run only where strings hash the same (PYTHONHASHSEED=0: the daemons iterate sets
-of node ids) and the random ids and secrets the daemons draw come from the seed (_seeded_tokens).
+A seed is one run in any process: every random choice and id comes from the seed, passed
+explicitly (each box's daemon gets a seeded rng and a seeded id source, cluster.py), and nothing
+that decides depends on how strings hash. `Result.digest` fingerprints a run to compare replays.
 
 Replay one seed, with the daemons' logs: python -m tests.house.sim --seed N -v
 """
@@ -18,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import hashlib
+import json
 import logging
-import os
 import random
-import secrets
 import sys
 import tempfile
 import time
@@ -43,7 +45,7 @@ HEALTHY_AFTER = 3.0  # seconds without a fault before the cluster counts as heal
 BOOT_S = 3.0
 TMP = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 KINDS = {"crash": 3, "wipe": 1, "pause": 2, "partition": 3, "one_way": 2, "flip_flop": 1, "loss": 2,
-         "delay": 1, "worker": 2, "power_loss": 1, "join_spare": 1, "leave": 1, "force": 1}
+         "delay": 1, "worker": 2, "power_loss": 1, "torn_write": 1, "join_spare": 1, "leave": 1, "force": 1}
 
 
 @dataclass
@@ -59,6 +61,8 @@ class Result:
     checks: int = 0
     steps: int = 0
     commits: int = 0
+    digest: str = ""  # sha256 of what the run did: faults, operations, committed log, steps
+
 
     def replay(self, seconds: float, size: int) -> str:
         """The one command that replays this run with the daemons' logs."""
@@ -73,39 +77,16 @@ def run(seed: int, seconds: float = 4.0, size: int = 3, settle: float = SETTLE_S
     house = House(loop, seed, root, size=size, unready=unready)
     result = Result(seed, None)
     started, cpu = time.perf_counter(), time.process_time()
-    with _seeded_tokens(seed):
-        try:
-            loop.run_until_complete(_play(house, result, seconds, settle, scenario))
-        finally:
-            loop.run_until_complete(house.close())
-            loop.close()
+    try:
+        loop.run_until_complete(_play(house, result, seconds, settle, scenario))
+    finally:
+        loop.run_until_complete(house.close())
+        loop.close()
     result.wall_s = time.perf_counter() - started
     result.cpu_s = time.process_time() - cpu
     result.virtual_s = loop.time()
     result.steps = house.training.steps
     return result
-
-
-@contextlib.contextmanager
-def _seeded_tokens(seed: int):
-    """Member uids and view secrets (secrets.token_hex) drawn from the seed for one run."""
-    rng, saved = random.Random(seed ^ 0x70CE), secrets.token_hex
-
-    def token_hex(nbytes: int | None = None) -> str:
-        n = 32 if nbytes is None else nbytes
-        return rng.getrandbits(8 * n).to_bytes(n, "big").hex()
-
-    secrets.token_hex = token_hex
-    try:
-        yield
-    finally:
-        secrets.token_hex = saved
-
-
-def deterministic_hashing() -> None:
-    """Re-execute this program with PYTHONHASHSEED=0 unless it already runs so."""
-    if os.environ.get("PYTHONHASHSEED") != "0":
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "PYTHONHASHSEED": "0"})
 
 
 async def _play(house: House, result: Result, seconds: float, settle: float,
@@ -144,8 +125,17 @@ async def _play(house: House, result: Result, seconds: float, settle: float,
     finally:
         result.checks = checker.checks
         result.commits = max(checker.committed, default=0)
+        result.digest = _digest(result, checker, house)
         for task in background + [ticker]:
             task.cancel()
+
+
+def _digest(result: Result, checker: Checker, house: House) -> str:
+    """A run's fingerprint: two runs of a seed are the same run when their digests are equal."""
+    ops = [(o.kind, o.key, o.value, o.start, o.end, o.ok) for o in checker.ops]
+    trace = [result.violation, result.faults, ops, sorted(checker.committed.items()), house.training.steps,
+             house.loop.time()]
+    return hashlib.sha256(json.dumps(trace, default=repr).encode()).hexdigest()
 
 
 async def _checked(house: House, checker: Checker, seconds: float, ops: "_Operator | None" = None) -> None:
@@ -210,6 +200,10 @@ async def _apply(house: House, rng: random.Random, kind: str) -> str:
         await house.crash(victim)
         later(length, _restart, house, victim)
         return f"crash {victim} for {length:.2f}s"
+    if kind == "torn_write":
+        index, offset = await house.tear(victim, 0.0 if rng.random() < 0.2 else rng.random())
+        later(length, _restart, house, victim)
+        return f"torn write on {victim}: entry {index} cut at byte {offset}, back in {length:.2f}s"
     if kind == "wipe":
         await house.wipe(victim)
         later(length, _restart, house, victim)
@@ -342,7 +336,6 @@ def _on_virtual_time(record: logging.LogRecord) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """Replay one seed (or a range) and print what it found."""
-    deterministic_hashing()
     p = argparse.ArgumentParser(prog="python -m tests.house.sim", description="Replay whole-cluster seeds.")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--count", type=int, default=1, help="run seeds seed..seed+count-1")
@@ -362,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.seed, args.seed + args.count):
         r = run(seed, args.seconds, args.size)
         print(f"seed {seed}: {'VIOLATION ' + r.violation if r.violation else 'clean'} ({r.wall_s:.2f}s wall, {r.cpu_s:.2f}s CPU, "
-              f"{r.virtual_s:.1f}s virtual, {r.checks} checks, {r.commits} committed, {r.steps} steps)")
+              f"{r.virtual_s:.1f}s virtual, {r.checks} checks, {r.commits} committed, {r.steps} steps, digest {r.digest[:12]})")
         if args.verbose or r.violation:
             print("\n".join("  " + f for f in r.faults))
         bad += r.violation is not None

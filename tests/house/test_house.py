@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -34,20 +37,11 @@ def _seeds() -> int:
 def test_every_seed_keeps_the_invariants() -> None:
     count, started = _seeds(), time.perf_counter()
     procs = max(1, min(os.cpu_count() or 1, 8))
-    # one fresh child per seed, forked from a server that hashes strings as every replay does
-    # (PYTHONHASHSEED=0, see tests/house/sim.py): a seed means one run wherever the pool places it
+    # one fresh child per seed, forked from a server that imported the simulation once
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["tests.house.test_house"])
-    saved = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = "0"
-    try:
-        with ctx.Pool(procs, maxtasksperchild=1) as pool:
-            results = pool.map(_one, range(1, count + 1), chunksize=1)
-    finally:
-        if saved is None:
-            del os.environ["PYTHONHASHSEED"]
-        else:
-            os.environ["PYTHONHASHSEED"] = saved
+    with ctx.Pool(procs, maxtasksperchild=1) as pool:
+        results = pool.map(_one, range(1, count + 1), chunksize=1)
     wall = time.perf_counter() - started
     bad = [r for r in results if r[1] is not None]
     cpu = sum(r[3] for r in results)
@@ -59,6 +53,16 @@ def test_every_seed_keeps_the_invariants() -> None:
 
 
 def test_a_seed_replays_the_same_run() -> None:
+    """The same seed, the same run: twice in this process, and in a fresh process whose strings
+    hash otherwise (no PYTHONHASHSEED needed, no global patch: the seed is passed explicitly)."""
     quiet_logs()
     a, b = run(7, SECONDS, SIZE), run(7, SECONDS, SIZE)
-    assert (a.violation, a.faults, a.checks, a.commits, a.steps) == (b.violation, b.faults, b.checks, b.commits, b.steps)
+    assert a.digest and a.faults
+    assert (a.violation, a.faults, a.checks, a.commits, a.steps, a.digest) == \
+        (b.violation, b.faults, b.checks, b.commits, b.steps, b.digest)
+    code = f"from tests.house.sim import run; print(run(7, {SECONDS!r}, {SIZE!r}).digest)"
+    for hashseed in ("1", "random"):
+        env = {**os.environ, "PYTHONHASHSEED": hashseed}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             timeout=300, check=True, cwd=Path(__file__).parents[2])
+        assert out.stdout.split()[-1] == a.digest, f"PYTHONHASHSEED={hashseed} gave another run"

@@ -3,7 +3,6 @@ simulation must report each, and the same schedule without the plant must be cle
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from dpeer.consensus.follower import FollowerSide
 from dpeer.daemon import daemon as daemon_mod
 from dpeer.daemon.node import resyncer as resyncer_mod
 from dpeer.daemon.decide.worker_health import Health
+from dpeer.ids import SECRETS, Ids
 from dpeer.statemachine import store as store_mod
 
 from tests.house import scenarios
@@ -39,23 +39,22 @@ def plant_no_fence(mp: pytest.MonkeyPatch) -> None:
 def plant_no_store_identity(mp: pytest.MonkeyPatch) -> None:
     """Before store identities: a box on a new disk is indistinguishable from its old self."""
     uids: dict[str, str] = {}
-    opening: list[str] = []
     real_open = store_mod.Store.open.__func__
 
-    def open_(cls: Any, path: Any, *, node_id: str | None = None, **kw: Any) -> Any:
-        opening.append(node_id or "")
-        try:
-            return real_open(cls, path, node_id=node_id, **kw)
-        finally:
-            opening.pop()
-
-    class OldUid:
-        @staticmethod
-        def token_hex(n: int) -> str:
-            return uids.setdefault(opening[-1], secrets.token_hex(n)) if opening else secrets.token_hex(n)
+    def open_(cls: Any, path: Any, *, node_id: str | None = None, ids: Ids = SECRETS, **kw: Any) -> Any:
+        return real_open(cls, path, node_id=node_id, ids=_FirstUid(uids, node_id or "", ids), **kw)
 
     mp.setattr(store_mod.Store, "open", classmethod(open_))
-    mp.setattr(store_mod, "secrets", OldUid)
+
+
+class _FirstUid:
+    """An id source that hands a node id's first store uid to every later store of that id."""
+
+    def __init__(self, uids: dict[str, str], node_id: str, ids: Ids) -> None:
+        self.uids, self.node_id, self.ids = uids, node_id, ids
+
+    def token_hex(self, nbytes: int) -> str:
+        return self.uids.setdefault(self.node_id, self.ids.token_hex(nbytes))
 
 
 def plant_unguarded_force(mp: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,5 @@
-"""Damaged stores: each gives a clear error or is moved aside intact, never a crash or silent loss."""
+"""Damaged stores: each gives a clear error or is moved aside intact, never a crash or silent loss;
+a torn uncommitted last entry (a write cut short at power loss) is discarded, the store kept."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from tests.support.disk import tear
 from tests.support.sm_entries import kv_entries
 
-from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.statemachine.entry import Entry, EntryKind, encode_entry
 from dpeer.statemachine.errors import CorruptEntry, StoreFormatError
 from dpeer.statemachine.store import Store
-from dpeer.statemachine.txn import TAIL_CHECK
+from dpeer.statemachine.txn import TAIL_CHECK, TORN_ZEROS
 
 MARK = "MARKER-7f3a9c"
 
@@ -146,3 +148,52 @@ def test_moved_aside_names_do_not_collide(tmp_path: Path) -> None:
         with Store.open(path, node_id="n1") as s:
             asides.add(s.recovered_from)
     assert len(asides) == 3 and all(p is not None and (p / "data.mdb").exists() for p in asides)
+
+
+def torn_after(path: Path, n: int, offset: int) -> Entry:
+    """Entry n + 1 appended torn at `offset` (a write cut short at power loss) to the closed store."""
+    entry = kv_entries(n + 1, n + 2, term=4)[0]
+    tear(path, entry, offset)
+    return entry
+
+
+@pytest.mark.parametrize("offset", [1, 20, len(encode_entry(kv_entries(201, 202, term=4)[0])) - TORN_ZEROS])
+def test_a_torn_uncommitted_last_entry_is_discarded_keeping_the_store(
+        tmp_path: Path, offset: int, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    build(path, n=200, applied=150)
+    with Store.open(path) as s:
+        before = (s.uid, s.current_term, s.voted_for, s.commit_index, s.last_index)
+    torn_after(path, 200, offset)
+    caplog.set_level(logging.WARNING, logger="dpeer.statemachine")
+    with Store.open(path) as s:
+        assert s.recovered_from is None
+        assert (s.uid, s.current_term, s.voted_for, s.commit_index, s.last_index) == before
+        assert any("entry 201, torn" in r.message for r in caplog.records)
+        s.append(kv_entries(201, 203, term=5))
+        assert s.last_index == 202
+
+
+def test_a_lost_append_leaves_the_store_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    build(path, n=200, applied=150)
+    torn_after(path, 200, 0)
+    with Store.open(path) as s:
+        assert s.recovered_from is None and s.last_index == 200
+
+
+def test_a_damaged_last_entry_is_no_torn_write(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A flipped byte leaves no run of zeros at the end: damage, moved aside as before (the entry
+    may have been acknowledged; the store must not keep voting as the member that held it)."""
+    path = tmp_path / "s"
+    build(path, n=200, marked=200, applied=150)
+    assert flip_marker(path) >= 1
+    reopen_expect_moved(path, caplog)[0].close()
+
+
+def test_a_torn_entry_at_or_below_the_commit_index_is_damage(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A committed entry was written by a write that returned: torn now, it was damaged since."""
+    path = tmp_path / "s"
+    build(path, n=200, applied=200)
+    tear(path, kv_entries(200, 201, term=4)[0], 10)
+    reopen_expect_moved(path, caplog)[0].close()

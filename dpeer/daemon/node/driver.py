@@ -13,17 +13,17 @@ import logging
 import math
 import os
 import random
-import secrets
 from dataclasses import replace
 from typing import Any, Callable
 
 from dpeer.clock import REAL, Clock
 from dpeer.transport import codec
 from dpeer.consensus import NotLeader, Peer, Proposed, RaftNode, ReadRequested, Refused, Role
-from dpeer.consensus.ready import Outgoing, ProposeResult, Ready, drive
+from dpeer.consensus.ready import Outgoing, ProposeResult, Ready, drive, persist
 from dpeer.consensus.messages import AppendRequest, RaftHeartbeat, SnapshotRequest
 from dpeer.consensus.voting import ChangeOp
 from dpeer.errors import BadRequest, Unavailable
+from dpeer.ids import SECRETS, Ids
 from dpeer.membership import (
     Ack,
     HeartbeatObserved,
@@ -80,9 +80,10 @@ class Node:
         self, node_id: str, addr: str, store: Store, sender: Sender, *, preset: str = "lan",
         max_voters: int = 5, clock: Clock = REAL, seed: int | None = None, timing: Timing | None = None,
         snapshot_every: int = 10_000, snapshot_keep: int = 1_000, events: NodeEvents | None = None,
+        ids: Ids = SECRETS,
     ) -> None:
         self.events: NodeEvents = events or NoEvents()
-        self.id, self.addr, self.store = node_id, addr, store
+        self.id, self.addr, self.store, self.ids = node_id, addr, store, ids  # ids: every random id it draws
         self.clock, self.wall = clock.now, clock.wall
         self.storage = StoreStorage(store)
         self._send = sender
@@ -98,7 +99,7 @@ class Node:
         self.addrs[node_id] = addr
         self.since: dict[str, tuple[MemberState, float]] = {}
         # this daemon's start, told in every Envelope: two processes under one id and store tell apart by it
-        self.boot, self.started, self.windows = secrets.token_hex(8), now, Windows.of(self.raft_config)
+        self.boot, self.started, self.windows = ids.token_hex(8), now, Windows.of(self.raft_config)
         self.sightings = Sightings(node_id, now, store.uid, self.boot, addr)  # who answers for each node id
         self._copies_told: set[tuple[str, str, str]] = set()  # (node id, older boot, newer boot) warned of
         self.probes = ProbeTimes()
@@ -490,15 +491,10 @@ class _NodeReady:
         self.node = node
 
     def persist(self, rd: Ready) -> None:
-        node, store = self.node, self.node.store
+        persist(self.node.storage, rd)
         if rd.snapshot is not None:
-            node.storage.install_snapshot(rd.snapshot)
             log.info("installed a snapshot at index %d from the leader", rd.snapshot.index)
-        hs = rd.hard_state
-        if hs is not None or rd.entries:
-            term, vote = (hs.term, hs.voted_for) if hs else (store.current_term, store.voted_for)
-            store.save(term, vote, rd.entries, hs.commit if hs else store.commit_index)
-            node.entries_written += len(rd.entries)
+        self.node.entries_written += len(rd.entries)
 
     def apply(self, entries: tuple[Entry, ...]) -> None:
         self.node._applied(self.node.store.apply_to(entries[-1].index))

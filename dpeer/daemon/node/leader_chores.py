@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 from typing import Callable
 
 from dpeer.consensus import Role
 from dpeer.daemon.decide.checkpoints import Held, decide_checkpoint, still_pending
 from dpeer.errors import PeerError
+from dpeer.ids import Ids
 from dpeer.daemon.decide.failures import (
     REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_build, judge_failure, reform_delay,
 )
@@ -233,7 +233,7 @@ class LeaderChores:
             if isinstance(proposal, MembershipChange):
                 await self.node.change_membership(proposal.op, proposal.node, proposal.uid, PROPOSAL_TIMEOUT)
             else:
-                await self.node.propose(_with_secret(proposal), PROPOSAL_TIMEOUT)
+                await self.node.propose(_with_secret(proposal, self.node.ids), PROPOSAL_TIMEOUT)
             log.info("committed %s: %s", proposal.KIND.value, decision.reason)
         except PeerError as exc:
             message = f"could not commit {proposal.KIND.value} ({decision.reason}): {exc}"
@@ -244,10 +244,10 @@ class LeaderChores:
             self.node.poke()
 
 
-def _with_secret(proposal: Payload) -> Payload:
+def _with_secret(proposal: Payload, ids: Ids) -> Payload:
     """The payload to propose; a view gets a fresh random secret, which only the cluster's members
     learn (through the log, over the authenticated control plane) and from which the group derives
     its rendezvous keys and heal key (trainer/group.py), so no outsider can take part."""
     if isinstance(proposal, ViewChange):
-        return dataclasses.replace(proposal, secret=secrets.token_hex(16))
+        return dataclasses.replace(proposal, secret=ids.token_hex(16))
     return proposal

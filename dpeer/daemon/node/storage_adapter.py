@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from dpeer.consensus.voting import VotingConfig
-from dpeer.consensus.storage import Snapshot
+from dpeer.consensus.storage import HardState, Snapshot
 from dpeer.statemachine.entry import Entry
 from dpeer.statemachine.snapshot import decode_snapshot
 from dpeer.statemachine.store import Store
 
 
 class StoreStorage:
-    """Store seen through consensus.Storage; every mutator is durable on return, as Store's are."""
+    """Store seen through consensus.Storage and StorageWriter; every write is durable on return, as
+    Store's are."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -60,6 +61,13 @@ class StoreStorage:
     @property
     def snapshot_term(self) -> int:
         return self.store.snapshot_term
+
+    def save(self, hard_state: HardState | None, entries: Sequence[Entry]) -> None:
+        """StorageWriter: hard state, entries and commit index in one synced transaction."""
+        s = self.store
+        term, vote, commit = ((hard_state.term, hard_state.voted_for, hard_state.commit) if hard_state
+                              else (s.current_term, s.voted_for, s.commit_index))
+        s.save(term, vote, entries, commit)
 
     def set_hard_state(self, term: int, voted_for: str | None) -> None:
         """Persist term and vote (fsynced before return)."""
