@@ -13,7 +13,7 @@ PURE = [
     "statemachine/entry.py", "statemachine/payloads.py", "statemachine/state.py", "statemachine/snapshot.py", "statemachine/meta.py",
     "statemachine/errors.py", "statemachine/props.py", "statemachine/txn.py", "view.py", "address.py",
     "daemon/views.py", "daemon/sightings.py", "daemon/resync.py", "daemon/quorum.py", "errors.py", "daemon/checkpoints.py",
-    "daemon/worker_health.py", "daemon/failures.py", "daemon/probe_rtt.py", "daemon/job_status.py", "cli/demo_events.py", "cli/status_text.py", "security/auth.py",
+    "daemon/worker_health.py", "daemon/failures.py", "daemon/probe_rtt.py", "daemon/sites.py", "daemon/job_status.py", "cli/demo_events.py", "cli/status_text.py", "security/auth.py",
     "security/exposure.py", "security/proof.py",
     "trainer/decisions.py", "trainer/sampler.py", "trainer/rendezvous_table.py", "chaos/linear.py", "chaos/prefix.py",
     *[p.relative_to(ROOT).as_posix() for d in ("membership", "consensus", "sim")

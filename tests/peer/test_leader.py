@@ -44,7 +44,7 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
     node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=LAN, gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0,
                     sightings=Sightings("a", 0.0))
-    return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False), node
+    return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False, lambda: ("", ())), node
 
 
 def collective_failed(error: str, step: int = 7) -> FailureReport:
