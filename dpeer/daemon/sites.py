@@ -89,7 +89,8 @@ def assign_sites(members: Mapping[str, SiteInput], previous: Mapping[str, str]) 
     for site in configured:
         notes.append(f"{site}: {', '.join(sorted(n for n in of if of[n] == site))} (configured)")
     for group, name in zip(groups, names):
-        notes.append(f"{name}: {', '.join(group)} (round trips under {NEAR_MS:g} ms link them)")
+        how = f"round trips under {NEAR_MS:g} ms link them" if len(group) > 1 else "no near link measured"
+        notes.append(f"{name}: {', '.join(group)} ({how})")
     return Sites(dict(sorted(of.items())), "; ".join(notes) or "no members")
 
 

@@ -46,12 +46,14 @@ def members(node: Node) -> list[dict[str, Any]]:
 
 
 def group(node: Node) -> dict[str, Any] | None:
-    """The committed view as seen by this node, or None when it is not in it."""
+    """The committed view as seen by this node, or None when it is not in it; `sites`: each
+    member's site in rank order (empty when the view names none)."""
     view = node.store.state.view
     if view is None or node.id not in view.members:
         return None
     return {"generation": view.generation, "world_size": len(view.members),
-            "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store)}
+            "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store),
+            "sites": list(view.sites)}
 
 
 def checkpoint(node: Node) -> dict[str, Any] | None:

@@ -7,6 +7,7 @@ import pytest
 from dpeer.daemon.sites import (
     FAR_MS, NEAR_MS, SiteInput, assign_sites, committed_sites, near_peers, site_problem,
 )
+from dpeer.daemon.status import site_of
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.state import ClusterState, apply_many
 
@@ -107,3 +108,14 @@ def test_committed_sites_read_active_records_and_keep_the_view_s_names() -> None
     state, results = apply_many(ClusterState(), [Entry(i, 1, k, p) for i, (k, p) in enumerate(specs, 1)])
     assert all(r.accepted for r in results)
     assert dict(committed_sites(state).of) == {"a": "auto-b", "c": "lab", "d": "auto-b"}
+
+
+def test_status_shows_the_view_s_site_else_the_configured_one() -> None:
+    specs = [(EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "a:1", "site": "lab"}),
+             (EntryKind.MEMBER_JOINED, {"node_id": "b", "addr": "b:1"}),
+             (EntryKind.MEMBER_JOINED, {"node_id": "c", "addr": "c:1", "site": "lab-3"}),
+             (EntryKind.VIEW, {"generation": 1, "members": ["a", "b"], "store_host": "h:9", "sites": ["lab", "auto-b"]})]
+    state, _ = apply_many(ClusterState(), [Entry(i, 1, k, p) for i, (k, p) in enumerate(specs, 1)])
+    assert [site_of(state, n) for n in "abcz"] == ["lab", "auto-b", "lab-3", None]
+    older, _ = apply_many(ClusterState(), [Entry(i, 1, k, p) for i, (k, p) in enumerate(specs[:3], 1)])
+    assert [site_of(older, n) for n in "abc"] == ["lab", None, "lab-3"]
