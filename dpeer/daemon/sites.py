@@ -5,7 +5,8 @@ round trips of SWIM's direct probes, in two steps:
 
 1. Each box judges its own links (`near_peers`): a peer is near when the median of the last
    round trips to it is under NEAR_MS, far once that median is over FAR_MS; in between it keeps
-   what it was (hysteresis, so a link near the threshold does not flap). The box's member
+   what it was (hysteresis, so a link near the threshold does not flap), as it does while it
+   has no round trip to the peer (after a restart, or while the peer is down). The box's member
    record carries the near peers, so the leader sees every box's links through the log.
 2. The leader groups the boxes that name no site (`assign_sites`) by single linkage: two are in
    one site when either measured the other near (one side that has not measured yet does not
@@ -48,14 +49,13 @@ def site_problem(name: str) -> str:
 def near_peers(samples: Mapping[str, Sequence[float]], before: Collection[str],
                near_ms: float = NEAR_MS, far_ms: float = FAR_MS) -> tuple[str, ...]:
     """The peers this box's links to are near, sorted: median round trip (ms) under near_ms, or
-    at most far_ms for a peer that was near `before`. A peer with no sample is not near."""
-    near = []
+    at most far_ms for a peer that was near `before`. A peer with no sample keeps what it was (a
+    restarted box has measured nothing yet, a dead peer answers nothing: neither is evidence)."""
+    near = {peer for peer in before if not samples.get(peer)}
     for peer, rtts in samples.items():
-        if not rtts:
-            continue
-        median = statistics.median(rtts)
-        if median < near_ms or (peer in before and median <= far_ms):
-            near.append(peer)
+        median = statistics.median(rtts) if rtts else None
+        if median is not None and (median < near_ms or (peer in before and median <= far_ms)):
+            near.add(peer)
     return tuple(sorted(near))
 
 

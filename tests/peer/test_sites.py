@@ -29,8 +29,9 @@ def test_a_configured_site_name(name: str, problem: str) -> None:
     ({"b": [NEAR_MS] * 3}, (), ()),  # the threshold itself is not under it
     ({"b": [FAR_MS] * 3}, ("b",), ("b",)),  # a near link turns far only over FAR_MS
     ({"b": [FAR_MS + 0.1] * 3}, ("b",), ()),
-    ({"b": []}, ("b",), ()),  # no sample: not near
-    ({}, ("b",), ()),  # a peer no longer measured is not near
+    ({"b": []}, ("b",), ("b",)),  # no sample: as it was (a box just restarted)
+    ({}, ("b",), ("b",)),  # ... or a peer that answers nothing now
+    ({"b": []}, (), ()),
     ({"d": [1.0], "b": [2.0]}, (), ("b", "d")),  # sorted
 ])
 def test_near_peers_with_hysteresis(samples: dict, before: tuple, near: tuple) -> None:
