@@ -1,5 +1,6 @@
 """Keep this box's own committed member record (address, store port, readiness, store identity,
-site and near peers) in line with what it is now, through the leader or the seeds; the first such update is the join.
+site and near peers) in line with what it is now, through the leader or the seeds; the first such
+update is the join.
 
 One update in flight at a time (its requests go to a known leader alone, else to the seeds and
 members in turn, see _update). The same update goes again only after JOIN_RETRY (the last one
@@ -32,8 +33,8 @@ JOIN_RETRY = 0.5
 ROUND = 5.0  # one update's bound, as one client timeout was
 HEDGE = 0.25  # seconds without an answer before the next address is tried too
 REFUSALS_TO_STOP = 3
-Record = tuple[str, str, int, bool, str, str, tuple[str, ...]]  # status, address, store port, ready, store uid,
-# configured site, near peers
+# status, address, store port, ready, store uid, configured site, near peers
+Record = tuple[str, str, int, bool, str, str, tuple[str, ...]]
 SiteOf = Callable[[], tuple[str, tuple[str, ...]]]  # this box's configured site and near peers (daemon/sites.py)
 
 

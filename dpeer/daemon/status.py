@@ -8,8 +8,8 @@ from dpeer.consensus import Role
 from dpeer.daemon.node import Node
 from dpeer.daemon.quorum import explain_no_leader
 from dpeer.daemon.sites import FAR_MS, NEAR_MS, RULE
-from dpeer.statemachine.state import ClusterState
 from dpeer.daemon.views import fault_tolerance
+from dpeer.statemachine.state import ClusterState
 
 
 def site_of(state: ClusterState, node_id: str) -> str | None:
