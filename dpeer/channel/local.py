@@ -91,14 +91,16 @@ class Assignment:
         """The view file's text (the store address as host and port, the format workers read)."""
         v = self.view
         return json.dumps({"generation": v.generation, "members": list(v.members), "store_host": v.store.host,
-                           "store_port": v.store.port, "secret": v.secret, "checkpoint_step": self.checkpoint_step,
+                           "store_port": v.store.port, "secret": v.secret, "sites": list(v.sites),
+                           "checkpoint_step": self.checkpoint_step,
                            "checkpoint_digest": self.checkpoint_digest, "bind_host": self.bind_host}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Assignment":
         d = json.loads(text)
         view = View(int(d["generation"]), tuple(str(m) for m in d["members"]),
-                    Address(str(d["store_host"]), int(d["store_port"])), str(d.get("secret", "")))
+                    Address(str(d["store_host"]), int(d["store_port"])), str(d.get("secret", "")),
+                    tuple(str(s) for s in d.get("sites", ())))
         return cls(view, int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")),
                    str(d.get("bind_host", "")))
 

@@ -282,7 +282,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     """Run the daemon in the foreground until SIGTERM, SIGINT or `dpeer leave`."""
     flags = {
         "node_id": args.node_id, "listen": args.listen, "data_dir": args.data_dir, "join": args.join,
-        "advertise": args.advertise, "preset": args.preset, "job": args.job,
+        "advertise": args.advertise, "preset": args.preset, "job": args.job, "site": args.site,
         "metrics_listen": args.metrics_listen, "security.insecure": args.insecure,
         "security.insecure_data_plane": args.insecure_data_plane, "training.options": _job_options(args.job_opt),
         "log_level": args.log_level, "log_format": args.log_format,

@@ -188,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--advertise", help="HOST:PORT peers dial when it differs from --listen")
     start.add_argument("--config", type=Path, help="YAML config file")
     start.add_argument("--preset", choices=["lan", "wan", "edge"], help="timing preset")
+    start.add_argument("--site", help="this box's site (site; default: measured from round trips)")
     start.add_argument("--job", help="demo, MODULE:FUNCTION (a build function returning a TrainSpec) or PATH.py "
                        "(your training script, run as __main__ by every box's worker)")
     start.add_argument("--job-opt", action="append", metavar="KEY=VALUE", help="an option for the job (ctx.option), "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-HEADER = ("NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION")
+HEADER = ("NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE")
 
 
 def committed_step(doc: dict[str, Any]) -> int | None:
@@ -47,7 +47,8 @@ def _cell(value: Any) -> str:
 def members_table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per member under a header, columns as wide as their widest cell."""
     cells = [list(HEADER)] + [[r["node_id"], r["addr"], r["state"], _cell(r["role"]), _cell(r["rank"]),
-                               _cell(r["step"]), str(r["incarnation"]), str(r["version"])] for r in rows]
+                               _cell(r["step"]), str(r["incarnation"]), str(r["version"]), _cell(r.get("site"))]
+                              for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(HEADER))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
 

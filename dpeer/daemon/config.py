@@ -23,6 +23,7 @@ from dpeer.address import Address
 from dpeer.daemon import job_name, timing as tm
 from dpeer.daemon.job_name import job_refusal
 from dpeer.daemon.logs import LogFormat, LogLevel
+from dpeer.daemon.decide.sites import site_problem
 from dpeer.security.exposure import is_loopback
 
 PresetName = Literal["lan", "wan", "edge"]
@@ -200,6 +201,8 @@ class NodeConfig(Strict):
                            "(DATA_DIR/worker/final.pt); a relative path is made absolute against the working directory")
     join: list[str] = Field(default_factory=list, description="live members to join through")
     preset: PresetName = Field("lan", description="timing preset: lan, wan or edge")
+    site: str | None = Field(None, description="where this box stands (lab-2, a cloud region): boxes of one site "
+                             "share fast links; none: measured from round trips (docs/operations.md, Sites)")
     job: str | None = Field(None, description="demo, MODULE:FUNCTION (a build function returning a TrainSpec) or "
                             "PATH.py (a training script, run as __main__; a relative path is made absolute "
                             "against the working directory); none runs a daemon only")
@@ -274,6 +277,14 @@ class NodeConfig(Strict):
         if value is not None and not _NODE_ID.match(value):
             raise ValueError("node ids are 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")
         return value
+
+    @field_validator("site")
+    @classmethod
+    def _site(cls, value: str | None) -> str | None:
+        problem = site_problem(value) if value else ""
+        if problem:
+            raise ValueError(problem)
+        return value or None
 
     @field_validator("listen", "advertise", "metrics_listen")
     @classmethod

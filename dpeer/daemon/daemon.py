@@ -35,6 +35,7 @@ from dpeer.daemon.node.driver import Node
 from dpeer.daemon.notify import Notifier, watchdog_interval
 from dpeer.daemon.node.resyncer import Resyncer
 from dpeer.daemon.serve.service import Service
+from dpeer.daemon.decide.sites import near_peers
 from dpeer.daemon.serve.status import document, identity, tolerance
 from dpeer.daemon.node.storage_adapter import StoreStorage
 from dpeer.daemon.worker.supervisor import Worker, WorkerSupervisor
@@ -90,8 +91,9 @@ class Daemon:
                 worker.publish_checkpoint(store.state.checkpoint)
             if store.state.job.state is JobState.FAILED:
                 worker.halt(store.state.job.error)
+        self.site = config.site or ""
         self.leader = LeaderChores(self.node, config.resolved_timing().leader, self._store_port, self._ready,
-                                   lambda: self.leaving, config.training.failure_repeats)
+                                   lambda: self.leaving, self._site, config.training.failure_repeats)
         self._wake: WorkerWake | None = None
         self.rings = False  # the worker rings a doorbell on each report (ring(), worker_exited()): no polling
         self.service = Service(self.node, self.transport, self.status, self._leave_done, self.leader.group_failed,
@@ -100,7 +102,8 @@ class Daemon:
         self.started = clock.now()
         self.joined = False
         self._last_metrics = self._last_introduce = 0.0
-        self.record = MemberRecordSync(self.node, self.transport, config.join, self._store_port, self._ready)
+        self.record = MemberRecordSync(self.node, self.transport, config.join, self._store_port, self._ready,
+                                       self._site)
         self._reforms_counted = self._forced_counted = self._refused_counted = 0
         self._no_leader_note = ""
         self._leader_seen = self.node.clock()
@@ -127,6 +130,14 @@ class Daemon:
     def _ready(self) -> bool:
         """Whether this node can train now: no job, or a worker that built it and waits."""
         return self.worker is None or self.worker.ready
+
+    def _site(self) -> tuple[str, tuple[str, ...]]:
+        """This box's configured site, or ("", the peers it measures near) when it names none."""
+        if self.site:
+            return self.site, ()
+        me = self.node.store.state.members.get(self.node_id)
+        samples = {n: rtts for n, rtts in self.node.probes.recent_ms().items() if n != self.node_id}
+        return "", near_peers(samples, me.near if me is not None else ())
 
     # -- NodeEvents: what the node driver tells us ---------------------------------------------
     def chores(self, now: float) -> None:
@@ -303,7 +314,7 @@ class Daemon:
             "joined": self.joined,
             "security": self.security_status(),
         }
-        return document(self.node, extra)
+        return document(self.node, extra, self.site)
 
     def security_status(self) -> dict[str, Any]:
         """The status's `security`: the mode (mtls+token, mtls, token, none), --insecure,

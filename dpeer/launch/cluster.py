@@ -55,6 +55,7 @@ class LocalNode:
     extra: dict[str, Any] = field(default_factory=dict)
     host: str = "127.0.0.1"
     prefix: list[str] = field(default_factory=list)  # what runs the daemon elsewhere (a network namespace)
+    flags: list[str] = field(default_factory=list)  # more `dpeer start` flags of this node alone (its --site)
 
     @property
     def addr(self) -> str:
@@ -119,6 +120,7 @@ class LocalCluster:
             cmd += ["--join", ",".join(peers)]
         if self.job:
             cmd += ["--job", self.job]
+        cmd += node.flags
         conf = self._config_file()
         if conf is not None:
             cmd += ["--config", str(conf)]

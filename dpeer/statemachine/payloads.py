@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Mapping, Union
 
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.meta import valid_uid
+from dpeer.view import valid_site
 
 
 
@@ -93,7 +94,8 @@ class _Record:
 @dataclass(frozen=True, slots=True)
 class MemberJoined(_Record):
     """A node is (again) an active member: where its daemon listens, its worker's store port (0: not
-    announced), whether its worker has built the job, and the store identity it joined with."""
+    announced), whether its worker has built the job, the store identity it joined with, its
+    configured site ("" when none) and the peers it measured near (daemon/decide/sites.py)."""
 
     KIND: ClassVar[EntryKind] = EntryKind.MEMBER_JOINED
     node_id: str
@@ -101,6 +103,8 @@ class MemberJoined(_Record):
     store_port: int = 0
     ready: bool = True
     uid: str = ""
+    site: str = ""
+    near: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         k = self.KIND
@@ -109,6 +113,8 @@ class MemberJoined(_Record):
         _need(type(self.store_port) is int and 0 <= self.store_port < 65536, k, "store_port must be 0..65535")
         _need(type(self.ready) is bool, k, "ready must be a bool")
         _need(self.uid == "" or valid_uid(self.uid), k, "uid must be empty or 32 lowercase hex digits")
+        _need(self.site == "" or valid_site(self.site), k, "site must be empty or a site name")
+        _need(_is_ids(self.near) and self.node_id not in self.near, k, "near must be distinct other node ids")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +144,16 @@ class MemberDead(_MemberEnded):
 @dataclass(frozen=True, slots=True)
 class ViewChange(_Record):
     """The next training view: its generation, members in rank order, the rank-0 store's host:port
-    text, and the secret the group derives its rendezvous and heal keys from. A view with no members
-    (only while training is paused) ends the current group at its next step boundary."""
+    text, the secret the group derives its rendezvous and heal keys from, and each member's site in
+    rank order (empty: none named). A view with no members (only while training is paused) ends the
+    current group at its next step boundary."""
 
     KIND: ClassVar[EntryKind] = EntryKind.VIEW
     generation: int
     members: tuple[str, ...]
     store_host: str
     secret: str = ""
+    sites: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         k = self.KIND
@@ -153,6 +161,8 @@ class ViewChange(_Record):
         _need(_is_ids(self.members), k, "members must be distinct non-empty ids")
         _need(_is_str(self.store_host), k, "store_host must be a string")
         _need(_is_str(self.secret), k, "secret must be a string")
+        _need(type(self.sites) is tuple and len(self.sites) in (0, len(self.members))
+              and all(valid_site(x) for x in self.sites), k, "sites must name a site for every member, or none")
 
 
 @dataclass(frozen=True, slots=True)

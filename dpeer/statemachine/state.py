@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import zlib
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
@@ -22,7 +22,7 @@ from dpeer.statemachine.payloads import (
     BadPayload, CheckpointTaken, ConfigChange, ControlChange, ControlMode, JobChange, JobState, KvDelete, KvPut, MemberDead,
     MemberJoined, MemberLeft, ViewChange, decode,
 )
-from dpeer.view import View
+from dpeer.view import View, valid_site
 
 STATE_VERSION = 1
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -41,7 +41,8 @@ class Member:
     """A node known to the cluster: where to reach it, its status, the entry that admitted it,
     the port its worker's rendezvous store listens on when it is rank 0 (0: not announced),
     whether its worker has built the job and waits for a view (only ready members train), and
-    the identity (store uid) it joined with: a new uid under a known node id is a lost disk."""
+    the identity (store uid) it joined with: a new uid under a known node id is a lost disk; its
+    configured site ("" when none) and the peers it measured near (daemon/decide/sites.py)."""
 
     addr: str
     status: MemberStatus
@@ -49,6 +50,8 @@ class Member:
     store_port: int = 0
     ready: bool = True
     uid: str = ""
+    site: str = ""
+    near: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Take a status by its value too ("active"); an unknown one raises ValueError."""
@@ -167,7 +170,7 @@ def apply_many(
 def _joined(w: _Work, p: MemberJoined, index: int) -> str:
     old = w.members.get(p.node_id)
     joined = old.joined_index if old is not None and old.status is MemberStatus.ACTIVE else index
-    w.members[p.node_id] = Member(p.addr, MemberStatus.ACTIVE, joined, p.store_port, p.ready, p.uid)
+    w.members[p.node_id] = Member(p.addr, MemberStatus.ACTIVE, joined, p.store_port, p.ready, p.uid, p.site, p.near)
     return ""
 
 
@@ -178,7 +181,7 @@ def _status(status: MemberStatus) -> Callable[[_Work, MemberLeft | MemberDead, i
             return f"unknown member {p.node_id}"
         if old.status is not MemberStatus.ACTIVE:
             return f"member {p.node_id} is already {old.status}"
-        w.members[p.node_id] = Member(old.addr, status, old.joined_index, old.store_port, old.ready, old.uid)
+        w.members[p.node_id] = replace(old, status=status)
         return ""
 
     return rule
@@ -196,7 +199,7 @@ def _view(w: _Work, p: ViewChange, index: int) -> str:
         return "training is paused: a view may only end the group (name no members)"
     if not paused and not p.members:
         return "a view without members only ends a group while training is paused"
-    w.view = View(p.generation, p.members, Address.read(p.store_host), p.secret)
+    w.view = View(p.generation, p.members, Address.read(p.store_host), p.secret, p.sites)
     return ""
 
 
@@ -274,6 +277,9 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         "applied_term": s.applied_term,
         "members": {k: [m.addr, m.status.value, m.joined_index, m.store_port, m.ready, m.uid]
                     for k, m in s.members.items()},
+        # Apart from "members" and "view", whose lists an older build reads at a fixed length.
+        "sites": {"members": {k: [m.site, list(m.near)] for k, m in s.members.items() if m.site or m.near},
+                  "view": list(s.view.sites) if s.view is not None else []},
         "voters": list(s.voters),
         "learners": list(s.learners),
         "view": None if s.view is None else [s.view.generation, list(s.view.members), str(s.view.store),
@@ -321,11 +327,18 @@ def _from_dict(d: Any) -> ClusterState:
         _need(type(store_port) is int and 0 <= store_port < 65536 and type(ready) is bool, "member store_port/ready")
         _need(uid == "" or valid_uid(uid), "member uid")
         members[nid] = Member(addr, status, joined, store_port, ready, uid)
+    sites = d.get("sites", {"members": {}, "view": []})  # absent: written before sites
+    _need(type(sites) is dict and type(sites.get("members")) is dict and type(sites.get("view")) is list, "sites")
+    for nid, (site, near) in sites["members"].items():
+        _need(nid in members and (site == "" or valid_site(site)), "member site")
+        members[nid] = replace(members[nid], site=site, near=_ids(near))
     view = None
     if d["view"] is not None:
         gen, vmembers, host, secret = d["view"]
         _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
-        view = View(gen, _ids(vmembers), Address.read(host), secret)
+        vsites = tuple(sites["view"])
+        _need(len(vsites) in (0, len(vmembers)) and all(valid_site(x) for x in vsites), "view sites")
+        view = View(gen, _ids(vmembers), Address.read(host), secret, vsites)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

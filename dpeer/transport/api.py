@@ -7,7 +7,7 @@ wrapper (transport/faulty.py) that only the chaos tool and the simulation instal
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable, Protocol
+from typing import AsyncIterator, Callable, Protocol, Sequence
 
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.security.auth import Vouch
@@ -17,7 +17,8 @@ class PeerClient(Protocol):
     """Request/response calls to one node; failures raise dpeer.errors.PeerError subclasses."""
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True,
-                   uid: str = "", boot: str = "", up: float = 0.0) -> pb.JoinReply:
+                   uid: str = "", boot: str = "", up: float = 0.0, site: str = "",
+                   near: Sequence[str] = ()) -> pb.JoinReply:
         """Ask the node to admit node_id (its store uid, its daemon's boot and that daemon's age)."""
 
     async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:

@@ -8,7 +8,7 @@ import os
 import re
 import time
 from collections import deque
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -317,11 +317,11 @@ class NodeClient:
         return await self._call("KvList", pb.KvListRequest(prefix=prefix))
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
-                   boot: str = "", up: float = 0.0) -> pb.JoinReply:
+                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> pb.JoinReply:
         """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not; its
         store uid, its daemon's boot and that daemon's age)."""
         request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
-                                 up=up)
+                                 up=up, site=site, near=list(near))
         return await self._call("Join", request)
 
     async def force(self, voters: list[str]) -> pb.ForceReply:

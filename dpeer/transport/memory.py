@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from dpeer import errors
 from dpeer.proto.v1 import dpeer_pb2 as pb
@@ -238,10 +238,10 @@ class MemoryClient:
         return await self._call("kv_get", pb.KvGetRequest(key=key))
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
-                   boot: str = "", up: float = 0.0) -> pb.JoinReply:
+                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> pb.JoinReply:
         """Ask the node to admit node_id at addr."""
         request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
-                                 up=up)
+                                 up=up, site=site, near=list(near))
         return await self._call("join", request)
 
     async def force(self, voters: list[str]) -> pb.ForceReply:

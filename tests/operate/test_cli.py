@@ -87,6 +87,8 @@ BAD_FILES = {
     "bad_value": ("training:\n  steps: -5\n", "config key training.steps"),
     "bad_type": ("max_voters: lots\n", "config key max_voters"),
     "bad_address": ("listen: nohost\n", "config key listen"),
+    "bad_site": ("site: lab 2\n", "config key site: site 'lab 2' is not a site name"),
+    "measured_site_name": ("site: auto-n1\n", "config key site: site 'auto-n1' starts with 'auto-'"),
     "bad_reduction": ("training:\n  reduction: approximate\n", "config key training.reduction"),
     "exact_needs_whole_micro_batches": ("training:\n  global_batch: 64\n  micro_batch: 10\n",
                                         "config key training: reduction exact needs global_batch (64) to be a "

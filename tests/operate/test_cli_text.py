@@ -69,13 +69,23 @@ def test_one_line_per_member_with_address_state_role_and_step() -> None:
         ("leader", "voter", 1, 17), ("voter", "voter", 0, 17), ("learner", "learner", None, None),
         (None, None, None, None)]
     table = members_table(rows)
-    assert table[0].split() == ["NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION"]
+    assert table[0].split() == ["NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE"]
     assert [line.split()[:6] for line in table[1:]] == [
         ["n1", "10.0.0.1:7100", "alive", "leader", "1", "17"], ["n2", "10.0.0.2:7100", "alive", "voter", "0", "17"],
         ["n3", "10.0.0.3:7100", "dead", "learner", "-", "-"], ["n4", "10.0.0.4:7100", "alive", "-", "-", "-"]]
     assert table[1:] == status_lines(doc(TRAINING, TRAIN, ["n2", "n1"]))[-4:]
     # a node outside the group does not know the group's step
     assert {r["step"] for r in member_rows(doc(TRAINING, TRAIN))} == {None}
+
+
+def test_the_members_table_shows_each_member_s_site() -> None:
+    status = doc(TRAINING, TRAIN, ["n1", "n2"])
+    for m, site in zip(status["members"], ["lab-2", "lab-2", "auto-n3", None]):
+        m["site"] = site
+    del status["members"][3]["site"]  # a status from a daemon older than sites
+    table = members_table(member_rows(status))
+    assert [line.split()[0::8] for line in table] == [
+        ["NODE", "SITE"], ["n1", "lab-2"], ["n2", "lab-2"], ["n3", "auto-n3"], ["n4", "-"]]
 
 
 def test_a_mistyped_command_gets_the_closest_one() -> None:

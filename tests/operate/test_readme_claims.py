@@ -275,7 +275,7 @@ def _claims() -> list[tuple[str, str, Callable[[], tuple[str, ...]]]]:
     from dpeer.consensus.config import PRESETS
     from dpeer.consensus.force import force_after, reach_window
     from dpeer.consensus.identity import answer_window
-    from dpeer.daemon.decide import failures
+    from dpeer.daemon.decide import failures, probe_rtt, sites
     from dpeer.daemon.serve import service
     from dpeer.daemon.worker import supervisor
     from dpeer.daemon.config import NodeConfig, TrainingConfig
@@ -302,6 +302,9 @@ def _claims() -> list[tuple[str, str, Callable[[], tuple[str, ...]]]]:
         ("docs/operations.md", r"Presets `(\w+)` \(the\s+default\), `(\w+)` and `(\w+)`",
          lambda: (node.preset, *[p for p in LEADER_PRESETS if p != node.preset])),
         ("docs/operations.md", r"exactly \(up to (\d+) characters\)", lambda: (str(MAX_VALUE),)),
+        ("docs/operations.md", r"the median of its last (\d+) probe round\s+trips is under (\S+) ms, and turns \*far\* "
+         r"again only once that median is over (\S+) ms",
+         lambda: (str(probe_rtt.RECENT), g(sites.NEAR_MS), g(sites.FAR_MS))),
         ("docs/recovery.md", r"quiet window \((\S+) s on `lan`\)", lambda: (g(LEADER_PRESETS["lan"].quiet_window),)),
         ("docs/recovery.md", r"backing off \((\S+) s doubling to (\S+) s on `lan`\)",
          lambda: (g(LEADER_PRESETS["lan"].failure_grace), g(failures.BACKOFF_CAP))),

@@ -61,11 +61,26 @@ def test_every_kind_but_noop_refuses_an_empty_dict() -> None:
 
 
 def test_the_dict_form_lists_every_field_and_survives_msgpack() -> None:
-    view = ViewChange(3, ("a", "b"), "h:1", "s")
-    assert view.to_payload() == {"generation": 3, "members": ["a", "b"], "store_host": "h:1", "secret": "s"}
+    view = ViewChange(3, ("a", "b"), "h:1", "s", ("lab-2", "auto-b"))
+    assert view.to_payload() == {"generation": 3, "members": ["a", "b"], "store_host": "h:1", "secret": "s",
+                                 "sites": ["lab-2", "auto-b"]}
     assert decode(EntryKind.VIEW, unpack_payload(pack_payload(view.to_payload()))) == view
     conf = ConfigChange(("a",), ("b",), {"a": U1, "b": U2}, 2, 1.5)
     assert decode(EntryKind.CONFIG_CHANGE, unpack_payload(pack_payload(conf.to_payload()))) == conf
+
+
+def test_sites_are_checked_and_absent_from_an_older_build_means_none() -> None:
+    old_view = {"generation": 1, "members": ["a", "b"], "store_host": "h:1", "secret": "s"}
+    assert decode(EntryKind.VIEW, old_view).sites == ()
+    assert decode(EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1"}) == MemberJoined("a", "h:1", site="", near=())
+    joined = MemberJoined("a", "h:1", site="lab-2", near=("b", "c"))
+    assert decode(EntryKind.MEMBER_JOINED, unpack_payload(pack_payload(joined.to_payload()))) == joined
+    for bad in ({"sites": ["x"]}, {"sites": ["x", "bad site"]}, {"sites": ["x", ""]}):
+        with pytest.raises(BadPayload, match="sites"):
+            decode(EntryKind.VIEW, {**old_view, **bad})
+    for bad, what in (({"site": "a b"}, "site"), ({"near": ["a"]}, "near"), ({"near": ["b", "b"]}, "near")):
+        with pytest.raises(BadPayload, match=what):
+            decode(EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", **bad})
 
 
 def test_absent_optional_fields_take_defaults_and_extra_keys_are_ignored() -> None:

@@ -210,3 +210,29 @@ def test_any_committed_store_text_applies_and_survives_a_snapshot(text: str) -> 
     s1, _ = run(join("a"), (K.VIEW, {"generation": 1, "members": ["a"], "store_host": text}))
     assert decode_state(encode_state(s1)) == s1
     assert decode_snapshot(s1.applied_index, s1.applied_term, encode_snapshot(s1).data) == s1
+
+
+def test_sites_of_records_and_views_survive_a_snapshot_and_a_death() -> None:
+    s, res = run((K.MEMBER_JOINED, {"node_id": "a", "addr": "a:1", "site": "lab-2"}),
+                 (K.MEMBER_JOINED, {"node_id": "b", "addr": "b:1", "near": ["c"]}), join("c"),
+                 (K.VIEW, {"generation": 1, "members": ["a", "b", "c"], "store_host": "h:9",
+                           "sites": ["lab-2", "auto-b", "auto-b"]}),
+                 (K.MEMBER_DEAD, {"node_id": "b"}))
+    assert all(r.accepted for r in res)
+    assert s.members["a"].site == "lab-2" and s.members["b"].near == ("c",) and s.members["b"].status == "dead"
+    assert s.view.site_of("c") == "auto-b" and s.view.site_of("zz") is None
+    assert state_from_dict(state_to_dict(s)) == s
+
+
+def test_a_state_written_before_sites_reads_with_none_and_an_older_reader_ignores_them() -> None:
+    s, _ = run((K.MEMBER_JOINED, {"node_id": "a", "addr": "a:1", "site": "lab-2"}),
+               (K.VIEW, {"generation": 1, "members": ["a"], "store_host": "h:9", "sites": ["lab-2"]}))
+    d = state_to_dict(s)
+    assert len(d["members"]["a"]) == 6 and len(d["view"]) == 4, "the lists an older build unpacks keep their length"
+    older = {k: v for k, v in d.items() if k != "sites"}
+    read = state_from_dict(older)
+    assert read.members["a"].site == "" and read.view.sites == ()
+    with pytest.raises(CorruptState, match="site"):
+        state_from_dict({**d, "sites": {"members": {"a": ["bad site", []]}, "view": []}})
+    with pytest.raises(CorruptState, match="view sites"):
+        state_from_dict({**d, "sites": {"members": {}, "view": ["x", "y"]}})

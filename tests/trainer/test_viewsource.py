@@ -67,8 +67,9 @@ def test_a_peek_sees_a_view_published_with_an_unchanged_folder_mtime_within_the_
 
 
 def test_an_assignment_reads_back_as_written_with_an_ipv6_store(tmp_path):
-    """The view file keeps the host and port apart (the worker's format); an IPv6 host travels bare."""
+    """The view file keeps the host and port apart (the worker's format); an IPv6 host travels bare; the
+    members' sites come along."""
     d = str(tmp_path)
-    given = Assignment(View(2, ("a",), Address("::1", 29500), "s" * 32), 400, "d" * 64, "::1")
+    given = Assignment(View(2, ("a",), Address("::1", 29500), "s" * 32, ("lab-2",)), 400, "d" * 64, "::1")
     publish_view(d, given)
     assert DirViewSource(d, "a", ManualClock(0.0)).wait_view(1, 0.0) == given

@@ -91,7 +91,7 @@ def _back_alive(node_id: str, addr: str, member: Member) -> MemberJoined:
     and not ready, since the box may have restarted and its worker may not have built the job
     yet (its daemon updates the record once it has). A record marked ready here would put a
     box without a worker in the next view, and the whole group would wait on it."""
-    return MemberJoined(node_id, addr, member.store_port, False, member.uid)
+    return MemberJoined(node_id, addr, member.store_port, False, member.uid, member.site, member.near)
 
 
 class Holding(StrEnum):
@@ -397,14 +397,16 @@ def quiet_window(
 
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
-    store_port_of: Mapping[str, int], failed_generation: int = 0,
+    store_port_of: Mapping[str, int], failed_generation: int = 0, sites: Mapping[str, str] | None = None,
 ) -> Decision:
     """Propose the next generation once the wanted members have held still for `quiet` seconds.
 
     Waiting for a short quiet window folds several failures into one view change. The store
     host is the new rank 0, which hosts the rendezvous store for the new group. A group that
     reported itself failed (failed_generation == current) gets a new generation even with the
-    same members, so its workers can re-form.
+    same members, so its workers can re-form. The view names each member's site from `sites`
+    (None: it names none); a change of the members' sites alone is a new generation too, unless
+    the current view names no sites (an older leader's: the next view names them).
     """
     current = state.view
     failed = _group_failed(state, failed_generation)
@@ -416,7 +418,9 @@ def decide_view(
         return _pause(current)
     if not members:
         return _none("no member is ready to train")
-    if current is not None and list(current.members) == members and not failed:
+    placed = tuple(sites[m] for m in members) if sites is not None else ()
+    moved = current is not None and bool(current.sites) and current.sites != placed
+    if current is not None and list(current.members) == members and not failed and not moved:
         return _none(f"generation {current.generation} already has these members")
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
@@ -426,8 +430,9 @@ def decide_view(
     except ValueError as exc:  # a record no admission would take today (an older log): never crash the chores
         return _none(f"rank 0 ({rank0}) has no usable address: {exc}")
     generation = (current.generation if current is not None else 0) + 1
-    view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])))
-    return Decision(view, f"generation {generation}: {len(members)} members")
+    view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])), sites=placed)
+    moved = moved and list(current.members) == members and not failed
+    return Decision(view, f"generation {generation}: {len(members)} members" + (", their sites changed" if moved else ""))
 
 
 def _pause(current: View | None) -> Decision:

@@ -21,7 +21,9 @@ from dpeer.ids import Ids
 from dpeer.daemon.decide.failures import (
     REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_build, judge_failure, reform_delay,
 )
+from dpeer.daemon.node.member_record import SiteOf
 from dpeer.daemon.node.driver import Node
+from dpeer.daemon.decide.sites import committed_sites
 from dpeer.daemon.timing import LeaderTiming
 from dpeer.daemon.decide.sightings import Windows
 from dpeer.daemon.decide.proposals import (
@@ -47,9 +49,10 @@ class LeaderChores:
 
     def __init__(
         self, node: Node, timing: LeaderTiming, self_store_port: Callable[[], int], self_ready: Callable[[], bool],
-        self_leaving: Callable[[], bool], repeat_limit: int = REPEAT_LIMIT,
+        self_leaving: Callable[[], bool], self_site: SiteOf, repeat_limit: int = REPEAT_LIMIT,
     ) -> None:
         self.node = node
+        self.self_site = self_site
         self.quiet = timing.quiet_window
         self.confirmed_quiet = timing.confirmed_quiet
         self._before: list[str] | None = None
@@ -77,6 +80,7 @@ class LeaderChores:
         self._job_seen = RUNNING_JOB
         self._led_since: float | None = None
         self._tolerance: Tolerance | None = None  # the last one judged while leading (None before)
+        self._sites_note = ""  # the last sites' reason logged
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
@@ -95,9 +99,11 @@ class LeaderChores:
         """The next entry this leader should propose, or None."""
         node, state = self.node, self.node.store.state
         me = state.members.get(node.id)
-        wanted = (MemberStatus.ACTIVE, node.addr, self.self_store_port(), self.self_ready(), node.store.uid)
-        if (me is None or (me.status, me.addr, me.store_port, me.ready, me.uid) != wanted) and not self.self_leaving():
-            record = MemberJoined(node.id, node.addr, wanted[2], wanted[3], wanted[4])
+        wanted = (MemberStatus.ACTIVE, node.addr, self.self_store_port(), self.self_ready(), node.store.uid,
+                  *self.self_site())
+        if ((me is None or (me.status, me.addr, me.store_port, me.ready, me.uid, me.site, me.near) != wanted)
+                and not self.self_leaving()):
+            record = MemberJoined(node.id, node.addr, *wanted[2:])
             return Decision(record, "the leader's own membership record is out of date")
         if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
             self._job_seen, self.streak, self._halt = state.job, Streak(), None
@@ -159,7 +165,11 @@ class LeaderChores:
         for due in (self._changed_at + quiet, self._failed_at + delay if self.failed_generation else now):
             if due > now:
                 self.node.chores_at(due)  # decide when the wait ends, not at the next periodic pass
-        return decide_view(state, members, self._changed_at, now, quiet, ports, failed)
+        sites = committed_sites(state)
+        if sites.reason != self._sites_note:
+            log.info("sites: %s", sites.reason)
+            self._sites_note = sites.reason
+        return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of)
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:
         """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""

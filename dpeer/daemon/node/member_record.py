@@ -1,5 +1,6 @@
-"""Keep this box's own committed member record (address, store port, readiness, store identity)
-in line with what it is now, through the leader or the seeds; the first such update is the join.
+"""Keep this box's own committed member record (address, store port, readiness, store identity,
+site and near peers) in line with what it is now, through the leader or the seeds; the first such
+update is the join.
 
 One update in flight at a time (its requests go to a known leader alone, else to the seeds and
 members in turn, see _update). The same update goes again only after JOIN_RETRY (the last one
@@ -32,16 +33,18 @@ JOIN_RETRY = 0.5
 ROUND = 5.0  # one update's bound, as one client timeout was
 HEDGE = 0.25  # seconds without an answer before the next address is tried too
 REFUSALS_TO_STOP = 3
-Record = tuple[str, str, int, bool, str]  # status, address, store port, ready, store uid
+# status, address, store port, ready, store uid, configured site, near peers
+Record = tuple[str, str, int, bool, str, str, tuple[str, ...]]
+SiteOf = Callable[[], tuple[str, tuple[str, ...]]]  # this box's configured site and near peers (daemon/decide/sites.py)
 
 
 class MemberRecordSync:
     """Called from the daemon's chores; see the module docstring."""
 
     def __init__(self, node: Node, transport: Transport, seeds: Sequence[str], store_port: Callable[[], int],
-                 ready: Callable[[], bool]) -> None:
+                 ready: Callable[[], bool], site: SiteOf) -> None:
         self.node, self.transport, self.seeds = node, transport, list(seeds)
-        self.store_port, self.ready = store_port, ready
+        self.store_port, self.ready, self.site = store_port, ready, site
         self.task: asyncio.Task | None = None
         self._next = 0.0
         self._sent: Record | None = None  # the record the last update asked for
@@ -51,7 +54,8 @@ class MemberRecordSync:
 
     def wanted(self) -> Record:
         """Our member record as it should read now."""
-        return (MemberStatus.ACTIVE, self.node.addr, self.store_port(), self.ready(), self.node.store.uid)
+        return (MemberStatus.ACTIVE, self.node.addr, self.store_port(), self.ready(), self.node.store.uid,
+                *self.site())
 
     def __call__(self, now: float, leaving: bool) -> None:
         """Start an update if our record is out of date and we do not lead (nor leave)."""
@@ -61,7 +65,7 @@ class MemberRecordSync:
         member = self.node.store.state.members.get(self.node.id)
         wanted = self.wanted()
         current = member is not None and (member.status, member.addr, member.store_port, member.ready,
-                                          member.uid) == wanted
+                                          member.uid, member.site, member.near) == wanted
         if current and self.confirmed:
             return
         if now < self._next and wanted == self._sent:
@@ -121,11 +125,11 @@ class MemberRecordSync:
 
     async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | str | None:
         """The reply, the sentence of a refusal, or None when the update did not get through."""
-        _, addr_, store_port, ready, uid = wanted
+        _, addr_, store_port, ready, uid, site, near = wanted
         node = self.node
         try:
             return await self.transport.client(addr, timeout=timeout).join(
-                node.id, addr_, store_port, ready, uid, node.boot, node.clock() - node.started)
+                node.id, addr_, store_port, ready, uid, node.boot, node.clock() - node.started, site, near)
         except errors.BadRequest as exc:
             log.warning("membership update through %s refused: %s", addr, exc)
             return str(exc)

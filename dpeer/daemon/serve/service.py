@@ -24,6 +24,7 @@ from dpeer.consensus.voting import ChangeOp
 from dpeer.errors import BadRequest, Behind, NotFound, PeerError, Unavailable, Unreachable
 from dpeer.daemon.decide.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node.driver import Node
+from dpeer.daemon.decide.sites import site_problem
 from dpeer.daemon.decide.proposals import NOBODY, Answer, Claim, Holding, Verdict, claim_verdict
 from dpeer.transport.api import PeerClient, Transport
 from dpeer.proto.v1 import dpeer_pb2 as pb
@@ -47,11 +48,25 @@ MAX_STEP = 1 << 62
 # How long the leader waits for a member record's address to say who answers there (a claim of its node id).
 PROBE_TIMEOUT = 2.0
 MAX_CLAIMS = 1024  # the claims whose last verdict was logged (so it is said once per change)
+MAX_NEAR = 1024  # near peers one join may name
 
 
 def _check_id(value: str, what: str) -> None:
     if not value or len(value) > 64 or not value.isprintable() or " " in value:
         raise BadRequest(f"{what} must be 1-64 printable characters without spaces")
+
+
+def _check_site(request: pb.JoinRequest) -> None:
+    """A join's site is empty or a configured site's name; its near peers are distinct other node ids."""
+    problem = site_problem(request.site) if request.site else ""
+    if problem:
+        raise BadRequest(problem)
+    if len(request.near) > MAX_NEAR:
+        raise BadRequest(f"near names {len(request.near)} peers, more than {MAX_NEAR}")
+    for peer in request.near:
+        _check_id(peer, "a near peer")
+    if len(set(request.near)) != len(request.near) or request.node_id in request.near:
+        raise BadRequest("near must name distinct peers, not the joining node")
 
 
 class Service:
@@ -142,23 +157,25 @@ class Service:
             raise BadRequest(f"boot must be the joining daemon's boot, {codec.BOOT_DIGITS} lowercase hex digits")
         if not (math.isfinite(request.up) and 0 <= request.up <= codec.MAX_UP):
             raise BadRequest(f"up must be the joining daemon's age in seconds, 0 to {codec.MAX_UP:g}")
+        _check_site(request)
         return await self._via_leader(
             lambda: self._admit(request),
             lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready, request.uid,
-                             request.boot, request.up))
+                             request.boot, request.up, request.site, request.near))
 
     async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
         """Commit the joining box's record unless it is current; every boot's first join is judged
         (views.claim_verdict), so a copy of a member's disk is told even when its record is current."""
         member = self.node.store.state.members.get(request.node_id)
-        wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid)
+        wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid, request.site,
+                  tuple(request.near))
         current = member is not None and (member.status, member.addr, member.store_port, member.ready,
-                                          member.uid) == wanted
+                                          member.uid, member.site, member.near) == wanted
         if (not current or request.boot) and member is not None and member.uid:
             await self._judge_claim(request)
         if not current:
             record = _built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
-                                                 request.uid))
+                                                 request.uid, request.site, tuple(request.near)))
             await self.node.propose(record, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)

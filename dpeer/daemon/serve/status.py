@@ -7,13 +7,32 @@ from typing import Any
 from dpeer.consensus import Role
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.decide.quorum import explain_no_leader
+from dpeer.daemon.decide.sites import FAR_MS, NEAR_MS, RULE
 from dpeer.daemon.decide.proposals import fault_tolerance
+from dpeer.statemachine.state import ClusterState
+
+
+def site_of(state: ClusterState, node_id: str) -> str | None:
+    """A member's committed site: the one the committed view names for it, else the one its
+    record configures; None while neither names one (measured sites come with a view)."""
+    in_view = state.view.site_of(node_id) if state.view is not None else None
+    record = state.members.get(node_id)
+    return in_view or (record.site if record is not None and record.site else None)
+
+
+def site_measure(node: Node, configured: str) -> dict[str, Any]:
+    """How this box's site is found: its configured site (null: measured), the peers its
+    committed record names near, and the rule with its thresholds (daemon/decide/sites.py)."""
+    me = node.store.state.members.get(node.id)
+    return {"configured": configured or None, "near": list(me.near) if me is not None else [],
+            "near_ms": NEAR_MS, "far_ms": FAR_MS, "rule": RULE}
 
 
 def members(node: Node) -> list[dict[str, Any]]:
-    """Gossip's members with their committed status and the last probe's round trip:
-    {node_id, addr, state, incarnation, version, committed, rtt_ms}."""
-    committed = node.store.state.members
+    """Gossip's members with their committed status, the last probe's round trip and their
+    committed site: {node_id, addr, state, incarnation, version, committed, rtt_ms, site}."""
+    state = node.store.state
+    committed = state.members
     out = []
     for rec in sorted(node.swim.members(), key=lambda r: r.node_id):
         member = committed.get(rec.node_id)
@@ -21,18 +40,20 @@ def members(node: Node) -> list[dict[str, Any]]:
             "node_id": rec.node_id, "addr": rec.addr, "state": rec.state.value,
             "incarnation": rec.incarnation, "version": rec.last_applied,
             "committed": member.status if member is not None else None,
-            "rtt_ms": node.probes.rtt_ms(rec.node_id),
+            "rtt_ms": node.probes.rtt_ms(rec.node_id), "site": site_of(state, rec.node_id),
         })
     return out
 
 
 def group(node: Node) -> dict[str, Any] | None:
-    """The committed view as seen by this node, or None when it is not in it."""
+    """The committed view as seen by this node, or None when it is not in it; `sites`: each
+    member's site in rank order (empty when the view names none)."""
     view = node.store.state.view
     if view is None or node.id not in view.members:
         return None
     return {"generation": view.generation, "world_size": len(view.members),
-            "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store)}
+            "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store),
+            "sites": list(view.sites)}
 
 
 def checkpoint(node: Node) -> dict[str, Any] | None:
@@ -76,14 +97,16 @@ def identity(node: Node) -> dict[str, Any]:
     }
 
 
-def document(node: Node, extra: dict[str, Any]) -> dict[str, Any]:
-    """The whole status object; `extra` adds train, resync and process fields."""
+def document(node: Node, extra: dict[str, Any], configured_site: str) -> dict[str, Any]:
+    """The whole status object; `extra` adds train, resync and process fields; this box's site
+    is the committed one, with how it is found (`site_measure`)."""
     store, state = node.store, node.store.state
     doc: dict[str, Any] = {
         "node_id": node.id, "addr": node.addr, "term": store.current_term, "leader": node.leader_id,
         "role": node.role.value, "commit_index": store.commit_index, "last_applied": store.last_applied,
         "first_index": store.first_index, "snapshot_index": store.snapshot_index,
         "members": members(node), "group": group(node), "train": None,
+        "site": site_of(state, node.id), "site_measure": site_measure(node, configured_site),
         "voters": list(state.voters), "learners": list(state.learners), "fault_tolerance": tolerance(node),
         "control": state.control, "checkpoint": checkpoint(node), "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
         "recovered_from": str(store.recovered_from) if store.recovered_from else None,

@@ -149,6 +149,19 @@ def test_decide_view_waits_for_quiet_window_then_proposes_next_generation() -> N
     assert d.proposal == ViewChange(4, ("a", "b"), "10.0.0.1:8100")
 
 
+def test_a_view_names_each_member_s_site_and_a_change_of_sites_alone_is_a_new_generation() -> None:
+    s = state({"a": "active", "b": "active"}, view=View(3, ("a", "b"), Address.parse("10.0.0.1:8100"), "",
+                                                         ("lab", "auto-b")))
+    ports = {"a": 8100, "b": 8101}
+    same = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, sites={"a": "lab", "b": "auto-b"})
+    assert not same.propose and "already has" in same.reason
+    moved = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, sites={"a": "lab", "b": "lab"})
+    assert moved.proposal == ViewChange(4, ("a", "b"), "10.0.0.1:8100", sites=("lab", "lab"))
+    assert "their sites changed" in moved.reason
+    joined = decide_view(s, ["b", "a"], 0.0, 100.0, 0.1, ports, sites={"a": "lab", "b": "auto-b"})
+    assert joined.proposal.sites == ("auto-b", "lab") and "sites" not in joined.reason
+
+
 @pytest.mark.parametrize(
     "view, members, control, why",
     [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType, SimpleNamespace
 
 from dpeer.consensus import Role
@@ -13,6 +14,7 @@ from dpeer.daemon.node.leader_chores import LeaderChores
 from dpeer.daemon.timing import LEADER_PRESETS
 from dpeer.daemon.decide.proposals import Observed
 from dpeer.statemachine.entry import EntryKind
+from dpeer.statemachine.payloads import MemberJoined
 from dpeer.statemachine.state import ClusterState, JobState, Member
 from dpeer.address import Address
 from dpeer.view import View
@@ -44,7 +46,7 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
     node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, store=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=LAN, gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0,
                     sightings=Sightings("a", 0.0))
-    return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False), node
+    return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False, lambda: ("", ())), node
 
 
 def collective_failed(error: str, step: int = 7) -> FailureReport:
@@ -170,3 +172,18 @@ def test_a_step_failing_with_a_changing_figure_halts_the_job() -> None:
                                                       generation))
     d = leader.decide(30.0)
     assert d is not None and d.kind is EntryKind.JOB and "3 times in a row" in d.proposal.error, d
+
+
+def test_the_leader_s_record_names_its_site_and_its_next_view_names_every_member_s() -> None:
+    leader, node = chores("alive")
+    leader.self_site = lambda: ("lab", ())
+    d = leader.decide(10.0)
+    assert d is not None and d.proposal == MemberJoined("a", "10.0.0.1:7100", 7101, True, "a" * 32, "lab")
+    state = node.store.state
+    members = {"a": replace(state.members["a"], site="lab"), "b": replace(state.members["b"], near=("a",))}
+    node.store.state = replace(state, members=MappingProxyType(members),
+                               view=replace(state.view, sites=("lab", "lab")))
+    assert leader.decide(11.0) is None  # the wanted members, first seen: the quiet window starts
+    d = leader.decide(11.0 + leader.quiet + 0.01)
+    assert d is not None and d.proposal.generation == 5 and d.proposal.sites == ("lab", "auto-b")
+    assert "their sites changed" in d.reason

@@ -68,7 +68,7 @@ def _round(peers: dict[str, tuple], leader: str | None = None) -> tuple[_Node, _
         node, transport = _Node(loop), _Transport(loop, peers)
         if leader is not None:
             node.leader_id, node.addrs = leader, {leader: leader}
-        sync = MemberRecordSync(node, transport, [a for a in peers if a != leader], lambda: 7, lambda: True)
+        sync = MemberRecordSync(node, transport, [a for a in peers if a != leader], lambda: 7, lambda: True, lambda: ("", ()))
 
         async def main() -> float:
             sync(loop.time(), leaving=False)
@@ -115,7 +115,7 @@ def _rounds(peers: dict[str, tuple], rounds: int) -> tuple[_Node, MemberRecordSy
     loop = VirtualLoop()
     try:
         node, transport = _Node(loop), _Transport(loop, peers)
-        sync = MemberRecordSync(node, transport, list(peers), lambda: 7, lambda: True)
+        sync = MemberRecordSync(node, transport, list(peers), lambda: 7, lambda: True, lambda: ("", ()))
 
         async def main() -> None:
             for _ in range(rounds):
@@ -144,7 +144,7 @@ def test_a_leader_that_cannot_tell_yet_is_asked_again_without_stopping() -> None
 def test_refusals_that_differ_do_not_add_up() -> None:
     loop = VirtualLoop()
     node = _Node(loop)
-    sync = MemberRecordSync(node, _Transport(loop, {}), [], lambda: 7, lambda: True)
+    sync = MemberRecordSync(node, _Transport(loop, {}), [], lambda: 7, lambda: True, lambda: ("", ()))
     loop.close()
     for sentence in ("held at a", "held at b", "held at a", "held at b"):
         assert not sync._stop_on(sentence)
@@ -155,9 +155,9 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
     loop = VirtualLoop()
     try:
         node, transport = _Node(loop), _Transport(loop, {"n1": ("refuse_until", 0.0)})
-        sync = MemberRecordSync(node, transport, ["n1"], lambda: 7, lambda: True)
+        sync = MemberRecordSync(node, transport, ["n1"], lambda: 7, lambda: True, lambda: ("lab-2", ()))
         node.store.state.members["n2"] = SimpleNamespace(status="active", addr=node.addr, store_port=7, ready=True,
-                                                         uid=node.store.uid)
+                                                         uid=node.store.uid, site="lab-2", near=())
 
         async def main() -> None:
             for _ in range(3):
@@ -169,4 +169,4 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
     finally:
         loop.close()
     assert len(transport.calls) == 1 and sync.confirmed
-    assert transport.sent == ("n2", node.addr, 7, True, node.store.uid, "b" * 16, 2.5)
+    assert transport.sent == ("n2", node.addr, 7, True, node.store.uid, "b" * 16, 2.5, "lab-2", ())
