@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from dpeer.trainer import fixedpoint as fx
 from dpeer.trainer.allreduce import StepReduction
+from dpeer.trainer.exact_shards import ShardedSum
 from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets, wait_all
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds
 from dpeer.trainer.state import tensor_bytes
@@ -249,6 +250,9 @@ class ExactStep:
         self._newest = -1  # the newest generation this rank has seen, sent with the step
         self._rank, self._world_planned = 0, 1
         self._overlap: Overlap | None = None
+        self._sharded = False  # this step's sums go through owners' shards (exact_shards.py)
+        self._shards: ShardedSum | None = None
+        self._ctl_work: Any = None  # a sharded pass's allreduce of the control slots
         self._works: list[tuple[Any, Bucket, torch.Tensor, torch.Tensor | None]] = []  # work, bucket, wire, slot
         self._tail: torch.Tensor | None = None  # the reduced control slots, on the CPU
         self._pending: tuple[torch.Tensor | None, torch.Tensor, int, int, bool] | None = None
@@ -272,7 +276,7 @@ class ExactStep:
             self.close()
             o = self._o = self._layout(world)
             self._ctl = torch.zeros(o["grads"], dtype=torch.float64, device=self.device)
-            self._acc, self._slots, self._works = None, [], []
+            self._acc, self._slots, self._works, self._shards = None, [], [], None
             self._plan = plan_buckets(self.nb * fx.BUCKET, o["grads"], self._ctl.element_size(), fx.BUCKET)
             if not self._grads.loose:  # a gradient of its own is copied in after backward, never overlapped
                 self._overlap = Overlap(self.params, self._grads.offsets, self._plan, o["grads"], self._launch)
@@ -303,6 +307,7 @@ class ExactStep:
         """What this rank trains of ``step`` (recorded before any of its sums can leave)."""
         self._keys = self.keys(step, rank, world)
         self._mine = [j for j, _ in self._keys]
+        self._sharded = 1 < world and self.micro <= world and self.dtype == torch.float32
         self._step, self._rank, self._world_planned = step, rank, world
         return Trained(step, self._mine, [i for _, mb in self._keys for i in mb])
 
@@ -331,7 +336,7 @@ class ExactStep:
         ctl = self._buffer(self._world_planned)
         if self._overlap is not None:
             self._overlap.disarm()  # a step that failed half-way may have left it armed
-        overlap = overlap and scale is not None and self._overlap is not None
+        overlap = (overlap or self._sharded) and (scale is not None or self._sharded) and self._overlap is not None
         ctl.zero_()
         if len(self._mine) > 1 and self._acc is None:
             self._acc = torch.zeros(self._o["end"], dtype=torch.float64, device=self.device)
@@ -339,9 +344,22 @@ class ExactStep:
         self._grads.bind()
         if self._works:  # a step that failed half-way: its buffers may still be written, take fresh ones
             self._works, self._slots = [], []
-        self._tail = None
+        self._tail, self._ctl_work = None, None
         self._pass_of = (exponents, scale, overlap, amax)
         self._pending = (scale, amax, len(self._mine) - 1, self._rank, True) if overlap else None
+        if self._sharded:
+            self._begin_shards()
+
+    def _begin_shards(self) -> None:
+        """A sharded pass: this group's exchanges (fresh ones after a step that failed half-way), and
+        a zero gradient for a rank with no micro-batch."""
+        if self._shards is None or self._shards.rank != self._rank or self._shards.busy:
+            g = self._o["grads"]
+            spans = [(max(b.lo - g, 0) // fx.BUCKET, (b.hi - g) // fx.BUCKET) for b in self._plan]
+            self._shards = ShardedSum(self.row, spans, self._rank, self._world_planned, self.lo, self.bits,
+                                      self.spec.global_batch)
+        if not self._mine:
+            self.row.zero_()
 
     def enter(self, n: int) -> None:
         """Micro-batch ``n`` of the plan runs alone: the row zeroed (and a loose parameter's gradient
@@ -389,16 +407,21 @@ class ExactStep:
     def end_pass(self) -> None:
         """Every micro-batch ran: launch the buckets not launched yet (every bucket, in a pass that is not
         overlapped); norm statistics back at the step's start values until combine."""
-        _exponents, scale, overlap, amax = self._pass_of
+        exponents, scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
             if not self._mine:
                 self._overlap.arm()
             self._overlap.finish()
+        elif self._sharded:
+            for k, bucket in enumerate(self._plan):
+                self._launch(k, bucket)
         else:  # the same collectives, in the same order, as an overlapped pass (another rank's may be)
             self._pending = (scale, amax, len(self._mine) - 1, self._rank, len(self._mine) <= 1)
             for k, bucket in enumerate(self._plan):
                 self._launch(k, bucket)
+        if self._sharded:
+            self._sum_shards(exponents)
         self.norms.restore()
         if [b._version for b in self._others] != self._versions:
             names = [n for n, b in self.spec.model.named_buffers() if any(b is x for x in self._others)]
@@ -412,6 +435,10 @@ class ExactStep:
         first measured and quantized into the sum (into a pooled wire buffer on a rank with one
         micro-batch or none). The bucket at the front carries the control slots, written once every
         other bucket's largest magnitudes are known."""
+        if self._sharded:
+            assert self._shards is not None
+            self._shards.launch(_k)
+            return
         assert self._pending is not None
         scale, amax, last, rank, convert = self._pending
         g = self._o["grads"]
@@ -474,6 +501,8 @@ class ExactStep:
         fit: the micro-batches run again (a second pass that quantizes with the measured exponents,
         begun here), and the next ``end_pass`` and ``reduce`` sum them."""
         self._buffer(world)
+        if self._sharded:
+            return self._reduce_shards(world)
         o = self._o
         while self._works:
             self._complete_oldest()
@@ -482,11 +511,8 @@ class ExactStep:
             return self._finish(*redo)
         assert self._tail is not None, "reduce() before end_pass()"
         tail, self._tail = self._tail, None
-        ranks = tail[o["ranks"] : o["norm"]].view(world, self.nb + 3)
+        ranks, prints, seen, loss_mean = self._read_tail(tail, world)
         measured = ranks[:, : self.nb].to(torch.int64).amax(dim=0)
-        prints = set(ranks[:, self.nb].tolist())
-        seen = [int(v) for v in ranks[:, self.nb + 2].tolist()]
-        loss_mean = sum(tail[: self.micro].tolist()) / self.spec.global_batch
         if bool((measured >= fx.NONFINITE).any()):
             return self._nonfinite(measured, loss_mean, seen)
         used = self.exponents
@@ -496,6 +522,44 @@ class ExactStep:
             self._redo = (used, measured, tail, loss_mean, seen)
             self._begin_pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), overlap=False)
             return None
+        return self._finish(used, measured, tail, loss_mean, seen)
+
+    def _read_tail(self, tail: torch.Tensor, world: int) -> tuple[torch.Tensor, set[float], list[int], float]:
+        """The reduced control slots: every rank's block, the exponents' fingerprints, the newest
+        generations seen, the step's mean loss."""
+        o = self._o
+        ranks = tail[o["ranks"] : o["norm"]].view(world, self.nb + 3)
+        seen = [int(v) for v in ranks[:, self.nb + 2].tolist()]
+        return ranks, set(ranks[:, self.nb].tolist()), seen, sum(tail[: self.micro].tolist()) / self.spec.global_batch
+
+    def _sum_shards(self, exponents: torch.Tensor | None) -> None:
+        """A sharded pass's collectives after its first exchanges: the control slots (this rank's
+        fingerprint and newest generation, losses and norm statistics) summed, then the owners' sums."""
+        assert self._shards is not None
+        block = self._o["ranks"] + self._rank * (self.nb + 3)
+        self._ctl[block + self.nb] = float(self._print)
+        self._ctl[block + self.nb + 2] = float(self._newest)
+        self._ctl_work = dist.all_reduce(self._ctl, async_op=True)
+        self._shards.sum(exponents)
+
+    def _reduce_shards(self, world: int) -> StepReduction:
+        """A sharded step's reduction: the owners' means and measured exponents back; when the
+        exponents did not fit (or ranks disagree on them), the owners sum again with the measured ones
+        (the contributions they kept: no micro-batch runs again)."""
+        assert self._shards is not None and self._ctl_work is not None, "reduce() before end_pass()"
+        work, self._ctl_work = self._ctl_work, None
+        wait_all([work])
+        measured = self._shards.collect()
+        tail = self._ctl.to("cpu", copy=True)
+        _ranks, prints, seen, loss_mean = self._read_tail(tail, world)
+        if bool((measured >= fx.NONFINITE).any()):
+            return self._nonfinite(measured, loss_mean, seen)
+        used = self._pass_of[0]
+        if used is None or bool((measured > used).any()) or len(prints) > 1 or -1.0 in prints:
+            used = measured.clamp(min=self.lo, max=self.hi)
+            self.redos += 1
+            self._shards.sum(used)
+            self._shards.collect()
         return self._finish(used, measured, tail, loss_mean, seen)
 
     def _finish(self, used: torch.Tensor, measured: torch.Tensor, tail: torch.Tensor, loss_mean: float,

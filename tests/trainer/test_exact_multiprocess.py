@@ -125,3 +125,20 @@ def test_a_dropout_and_a_batchnorm_model_end_bitwise_equal_through_a_kill(model:
         state = torch.load(one.final("solo"), weights_only=True)
         assert int(state["1.num_batches_tracked"]) == opts["steps"]
         assert not torch.equal(state["1.running_mean"], torch.zeros_like(state["1.running_mean"]))
+
+
+@pytest.mark.timeout(400)
+def test_steps_of_at_most_one_micro_batch_a_rank_end_bitwise_equal_through_kills(tmp_path) -> None:
+    """Two micro-batches a step: summed by the owners of the buckets' shards (exact_shards.py) on 3
+    ranks (one without a micro-batch) and on 2, by the allreduce path on 1 box; kills of rank 0 and
+    of another rank end with the 1-box run's bits."""
+    opts = {**OPTS, "steps": 1500, "micro_batch": 8}
+
+    def faults(cluster: Cluster) -> None:
+        kill_and_restart(cluster, "c", signal.SIGKILL)
+        kill_and_restart(cluster, "a", signal.SIGKILL)
+
+    chaos = train(str(tmp_path / "chaos"), NODES, opts, faults)
+    one = train(str(tmp_path / "solo"), ["solo"], opts)
+    assert final_digest(chaos, opts) == final_digest(one, opts)
+    assert_same_final_state(chaos, one)
