@@ -132,7 +132,7 @@ def test_steps_of_at_most_one_micro_batch_a_rank_end_bitwise_equal_through_kills
     """Two micro-batches a step: summed by the owners of the buckets' shards (exact_shards.py) on 3
     ranks (one without a micro-batch) and on 2, by the allreduce path on 1 box; kills of rank 0 and
     of another rank end with the 1-box run's bits."""
-    opts = {**OPTS, "steps": 1500, "micro_batch": 8}
+    opts = {**OPTS, "micro_batch": 8}
 
     def faults(cluster: Cluster) -> None:
         kill_and_restart(cluster, "c", signal.SIGKILL)
