@@ -533,14 +533,16 @@ class ExactStep:
         return ranks, set(ranks[:, self.nb].tolist()), seen, sum(tail[: self.micro].tolist()) / self.spec.global_batch
 
     def _sum_shards(self, exponents: torch.Tensor | None) -> None:
-        """A sharded pass's collectives after its first exchanges: the control slots (this rank's
-        fingerprint and newest generation, losses and norm statistics) summed, then the owners' sums."""
+        """A sharded pass's collectives after its first exchanges: the owners' sums, then the control
+        slots (this rank's fingerprint and newest generation, the owners' measured exponents, losses
+        and norm statistics) summed."""
         assert self._shards is not None
         block = self._o["ranks"] + self._rank * (self.nb + 3)
         self._ctl[block + self.nb] = float(self._print)
         self._ctl[block + self.nb + 2] = float(self._newest)
+        first = self._o["ranks"]  # rank 0's measured slots carry every row's, each written by its owner
+        self._shards.sum(exponents, self._ctl[first : first + self.nb])
         self._ctl_work = dist.all_reduce(self._ctl, async_op=True)
-        self._shards.sum(exponents)
 
     def _reduce_shards(self, world: int) -> StepReduction:
         """A sharded step's reduction: the owners' means and measured exponents back; when the
@@ -549,16 +551,17 @@ class ExactStep:
         assert self._shards is not None and self._ctl_work is not None, "reduce() before end_pass()"
         work, self._ctl_work = self._ctl_work, None
         wait_all([work])
-        measured = self._shards.collect()
+        self._shards.collect()
         tail = self._ctl.to("cpu", copy=True)
-        _ranks, prints, seen, loss_mean = self._read_tail(tail, world)
+        ranks, prints, seen, loss_mean = self._read_tail(tail, world)
+        measured = ranks[0, : self.nb].to(torch.int64)
         if bool((measured >= fx.NONFINITE).any()):
             return self._nonfinite(measured, loss_mean, seen)
         used = self._pass_of[0]
         if used is None or bool((measured > used).any()) or len(prints) > 1 or -1.0 in prints:
             used = measured.clamp(min=self.lo, max=self.hi)
             self.redos += 1
-            self._shards.sum(used)
+            self._shards.sum(used, None)
             self._shards.collect()
         return self._finish(used, measured, tail, loss_mean, seen)
 

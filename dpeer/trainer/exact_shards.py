@@ -6,7 +6,8 @@ every bucket with every micro-batch's contribution to it. The owner measures eac
 magnitude over the contributions, turns every contribution into fixed-point integers with the
 agreed exponents, sums them in float64 and turns the sum into the mean gradient (the same
 fixedpoint functions as the allreduce path); a second all-to-all hands every rank every owner's
-means and measured exponents. The integers are the same numbers as the allreduce path's and an
+means, straight into its gradient row, and the measured exponents ride in the step's control
+allreduce (each row's slot written by its owner alone). The integers are the same numbers as the allreduce path's and an
 integer sum is exact in any order, so the result has the same bits as that path and as any world
 size.
 
@@ -17,7 +18,7 @@ again with the measured exponents: no micro-batch is recomputed.
 
 Every rank issues the same collectives in the same order: the first exchange of each bucket as
 backward fills it (overlap.py), then, once every bucket has left, the second exchanges in bucket
-order.
+order, then the control allreduce (exact.py).
 """
 
 from __future__ import annotations
@@ -42,12 +43,11 @@ class ShardedSum:
         width = row.shape[1]
         self._shard = [-(-(r1 - r0) // world) for r0, r1 in spans]  # S: rows an owner takes of bucket k
         self._recv = [row.new_empty(world, s, width) for s in self._shard]  # every rank's contribution to my shard
-        self._send = [row.new_empty(world, s * width + s) for s in self._shard]  # my means and exponents, w copies
-        self._back = [row.new_empty(world, s * width + s) for s in self._shard]  # every owner's
+        self._send = [row.new_empty(world, s, width) for s in self._shard]  # my shard's means, once for every rank
+        # a bucket whose rows do not split evenly travels padded to world * S rows
         self._pad = {k: row.new_zeros(world * s, width) for k, s in enumerate(self._shard)
                      if world * s != spans[k][1] - spans[k][0]}
-        longest = max(self._shard, default=0)
-        chunk = min(longest, fx.chunk_rows(torch.float64))
+        chunk = min(max(self._shard, default=0), fx.chunk_rows(torch.float64))
         self._acc = row.new_empty(chunk, width, dtype=torch.float64)
         self._wide = row.new_empty(chunk, width, dtype=torch.float64)
         self._amax = row.new_empty(world, chunk)
@@ -63,30 +63,27 @@ class ShardedSum:
             src = self._pad[k]
         self._first.append(dist.all_to_all_single(self._recv[k].view(-1), src.reshape(-1), async_op=True))
 
-    def sum(self, exponents: torch.Tensor | None) -> None:
+    def sum(self, exponents: torch.Tensor | None, measured: torch.Tensor | None) -> None:
         """Once every bucket has left: each bucket's shard summed with the agreed ``exponents`` (None:
-        not known yet, only measured, the means left zero) and handed back, in bucket order."""
+        not known yet, the means left zero) and handed back, in bucket order; the shard's measured
+        exponents into its rows' slots of ``measured`` (float64, one a row; None: not wanted)."""
         scale = None if exponents is None else fx.pow2(self.bits - exponents).to(self.row.device).view(-1, 1)
         for k in range(len(self.spans)):
-            if len(self._first) > k and self._first[k] is not None:
+            if k < len(self._first) and self._first[k] is not None:
                 wait_all([self._first[k]])
                 self._first[k] = None
-            self._reduce_shard(k, exponents, scale)
-            self._second.append(dist.all_to_all_single(self._back[k].view(-1), self._send[k].view(-1), async_op=True))
+            self._reduce_shard(k, exponents, scale, measured)
+            back = self._pad[k] if k in self._pad else self.row[self.spans[k][0] : self.spans[k][1]]
+            self._second.append(dist.all_to_all_single(back.reshape(-1), self._send[k].view(-1), async_op=True))
         self._first = []
 
-    def collect(self) -> torch.Tensor:
-        """Wait for the owners' answers: the means into the row; returns the measured exponent of
-        every row (int64, NONFINITE where a contribution holds a NaN or an Inf)."""
+    def collect(self) -> None:
+        """Wait for the owners' means: every bucket's in the row."""
         works, self._second = self._second, []
         wait_all(works)
-        width = self.row.shape[1]
-        measured = torch.zeros(self.row.shape[0], dtype=torch.int64)
-        for k, (r0, r1) in enumerate(self.spans):
-            s, back = self._shard[k], self._back[k]
-            self.row[r0:r1].copy_(back[:, : s * width].reshape(self.world * s, width)[: r1 - r0])
-            measured[r0:r1] = back[:, s * width :].reshape(-1)[: r1 - r0].to(device="cpu", dtype=torch.int64)
-        return measured
+        for k, pad in self._pad.items():
+            r0, r1 = self.spans[k]
+            self.row[r0:r1].copy_(pad[: r1 - r0])
 
     @property
     def busy(self) -> bool:
@@ -94,29 +91,27 @@ class ShardedSum:
         buffers may still be written)."""
         return bool(self._second) or any(w is not None for w in self._first)
 
-    def _reduce_shard(self, k: int, exponents: torch.Tensor | None, scale: torch.Tensor | None) -> None:
+    def _reduce_shard(self, k: int, exponents: torch.Tensor | None, scale: torch.Tensor | None,
+                      measured: torch.Tensor | None) -> None:
         """This rank's shard of bucket ``k``: measured exponents, and the mean of the contributions'
-        fixed-point sum (fixedpoint.quantize's integers, fixedpoint.finish's means)."""
+        fixed-point sum (fixedpoint.quantize's integers, fixedpoint.finish's means), once for every rank."""
         r0, r1 = self.spans[k]
-        s, width = self._shard[k], self.row.shape[1]
+        s = self._shard[k]
         o0 = r0 + self.rank * s
         n = max(0, min(r1, o0 + s) - o0)
-        send = self._send[k][0]
-        means = send[: s * width].view(s, width)
-        exps = send[s * width :]
-        exps.fill_(float(self.lo))
-        step = self._acc.shape[0]
+        means = self._send[k][0]
+        step = max(1, self._acc.shape[0])
         for c0 in range(0, n, step):
             c1 = min(n, c0 + step)
-            part = self._recv[k][:, c0:c1]
-            amax = self._amax[:, : c1 - c0]
-            for i in range(self.world):
-                fx.bucket_amax(part[i], amax[i])
-            exps[c0:c1] = fx.bucket_exponents(amax.amax(dim=0), self.lo).to(exps.dtype)
+            part, rows = self._recv[k][:, c0:c1], slice(o0 + c0, o0 + c1)
+            if measured is not None:
+                amax = self._amax[:, : c1 - c0]
+                for i in range(self.world):
+                    fx.bucket_amax(part[i], amax[i])
+                measured[rows] = fx.bucket_exponents(amax.amax(dim=0), self.lo).to(measured)
             if scale is None or exponents is None:
                 means[c0:c1].zero_()
                 continue
-            rows = slice(o0 + c0, o0 + c1)
             acc, wide = self._acc[: c1 - c0], self._wide[: c1 - c0]
             for i in range(self.world):
                 target = acc if i == 0 else wide
@@ -125,4 +120,4 @@ class ShardedSum:
                     acc.add_(wide)
             fx.finish(acc, exponents[rows], self.bits, self.samples, means[c0:c1])
         means[n:].zero_()
-        self._send[k][1:].copy_(send.expand(self.world - 1, -1))
+        self._send[k][1:].copy_(means.expand(self.world - 1, -1, -1))
