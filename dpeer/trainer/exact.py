@@ -10,8 +10,10 @@ BatchNorm and InstanceNorm running statistics reset to the step's start values.
 
 Reduction (fixedpoint.py). The micro-batches' gradients are summed as exact fixed-point integers
 held in float64, with per-bucket exponents the group agreed in the previous step's allreduce
-(every rank's measured exponents ride in it as slots), so a step costs one allreduce, like the fast
-path, of twice the bytes: the overlap buckets (overlap.py), each converted and started as the last
+(every rank's measured exponents ride in it as slots). A step where every rank runs at most one
+micro-batch is summed by the owners of the buckets' shards from the raw float32 gradients
+(exact_shards.py: the fast path's bytes, the same integers, so the same bits); otherwise a step
+costs one allreduce, like the fast path, of twice the bytes: the overlap buckets (overlap.py), each converted and started as the last
 micro-batch's backward fills it, the control slots in the bucket launched last. Every pass of
 every rank issues the same bucket collectives in the same order, whether it overlaps, quantizes
 or only measures. When a gradient outgrew its exponent, when the exponents are not known yet (the
