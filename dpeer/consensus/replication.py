@@ -160,23 +160,6 @@ class Leadership:
                 pr.pending_snapshot = 0
                 pr.become_probe()
 
-    def removal_refusal(self, node: str) -> Refused | None:
-        """On the leader: refuse removing a voter when the voters that remain hold no live quorum
-        (etcd's strict reconfiguration check): with another voter down or replaced, the removal
-        would commit and leave a configuration that can never commit again."""
-        me, now = self.node, self.node.now
-        remaining = [v for v in me.membership.voters if v != node]
-        if me.role is not Role.LEADER or node not in me.membership.voters or not remaining:
-            return None  # not the leader: the proposal that follows says so; no voter left: nothing to judge
-        # two of the slowest beats a live voter answers (idle beats are the slowest)
-        since = now - 2 * max(me.cfg.election_timeout_max, me.cfg.idle_heartbeat_interval)
-        live = me.tracker.live(remaining, me.id, since)
-        if len(live) > len(remaining) // 2:
-            return None
-        silent = sorted(set(remaining) - set(live))
-        return Refused(f"removing voter {node!r} would leave voters {sorted(remaining)}, of which {silent} have not "
-                       f"answered for {now - since:.1f}s: no live quorum; bring them back or replace them first")
-
     # -- replication ----------------------------------------------------------------------------
     def append(self, kind: str, payload: dict[str, Any]) -> Entry:
         """Append an entry of this term, follow the configuration it may hold, and send it."""
@@ -315,3 +298,21 @@ class Leadership:
     def committed_in_term(self) -> bool:
         """The commit index holds an entry of the leader's term (reads may be served)."""
         return self.node.log.term(self.node.log.committed) == self.node.term
+
+    # -- membership changes ---------------------------------------------------------------------
+    def removal_refusal(self, node: str) -> Refused | None:
+        """On the leader: refuse removing a voter when the voters that remain hold no live quorum
+        (etcd's strict reconfiguration check): with another voter down or replaced, the removal
+        would commit and leave a configuration that can never commit again."""
+        me, now = self.node, self.node.now
+        remaining = [v for v in me.membership.voters if v != node]
+        if me.role is not Role.LEADER or node not in me.membership.voters or not remaining:
+            return None  # not the leader: the proposal that follows says so; no voter left: nothing to judge
+        # two of the slowest beats a live voter answers (idle beats are the slowest)
+        since = now - 2 * max(me.cfg.election_timeout_max, me.cfg.idle_heartbeat_interval)
+        live = me.tracker.live(remaining, me.id, since)
+        if len(live) > len(remaining) // 2:
+            return None
+        silent = sorted(set(remaining) - set(live))
+        return Refused(f"removing voter {node!r} would leave voters {sorted(remaining)}, of which {silent} have not "
+                       f"answered for {now - since:.1f}s: no live quorum; bring them back or replace them first")
