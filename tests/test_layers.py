@@ -74,6 +74,26 @@ def test_consensus_imports_nothing_of_the_state_machine() -> None:
     assert not users, f"{sorted(users)} import the state machine"
 
 
+def test_no_consensus_class_is_a_namespace_of_mixins() -> None:
+    """RaftNode's parts are collaborators that own their state (election, leadership, follower,
+    tracker, log, reads, outbox): no class in consensus/ above 300 lines or 25 methods, a class
+    counted with the consensus classes it inherits from (mixins are the class)."""
+    classes = {node.name: node for path in sorted((ROOT / "consensus").glob("*.py"))
+               for node in ast.parse(path.read_text(), str(path)).body if isinstance(node, ast.ClassDef)}
+
+    def size(cls: ast.ClassDef) -> tuple[int, int]:
+        lines = cls.end_lineno - cls.lineno + 1  # type: ignore[operator]
+        methods = sum(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in cls.body)
+        for base in cls.bases:
+            if isinstance(base, ast.Name) and base.id in classes:
+                more_lines, more_methods = size(classes[base.id])
+                lines, methods = lines + more_lines, methods + more_methods
+        return lines, methods
+
+    big = {name: size(cls) for name, cls in classes.items() if size(cls)[0] > 300 or size(cls)[1] > 25}
+    assert not big, f"classes too big (lines, methods): {big}"
+
+
 # Beside the worker's own package: the API a user's script imports in the worker's process, and the
 # offline `dpeer export` command, which imports the trainer when it runs (never the daemon).
 TRAINER_USERS = {"job.py", "cli/export.py"}

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Collection, Mapping
 
 from dpeer.consensus.config import RaftConfig
-from dpeer.consensus.host import RaftHost
 from dpeer.consensus.ready import Proposed, ProposeResult, Refused, Role
 from dpeer.consensus.voting import ConfigChangeError, VotingConfig
 from dpeer.consensus.entry import Entry, RaftKind
+
+if TYPE_CHECKING:
+    from dpeer.consensus.core import RaftNode
 
 log = logging.getLogger("dpeer.consensus.core")
 
@@ -69,34 +71,29 @@ def force_refusal(conf: VotingConfig, me: str, my_uid: str, leading: bool, voter
     return ""
 
 
-class ForceSide(RaftHost):
-    """RaftNode's forced reconfiguration (a mixin over the state host.RaftHost declares)."""
-
-    def force_new_configuration(self, now: float, voters: Iterable[str], alive: Collection[str],
-                                forced_at: float) -> ProposeResult:
-        """UNSAFE BY DESIGN, for operators who lost a majority of voters for good: unless refused
-        (see the module docstring; `alive` are the voters the failure detector holds alive under
-        the uid the configuration names), append a config_change that makes `voters` the only
-        voters in the next epoch (forced_at: unix seconds) and campaign under it. Entries
-        committed by the lost majority but missing here may be lost: run it on the survivor with
-        the most up-to-date log, on one node only."""
-        self._now = now
-        wanted, conf = set(voters), self.membership
-        reach = reachable_voters(conf, self.id, now, self._heard, alive, reach_window(self.cfg))
-        silent = self.leaderless_for(now)
-        refusal = force_refusal(conf, self.id, self.uid, self.role is Role.LEADER, wanted, silent, reach, self.cfg)
-        if refusal:
-            log.warning("%s refused a forced reconfiguration to voters %s: %s", self.id, sorted(wanted), refusal)
-            return Refused(refusal)
-        try:
-            new = conf.forced(wanted, forced_at)
-        except ConfigChangeError as exc:
-            return Refused(str(exc))
-        log.warning("FORCED reconfiguration by %s in term %d: voters %s -> %s, cluster epoch %d -> %d (unsafe: "
-                    "entries only the lost voters held may be lost)", self.id, self.term, sorted(conf.voters),
-                    sorted(new.voters), conf.epoch, new.epoch)
-        self._become_follower(self.term + 1, None)
-        entry = Entry(self.log.last_index() + 1, self.term, RaftKind.CONFIG_CHANGE, new.to_payload())
-        self._append([entry])
-        self._campaign(pre_vote=False)
-        return Proposed(entry.index, entry.term)
+def force(node: RaftNode, voters: set[str], alive: Collection[str], forced_at: float) -> ProposeResult:
+    """Run RaftNode.force_new_configuration at node.now: unless refused (see the module docstring;
+    `alive` are the voters the failure detector holds alive under the uid the configuration
+    names), append a config_change that makes `voters` the only voters in the next epoch
+    (forced_at: unix seconds) and campaign under it. Entries committed by the lost majority but
+    missing here may be lost: run it on the survivor with the most up-to-date log, on one node only."""
+    now, conf = node.now, node.membership
+    reach = reachable_voters(conf, node.id, now, node.heard, alive, reach_window(node.cfg))
+    silent = node.leaderless_for(now)
+    refusal = force_refusal(conf, node.id, node.uid, node.role is Role.LEADER, voters, silent, reach, node.cfg)
+    if refusal:
+        log.warning("%s refused a forced reconfiguration to voters %s: %s", node.id, sorted(voters), refusal)
+        return Refused(refusal)
+    try:
+        new = conf.forced(voters, forced_at)
+    except ConfigChangeError as exc:
+        return Refused(str(exc))
+    log.warning("FORCED reconfiguration by %s in term %d: voters %s -> %s, cluster epoch %d -> %d (unsafe: "
+                "entries only the lost voters held may be lost)", node.id, node.term, sorted(conf.voters),
+                sorted(new.voters), conf.epoch, new.epoch)
+    node.election.follow(node.term + 1, None)
+    entry = Entry(node.log.last_index() + 1, node.term, RaftKind.CONFIG_CHANGE, new.to_payload())
+    node.log.append([entry])
+    node.confs.appended([entry])
+    node.election.campaign(pre_vote=False)
+    return Proposed(entry.index, entry.term)

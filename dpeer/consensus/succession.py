@@ -5,7 +5,7 @@ them waiting out random election timeouts (and sometimes splitting the vote); th
 a slot later in case the first cannot win (dead too, cut off, or behind). The first does not wait
 for the other voters' detectors to agree: a voter that still holds the lost leader's lease refuses
 the pre-vote, and the first asks again after LEASE_RETRY of a heartbeat, then twice as long each
-time (core.RaftNode._retry_after_lease).
+time (election.Election.retry_after_lease).
 """
 
 from __future__ import annotations

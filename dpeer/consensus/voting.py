@@ -163,3 +163,33 @@ def pruned_history(history: History, committed: int) -> History:
     keep = [c for c in history if c[0] <= committed][-1:]
     later = [c for c in history if c[0] > committed]
     return (keep or history[:1]) + later
+
+
+class ConfigHistory:
+    """The configurations in the log from the last committed one on, as (index, configuration)
+    pairs; the last one is in force (a configuration takes effect once appended)."""
+
+    def __init__(self, storage: Any) -> None:
+        self.history: History = load_history(storage)
+
+    @property
+    def current(self) -> VotingConfig:
+        """The configuration in force: the last one in the log, committed or not."""
+        return self.history[-1][1]
+
+    @property
+    def last_index(self) -> int:
+        """The log index of the configuration in force."""
+        return self.history[-1][0]
+
+    def appended(self, entries: Iterable[Entry]) -> None:
+        """Follow entries appended to the log (contiguous): what they truncate away, what they add."""
+        self.history = history_after_append(self.history, entries)
+
+    def committed(self, index: int) -> None:
+        """Forget configurations superseded by one committed at or below index."""
+        self.history = pruned_history(self.history, index)
+
+    def restored(self, index: int, conf: VotingConfig) -> None:
+        """The log was replaced by a snapshot at index holding conf."""
+        self.history = [(index, conf)]

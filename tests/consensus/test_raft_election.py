@@ -57,7 +57,7 @@ def test_a_partitioned_node_rejoining_does_not_disrupt_the_leader() -> None:
     net.isolate("c")
     for _ in range(3):
         net.elect("c")
-    net.nodes["c"]._election_deadline = net.now  # c's timer fires right as the partition heals
+    net.nodes["c"].election.deadline = net.now  # c's timer fires right as the partition heals
     net.heal()
     net.run(10.0)  # c's pre-votes meet followers inside the leader's lease
     assert net.leaders() == ["a"] and net.nodes["a"].term == 2
@@ -127,7 +127,7 @@ def test_a_stale_leader_learns_the_new_term_from_any_reply() -> None:
     net.elect("b")
     assert net.nodes["b"].role is Role.LEADER and net.nodes["b"].term == 3
     net.heal()
-    net.nodes["a"]._heartbeat_due = net.now  # a still believes it leads; make it beat now
+    net.nodes["a"].lead.heartbeat_due = net.now  # a still believes it leads; make it beat now
     net.heartbeat("a")
     assert net.nodes["a"].role is Role.FOLLOWER and net.nodes["a"].term == 3
 

@@ -104,10 +104,10 @@ def test_a_voter_that_lags_keeps_the_leader_busy() -> None:
 def test_an_idle_follower_keeps_the_lease_against_a_disruptive_pre_vote() -> None:
     net = _idle_net()
     node = net.nodes["b"]
-    assert node._election_deadline - net.now >= IDLE.idle_election_timeout - IDLE.idle_heartbeat_interval
+    assert node.election.deadline - net.now >= IDLE.idle_election_timeout - IDLE.idle_heartbeat_interval
     net.advance(2.0)  # past the busy lease, inside the idle one
     net.nodes["c"].tick(net.nodes["c"].next_deadline())  # c's timer fires early (a partition)
-    net.nodes["c"]._campaign(pre_vote=True)
+    net.nodes["c"].election.campaign(pre_vote=True)
     net.deliver()
     refusals = [m for _, m in net.sent("b", VoteResponse)]
     assert refusals and not refusals[-1].granted and refusals[-1].reason == "leader_lease"
@@ -309,7 +309,7 @@ def test_a_proposal_from_outside_a_tick_does_not_cut_the_check_quorum_window_sho
     net.run(IDLE.election_timeout_max + 1.0)
     a = net.nodes["a"]
     for i in range(6):
-        net.now = a._quorum_check_due + 0.01  # just past a check: its flags were reset
+        net.now = a.lead.quorum_check_due + 0.01  # just past a check: its flags were reset
         net.tick("a")
         net.queue.clear()  # and no answer has come since
         net.advance(1.5)

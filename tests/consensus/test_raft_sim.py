@@ -13,6 +13,7 @@ from raft_schedules import election_times, replay_command, run_force_schedule, r
 from raft_sim import DETECT_AFTER
 
 from dpeer.consensus import LAN, RaftNode
+from dpeer.consensus.election import Election
 
 CHUNK = 50
 
@@ -58,12 +59,12 @@ def test_the_schedules_catch_a_planted_amnesia_bug(monkeypatch: pytest.MonkeyPat
     step = RaftNode.step
 
     def amnesiac_admit(self: RaftNode, sender: object, msg: object) -> bool:
-        self._heard[sender.node_id] = self._now  # type: ignore[attr-defined]
+        self.heard[sender.node_id] = self.now
         return True
 
     monkeypatch.setattr(RaftNode, "step", lambda self, now, sender, msg, to_uid: step(self, now, sender, msg, self.uid))
     monkeypatch.setattr(RaftNode, "_admit", amnesiac_admit)
-    monkeypatch.setattr(RaftNode, "_promotable", lambda self: self.id in self.membership.voters)
+    monkeypatch.setattr(Election, "promotable", lambda self: self.node.id in self.node.membership.voters)
     for seed in range(400):
         try:
             run_schedule(seed, (3, 5, 7)[seed % 3])

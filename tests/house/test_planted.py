@@ -9,7 +9,7 @@ import pytest
 
 from dpeer.consensus import force as force_mod
 from dpeer.consensus import follower as follower_mod
-from dpeer.consensus.follower import FollowerSide
+from dpeer.consensus.follower import Follower
 from dpeer.daemon import daemon as daemon_mod
 from dpeer.daemon.node import resyncer as resyncer_mod
 from dpeer.daemon.decide.worker_health import Health
@@ -64,7 +64,7 @@ def plant_unguarded_force(mp: pytest.MonkeyPatch) -> None:
 
 def plant_trust_strangers(mp: pytest.MonkeyPatch) -> None:
     """Before identity checks on resync: committed entries are taken from any peer ahead of us."""
-    mp.setattr(FollowerSide, "_untrusted_source", lambda self, batch, sender, term: "")
+    mp.setattr(Follower, "_untrusted_source", lambda self, batch, sender, term: "")
     mp.setattr(follower_mod, "check_committed_batch", lambda batch, commit_index, lo: "")
 
     def on_heartbeat(self: Any, seen: Any) -> None:
