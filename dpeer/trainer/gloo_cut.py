@@ -95,12 +95,17 @@ class GroupSockets:
         return cut
 
 
-def foreign_connections(own: set[int], skip_ports: set[int]) -> int:
+def foreign_connections(own: set[int], skip_ports: set[int], seen: dict[int, bool]) -> int:
     """Connections this process holds on one of its listening ports (Gloo's; less ``skip_ports``,
     the rendezvous store's) that are not among ``own`` (the group's inodes): what strangers opened.
-    Gloo's listener keeps every connection it accepts until the group is destroyed, so they add up."""
-    tcp, held = tcp_sockets(), socket_inodes()
-    mine = [tcp[inode] for inode in held if inode in tcp]
-    listening = {local for local, _remote, state in mine if state == _LISTEN} - skip_ports
-    return sum(1 for inode in held if inode in tcp and inode not in own and tcp[inode][2] != _LISTEN
-               and tcp[inode][0] in listening)
+    Gloo's listener keeps every connection it accepts until the group is destroyed, so they add up.
+    ``seen`` keeps each socket's verdict for the caller's group (an inode names one socket for its
+    life), so the TCP tables, long on a busy host, are read only when a socket not judged yet is held."""
+    held = socket_inodes()
+    if not held.keys() <= seen.keys():
+        tcp = tcp_sockets()
+        listening = {tcp[inode][0] for inode in held if inode in tcp and tcp[inode][2] == _LISTEN} - skip_ports
+        for inode in held.keys() - seen.keys():
+            seen[inode] = (inode in tcp and inode not in own and tcp[inode][2] != _LISTEN
+                           and tcp[inode][0] in listening)
+    return sum(1 for inode in held if seen[inode])

@@ -140,6 +140,7 @@ class GroupManager:
         self._clients: dict[tuple[str, int], RendezvousClient] = {}
         self._collective_timeout = init_timeout
         self._pairs: gloo_cut.GroupSockets | None = None  # the current Gloo group's connections
+        self._judged: dict[int, bool] = {}  # socket inode -> a stranger's connection? (foreign_connections)
 
     @property
     def device(self) -> torch.device:
@@ -255,6 +256,7 @@ class GroupManager:
         if self.backend == "gloo":
             ports = {view.store.port} | {port for _, port in (*self._clients, *self._hosted)}
             self._pairs = gloo_cut.GroupSockets.established(before, ports)
+            self._judged = {}
         heal_key = derive(view.secret, "heal", view.generation) if view.secret else b""
         self.membership = GroupSeat(view.generation, rank, len(view.members), view.members, heal_key)
         self.set_timeout(self._collective_timeout)
@@ -279,7 +281,8 @@ class GroupManager:
         Gloo group (0 without one): a stranger's, which Gloo's listener holds until the group goes."""
         if self._pairs is None:
             return 0
-        return gloo_cut.foreign_connections(set(self._pairs.sockets), {port for _, port in (*self._clients, *self._hosted)})
+        return gloo_cut.foreign_connections(set(self._pairs.sockets), {port for _, port in (*self._clients, *self._hosted)},
+                                            self._judged)
 
     def _abort_nccl_or_exit(self) -> None:
         done = threading.Event()

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import socket
 
-from dpeer.trainer.gloo_cut import GroupSockets, socket_inodes
+import pytest
+
+from dpeer.trainer import gloo_cut
+from dpeer.trainer.gloo_cut import GroupSockets, foreign_connections, socket_inodes
 
 
 def connected_pair(server: socket.socket) -> tuple[socket.socket, socket.socket]:
@@ -49,3 +52,29 @@ def test_a_descriptor_reused_by_another_socket_is_left_alone() -> None:
         assert new_peer.recv(1) == b"y"
         new.close()
         new_peer.close()
+
+
+def test_strangers_connections_are_counted_and_the_tcp_tables_read_only_for_new_sockets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections to a listening port that are not the group's count as a stranger's; the store's
+    port does not; a second look with no new socket reads no TCP table (long on a busy host), and a
+    new stranger is counted at the next."""
+    with socket.create_server(("127.0.0.1", 0)) as gloo, socket.create_server(("127.0.0.1", 0)) as store:
+        before = set(socket_inodes())
+        mine, mine_accepted = connected_pair(gloo)
+        own = set(GroupSockets.established(before, {store.getsockname()[1]}).sockets)
+        stranger, stranger_accepted = connected_pair(gloo)
+        store_client, store_accepted = connected_pair(store)
+        judged: dict[int, bool] = {}
+        skip = {store.getsockname()[1]}
+        assert foreign_connections(own, skip, judged) == 1
+        reads = []
+        real = gloo_cut.tcp_sockets
+        monkeypatch.setattr(gloo_cut, "tcp_sockets", lambda: reads.append(1) or real())
+        assert foreign_connections(own, skip, judged) == 1 and reads == []
+        second, second_accepted = connected_pair(gloo)
+        assert foreign_connections(own, skip, judged) == 2 and len(reads) == 1
+        stranger_accepted.close()
+        assert foreign_connections(own, skip, judged) == 1
+        for s in (mine, mine_accepted, stranger, store_client, store_accepted, second, second_accepted):
+            s.close()
