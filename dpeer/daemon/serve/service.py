@@ -11,8 +11,7 @@ import json
 import logging
 import math
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from dpeer.security import auth
 
@@ -24,6 +23,7 @@ from dpeer.consensus.voting import ChangeOp
 from dpeer.errors import BadRequest, Behind, NotFound, PeerError, Unavailable, Unreachable
 from dpeer.daemon.decide.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node.driver import Node
+from dpeer.daemon.serve.backing import Backing
 from dpeer.daemon.decide.sites import site_problem
 from dpeer.daemon.decide.proposals import NOBODY, Answer, Claim, Holding, Verdict, claim_verdict
 from dpeer.transport.api import PeerClient, Transport
@@ -72,18 +72,11 @@ def _check_site(request: pb.JoinRequest) -> None:
 class Service:
     """Implements transport.server.PeerHandler over a Node."""
 
-    def __init__(
-        self, node: Node, transport: Transport, status: Callable[[], dict[str, Any]],
-        on_leave: Callable[[], Awaitable[None]], on_group_failed: Callable[[int, FailureReport], None],
-        on_checkpoint: Callable[[str, Held], int], checkpoint_dir: Path,
-    ) -> None:
+    def __init__(self, node: Node, transport: Transport, backing: Backing) -> None:
+        """backing: what the service serves from the rest of the daemon (serve/backing.py)."""
         self.node = node
         self.transport = transport
-        self._status = status
-        self._on_leave = on_leave
-        self.on_group_failed = on_group_failed
-        self.on_checkpoint = on_checkpoint
-        self.checkpoint_dir = checkpoint_dir
+        self.backing = backing
         self._claims: dict[tuple[str, str, str], Holding] = {}  # (node id, store uid, boot) -> last verdict here
 
     # -- peers ----------------------------------------------------------------------------
@@ -102,20 +95,20 @@ class Service:
 
     async def fetch_entries(self, request: pb.FetchEntriesRequest) -> AsyncIterator[pb.EntryChunk]:
         """Committed entries [from_index, to_index] (to the commit index when 0), in chunks."""
-        store = self.node.store
+        reads = self.node.reads
         if request.from_index < 1:
             raise BadRequest("from_index starts at 1")
-        hi = store.commit_index if request.to_index == 0 else min(request.to_index, store.commit_index)
+        hi = reads.commit_index if request.to_index == 0 else min(request.to_index, reads.commit_index)
         lo = request.from_index
         while lo <= hi:
             try:
-                batch = store.entries(lo, hi + 1, max_bytes=CHUNK_BYTES)
+                batch = reads.entries(lo, hi + 1, max_bytes=CHUNK_BYTES)
             except Compacted:
-                raise Behind(f"entries from {lo} are compacted here (first index {store.first_index})") from None
+                raise Behind(f"entries from {lo} are compacted here (first index {reads.first_index})") from None
             if not batch:
                 return
-            yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=store.commit_index,
-                                term=store.current_term, uid=store.uid, epoch=self.node.raft.epoch)
+            yield pb.EntryChunk(entries=[codec.entry_out(e) for e in batch], commit_index=reads.commit_index,
+                                term=reads.current_term, uid=reads.uid, epoch=self.node.raft.epoch)
             lo = batch[-1].index + 1
 
     # -- commands through the leader -------------------------------------------------------
@@ -166,7 +159,7 @@ class Service:
     async def _admit(self, request: pb.JoinRequest) -> pb.JoinReply:
         """Commit the joining box's record unless it is current; every boot's first join is judged
         (views.claim_verdict), so a copy of a member's disk is told even when its record is current."""
-        member = self.node.store.state.members.get(request.node_id)
+        member = self.node.reads.state.members.get(request.node_id)
         wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid, request.site,
                   tuple(request.near))
         current = member is not None and (member.status, member.addr, member.store_port, member.ready,
@@ -176,7 +169,7 @@ class Service:
         if not current:
             record = _built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
                                                  request.uid, request.site, tuple(request.near)))
-            await self.node.propose(record, COMMAND_TIMEOUT)
+            await self.node.commands.propose(record, COMMAND_TIMEOUT)
         records = [codec.record_out(r) for r in self.node.swim.members()]
         return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
 
@@ -205,12 +198,12 @@ class Service:
         up = request.up if request.boot else None
         node.sightings.saw(request.node_id, request.uid, request.addr, now, request.boot, up)  # a sign of life too
         claim = Claim(request.node_id, request.uid, request.addr, request.boot)
-        verdict = claim_verdict(node.store.state, claim, node.sightings, node.windows, now)
-        record = node.store.state.members.get(request.node_id)
+        verdict = claim_verdict(node.reads.state, claim, node.sightings, node.windows, now)
+        record = node.reads.state.members.get(request.node_id)
         if verdict.holding is not Holding.UNSURE or record is None or record.addr == node.addr:
             return verdict
         claim = replace(claim, answer=await self._who_answers(record.addr))
-        return claim_verdict(node.store.state, claim, node.sightings, node.windows, node.clock())
+        return claim_verdict(node.reads.state, claim, node.sightings, node.windows, node.clock())
 
     async def _who_answers(self, addr: str) -> Answer | None:
         """Whose node id, store and boot answer at addr (its status), NOBODY when the connection
@@ -243,15 +236,15 @@ class Service:
         """On the leader: commit member_left for node_id unless it is no longer active, then its
         removal from the configuration; neither while that removal would leave no live quorum."""
         await self._until_removable(node_id)
-        if getattr(self.node.store.state.members.get(node_id), "status", None) is MemberStatus.ACTIVE:
-            await self.node.propose(MemberLeft(node_id), COMMAND_TIMEOUT)
+        if getattr(self.node.reads.state.members.get(node_id), "status", None) is MemberStatus.ACTIVE:
+            await self.node.commands.propose(MemberLeft(node_id), COMMAND_TIMEOUT)
         await self._remove_from_configuration(node_id)
 
     async def _until_removable(self, node_id: str) -> None:
         """Wait (a leader just elected has not heard every voter yet) until removing node_id
         leaves a live quorum; Unavailable with the reason once COMMAND_TIMEOUT has passed."""
         async def refusal() -> str | None:
-            return self.node.removal_refusal(node_id)
+            return self.node.commands.removal_refusal(node_id)
         await self._retry(refusal, f"{node_id} cannot leave now")
 
     async def _remove_from_configuration(self, node_id: str) -> None:
@@ -259,11 +252,11 @@ class Service:
         that remain are a quorum on their own: a voter gone without its removal counts against
         every later commit, and the last two voters leaving in turn would stall the second."""
         async def remove() -> str | None:
-            state = self.node.store.state
+            state = self.node.reads.state
             if node_id not in state.voters + state.learners or list(state.voters) == [node_id]:
                 return None
             try:
-                await self.node.change_membership(ChangeOp.REMOVE, node_id, "", COMMAND_TIMEOUT)
+                await self.node.commands.change_membership(ChangeOp.REMOVE, node_id, "", COMMAND_TIMEOUT)
             except BadRequest as exc:  # another change is in flight (the leader's chores): wait for it
                 return str(exc)
             return None
@@ -282,7 +275,7 @@ class Service:
         """Commit member_left for this node (through the leader), then start the daemon's exit."""
         await self._via_leader(lambda: self._commit_leave(self.node.id),
                                lambda c: c.leave(self.node.id, forwarded=True))
-        await self._on_leave()
+        await self.backing.lifecycle.left()
 
     async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
         """Record that a group (or a job's build) failed: the leader re-forms the group under a new
@@ -299,7 +292,7 @@ class Service:
         report = FailureReport(request.node_id, phase, request.step, error, attempt)
 
         async def here() -> pb.GroupFailedReply:
-            self.on_group_failed(request.generation, report)
+            self.backing.leader.group_failed(request.generation, report)
             return pb.GroupFailedReply()
 
         return await self._via_leader(here, lambda c: c.group_failed(request))
@@ -311,12 +304,12 @@ class Service:
             raise BadRequest("digest must be a lowercase sha256 hex string of 64 characters")
         if not 0 < request.step < MAX_STEP:
             raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
-        if getattr(self.node.store.state.members.get(request.node_id), "status", None) is not MemberStatus.ACTIVE:
+        if getattr(self.node.reads.state.members.get(request.node_id), "status", None) is not MemberStatus.ACTIVE:
             raise BadRequest(f"{request.node_id!r} is not an active member of this cluster")
         held = Held(request.step, request.digest, request.final)
 
         async def here() -> pb.CheckpointReply:
-            return pb.CheckpointReply(committed_step=self.on_checkpoint(request.node_id, held))
+            return pb.CheckpointReply(committed_step=self.backing.leader.checkpoint_reported(request.node_id, held))
 
         return await self._via_leader(
             here, lambda c: c.report_checkpoint(request.node_id, request.step, request.digest, request.final))
@@ -330,10 +323,10 @@ class Service:
             _check_id(voter, "voter")
         if self.node.id not in voters:
             raise BadRequest("run force on one of the surviving voters and name it among --voters")
-        result = self.node.force(voters)
+        result = self.node.commands.force(voters)
         if isinstance(result, Refused):
             raise BadRequest(f"force refused: {result.reason}")
-        return pb.ForceReply(term=self.node.store.current_term, epoch=self.node.raft.epoch,
+        return pb.ForceReply(term=self.node.reads.current_term, epoch=self.node.raft.epoch,
                              reason=f"forced; campaigning under the new voters in cluster epoch {self.node.raft.epoch}")
 
     def node_id(self) -> str:
@@ -343,13 +336,13 @@ class Service:
     def may_forward(self, node_id: str) -> bool:
         """A member of the cluster (in the configuration, or an active member) may forward
         commands to us in the names of the callers it took them from."""
-        state = self.node.store.state
+        state = self.node.reads.state
         member = state.members.get(node_id)
         return node_id in state.voters + state.learners or getattr(member, "status", None) is MemberStatus.ACTIVE
 
     async def status(self) -> pb.StatusReply:
         """The status document as JSON."""
-        return pb.StatusReply(json=json.dumps(self._status(), sort_keys=True))
+        return pb.StatusReply(json=json.dumps(self.backing.status.status(), sort_keys=True))
 
     async def kv_put(self, request: pb.KvPutRequest) -> pb.KvPutReply:
         """Commit key=value; the reply comes once the entry is applied here (on the leader)."""
@@ -357,7 +350,7 @@ class Service:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters and values at most {MAX_VALUE} characters")
 
         async def here() -> pb.KvPutReply:
-            entry, _ = await self.node.propose(KvPut(request.key, request.value), COMMAND_TIMEOUT)
+            entry, _ = await self.node.commands.propose(KvPut(request.key, request.value), COMMAND_TIMEOUT)
             return pb.KvPutReply(committed=True, index=entry.index, leader_id=self.node.id)
 
         return await self._via_leader(here, lambda c: c.kv_put(request.key, request.value))
@@ -368,8 +361,8 @@ class Service:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters")
 
         async def here() -> pb.KvGetReply:
-            index = await self.node.read_barrier(COMMAND_TIMEOUT)
-            value = self.node.store.state.kv.get(request.key)
+            index = await self.node.commands.read_barrier(COMMAND_TIMEOUT)
+            value = self.node.reads.state.kv.get(request.key)
             if value is None:
                 return pb.KvGetReply(found=False, read_index=index)
             return pb.KvGetReply(found=True, value=value, read_index=index)
@@ -382,7 +375,7 @@ class Service:
             raise BadRequest(f"keys are 1-{MAX_KEY} characters")
 
         async def here() -> pb.KvDeleteReply:
-            entry, result = await self.node.propose(KvDelete(request.key), COMMAND_TIMEOUT)
+            entry, result = await self.node.commands.propose(KvDelete(request.key), COMMAND_TIMEOUT)
             return pb.KvDeleteReply(committed=True, index=entry.index, leader_id=self.node.id,
                                     found=result.accepted, reason=result.reason)
 
@@ -394,8 +387,8 @@ class Service:
             raise BadRequest(f"a prefix is at most {MAX_KEY} characters")
 
         async def here() -> pb.KvListReply:
-            index = await self.node.read_barrier(COMMAND_TIMEOUT)
-            kv = self.node.store.state.kv
+            index = await self.node.commands.read_barrier(COMMAND_TIMEOUT)
+            kv = self.node.reads.state.kv
             pairs = [pb.KvPair(key=k, value=kv[k]) for k in sorted(kv) if k.startswith(request.prefix)]
             return pb.KvListReply(pairs=pairs, read_index=index)
 
@@ -418,8 +411,8 @@ class Service:
     def _no_job(self, action: str) -> pb.JobControlReply | None:
         """A refusal when no member runs a job's worker: this leader runs none, and no member's
         record carries the store port a job's worker binds."""
-        state = self.node.store.state
-        if (state.job.state is JobState.RUNNING and self._status().get("job") is None
+        state = self.node.reads.state
+        if (state.job.state is JobState.RUNNING and self.backing.status.status().get("job") is None
                 and not any(m.store_port for m in state.members.values())):
             return pb.JobControlReply(accepted=False, reason=f"there is no job to {action}: no member of this "
                                       "cluster runs a job's worker (nodes run one with --job)")
@@ -427,12 +420,12 @@ class Service:
 
     async def _retry_job(self) -> pb.JobControlReply:
         """Commit a failed job as running again."""
-        job = self.node.store.state.job
+        job = self.node.reads.state.job
         if (refused := self._no_job("retry")) is not None:
             return refused
         if job.state is not JobState.FAILED:
             return pb.JobControlReply(accepted=False, reason=f"the job is {job.state.value}, not failed")
-        entry, result = await self.node.propose(JobChange(JobState.RUNNING), COMMAND_TIMEOUT)
+        entry, result = await self.node.commands.propose(JobChange(JobState.RUNNING), COMMAND_TIMEOUT)
         if not result.accepted:
             return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
         log.warning("the job was retried by an operator after: %s", job.error)
@@ -440,18 +433,18 @@ class Service:
 
     async def _control(self, mode: ControlMode) -> pb.JobControlReply:
         """Commit a pause or a resume; the leader's next view ends the group or forms it again."""
-        state, pausing = self.node.store.state, mode is ControlMode.PAUSED
+        state, pausing = self.node.reads.state, mode is ControlMode.PAUSED
         if (refused := self._no_job("pause" if pausing else "resume")) is not None:
             return refused
         if state.control is mode:
             return pb.JobControlReply(accepted=False, reason=f"training is already {mode.value}")
         if pausing and state.job.state is not JobState.RUNNING:
             return pb.JobControlReply(accepted=False, reason=f"the job is {state.job.state.value}: nothing trains")
-        entry, result = await self.node.propose(ControlChange(mode), COMMAND_TIMEOUT)
+        entry, result = await self.node.commands.propose(ControlChange(mode), COMMAND_TIMEOUT)
         if not result.accepted:
             return pb.JobControlReply(accepted=False, reason=result.reason, index=entry.index)
-        self.node.poke()
-        self.node.chores_now()  # the leader's next view (empty, or the group again) is due now
+        self.node.timers.poke()
+        self.node.timers.chores_now()  # the leader's next view (empty, or the group again) is due now
         log.warning("training was %s by an operator", "paused" if pausing else "resumed")
         reason = ("training is paused: every worker stops at its next step and holds its state until "
                   "`dpeer job resume`" if pausing else "training resumes from the step it paused at")
@@ -462,7 +455,7 @@ class Service:
         takes the final state from a holder instead of training alone)."""
         if not 0 < request.step < MAX_STEP:
             raise BadRequest(f"step must be in 1..{MAX_STEP - 1}")
-        path = checkpoint_path(str(self.checkpoint_dir), request.step)
+        path = checkpoint_path(str(self.backing.checkpoint_dir), request.step)
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, 2)
