@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from typing import Any, Callable
+from typing import Callable
 
 from dpeer import errors
 from dpeer.address import Address
@@ -112,10 +112,6 @@ class Daemon:
         """Hand the worker what a committed job, checkpoint or view entry changed."""
         if self.link is not None:
             self.link.applied(entry, result)
-
-    def status(self) -> dict[str, Any]:
-        """The status document (serve/status_report.py)."""
-        return self.report.status()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def run(self) -> int:

@@ -16,10 +16,10 @@ class NodeEvents(Protocol):
     """What the driver tells the daemon, from its one loop."""
 
     def chores(self, now: float) -> None:
-        """Periodic work (see node.LEADER_CHORES); also run at once after chores_now()."""
+        """Periodic work (see node/timers.py LEADER_CHORES); also run at once after chores_now()."""
 
     def busy(self) -> bool:
-        """True while the chores must stay frequent though nothing changed (see Node._chore_period)."""
+        """True while the chores must stay frequent though nothing changed (see NodeTimers._chore_period)."""
 
     def applied(self, entry: Entry, result: ApplyResult) -> None:
         """One committed entry was applied to the state machine."""

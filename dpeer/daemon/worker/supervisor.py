@@ -170,7 +170,7 @@ class WorkerSupervisor:
         return worker_command(self.node_id, self.job, self.training, self.dir, self.ckpt_dir, self.store_bind)
 
     def attach(self, events: WorkerEvents) -> None:
-        """Tell `events` (the daemon) of failures, checkpoints and new processes from now on."""
+        """Tell `events` (the worker link) of failures, checkpoints and new processes from now on."""
         self.events = events
 
     def start(self, now: float) -> None:
@@ -339,7 +339,7 @@ class WorkerSupervisor:
                 self._tell().checkpoint_written(Held(step, digest, record.get("final") is True))
 
     def _tell(self) -> WorkerEvents:
-        """The daemon: reports are read in poll(), which only the attached daemon's chores call."""
+        """The worker link: reports are read in poll(), which only the attached link's chores call."""
         assert self.events is not None, "a worker's reports were read before a daemon attached"
         return self.events
 
