@@ -169,10 +169,10 @@ class Checker:
             return
         since = self.leaderless.setdefault(nid, now)
         view = daemon.store.state.view
-        if view is not None and nid in view.members and now - since > daemon.fence_after + FENCE_SLACK \
+        if view is not None and nid in view.members and now - since > daemon.link.fence_after + FENCE_SLACK \
                 and box.worker.alive and box.worker.formed:
             raise Violation(f"{nid} has known no leader for {now - since:.1f}s (fence after "
-                            f"{daemon.fence_after:.1f}s) and its worker still trains: a minority keeps training")
+                            f"{daemon.link.fence_after:.1f}s) and its worker still trains: a minority keeps training")
 
     # -- kv history ----------------------------------------------------------------------------
     def read_done(self, op: Op) -> None:

@@ -99,7 +99,9 @@ class House:
         daemon = Daemon(config, store, Security(), box.worker, transport=self.net.transport(nid, box.addr),
                         clock=self.clock, seed=self.rng.randrange(1 << 32), ids=ids)
         box.daemon = daemon
-        daemon.rings, box.worker.bell, box.worker.exited = True, daemon.ring, daemon.worker_exited
+        link = daemon.link
+        assert link is not None
+        link.rings, box.worker.bell, box.worker.exited = True, link.ring, link.worker_exited
         self.net.attach(box.addr, nid, daemon.service, ctx)
         box.task = self.loop.create_task(daemon.run_node(), context=ctx)
         box.task.add_done_callback(lambda t, box=box, d=daemon: self._ended(box, d, t))
@@ -166,7 +168,7 @@ class House:
         box.paused = False
         box.worker.start(self.loop.time())
         daemon = box.daemon
-        box.task = self.loop.create_task(daemon.node.run(), context=self.net.hosts[box.addr].context)
+        box.task = self.loop.create_task(daemon.node.timers.run(), context=self.net.hosts[box.addr].context)
         box.task.add_done_callback(lambda t: self._ended(box, daemon, t))
         self.net.resume(box.addr)
 

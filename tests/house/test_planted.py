@@ -10,8 +10,9 @@ import pytest
 from dpeer.consensus import force as force_mod
 from dpeer.consensus import follower as follower_mod
 from dpeer.consensus.follower import Follower
-from dpeer.daemon import daemon as daemon_mod
 from dpeer.daemon.node import resyncer as resyncer_mod
+from dpeer.daemon.worker import link as link_mod
+from dpeer.daemon.worker import reports as reports_mod
 from dpeer.daemon.decide.worker_health import Health
 from dpeer.ids import SECRETS, Ids
 from dpeer.statemachine import store as store_mod
@@ -28,12 +29,12 @@ def _quiet() -> None:
 
 def plant_no_missed_view(mp: pytest.MonkeyPatch) -> None:
     """Before the missed-view loop: a worker handed no view after its box restarted just waits."""
-    mp.setattr(daemon_mod, "missed_view", lambda *a: Health(False, "planted: never missed"))
+    mp.setattr(reports_mod, "missed_view", lambda *a: Health(False, "planted: never missed"))
 
 
 def plant_no_fence(mp: pytest.MonkeyPatch) -> None:
     """Before the fence: a box that knows no leader lets its worker train on."""
-    mp.setattr(daemon_mod.Daemon, "_fence", lambda self, now: None)
+    mp.setattr(link_mod.WorkerLink, "_fence", lambda self, now: None)
 
 
 def plant_no_store_identity(mp: pytest.MonkeyPatch) -> None:

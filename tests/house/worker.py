@@ -53,8 +53,8 @@ class SimWorker:
         self.resume_step = 0
         self._pending: View | None = None  # a view file written while the worker built its job
         self.context = contextvars.Context()  # its daemon's: what it tells the daemon runs as the box's work
-        self.bell: Callable[[], None] = lambda: None  # the daemon's doorbell (Daemon.ring)
-        self.exited: Callable[[], None] = lambda: None  # the daemon's exit watch (Daemon.worker_exited)
+        self.bell: Callable[[], None] = lambda: None  # the daemon's doorbell (WorkerLink.ring)
+        self.exited: Callable[[], None] = lambda: None  # the daemon's exit watch (WorkerLink.worker_exited)
         self._life = 0
         self.cluster = "house"  # which cluster's groups it forms (a stranger's are its own)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Callable
 
 from dpeer.consensus import Role
 from dpeer.daemon.decide.checkpoints import Held, decide_checkpoint, still_pending
@@ -21,7 +20,7 @@ from dpeer.ids import Ids
 from dpeer.daemon.decide.failures import (
     REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_build, judge_failure, reform_delay,
 )
-from dpeer.daemon.node.member_record import SiteOf
+from dpeer.daemon.node.member_record import Box
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.decide.sites import committed_sites
 from dpeer.daemon.timing import LeaderTiming
@@ -45,21 +44,18 @@ PROGRESS_RESET = 30.0
 
 
 class LeaderChores:
-    """Callable chore; see the module docstring."""
+    """Callable chore; see the module docstring. Also the leader's intake of the boxes' failure
+    and checkpoint reports (node/events.py LeaderIntake)."""
 
     def __init__(
-        self, node: Node, timing: LeaderTiming, self_store_port: Callable[[], int], self_ready: Callable[[], bool],
-        self_leaving: Callable[[], bool], self_site: SiteOf, repeat_limit: int = REPEAT_LIMIT,
+        self, node: Node, timing: LeaderTiming, box: Box, repeat_limit: int = REPEAT_LIMIT,
     ) -> None:
-        self.node = node
-        self.self_site = self_site
+        """box: this box as the leader's own member record should say it."""
+        self.node, self.box = node, box
         self.quiet = timing.quiet_window
         self.confirmed_quiet = timing.confirmed_quiet
         self._before: list[str] | None = None
         self.grace = timing.dead_voter_grace
-        self.self_store_port = self_store_port
-        self.self_ready = self_ready
-        self.self_leaving = self_leaving
         self.failure_grace = timing.failure_grace
         self.failed_generation = 0
         self._failed_at = 0.0
@@ -97,12 +93,12 @@ class LeaderChores:
 
     def decide(self, now: float) -> Decision | None:
         """The next entry this leader should propose, or None."""
-        node, state = self.node, self.node.store.state
+        node, state = self.node, self.node.reads.state
         me = state.members.get(node.id)
-        wanted = (MemberStatus.ACTIVE, node.addr, self.self_store_port(), self.self_ready(), node.store.uid,
-                  *self.self_site())
+        box = self.box
+        wanted = (MemberStatus.ACTIVE, node.addr, box.store_port(), box.ready(), node.reads.uid, *box.site())
         if ((me is None or (me.status, me.addr, me.store_port, me.ready, me.uid, me.site, me.near) != wanted)
-                and not self.self_leaving()):
+                and not box.leaving):
             record = MemberJoined(node.id, node.addr, *wanted[2:])
             return Decision(record, "the leader's own membership record is out of date")
         if state.job != self._job_seen:  # halted, retried or finished: failures before it no longer count
@@ -131,7 +127,7 @@ class LeaderChores:
         answering = self.node.answering_voters(now)
         if answering is None or now - self._led_since < self.node.raft_config.election_timeout_max:
             return
-        voters = self.node.store.state.voters
+        voters = self.node.reads.state.voters
         tolerance, before = fault_tolerance(voters, answering), self._tolerance
         self._tolerance = tolerance
         previous = before.can_lose if before is not None else (len(voters) - 1) // 2  # taking office: vs. full
@@ -164,7 +160,7 @@ class LeaderChores:
         quiet = quiet_window(self._before, members, observed, reported, self.quiet, self.confirmed_quiet)
         for due in (self._changed_at + quiet, self._failed_at + delay if self.failed_generation else now):
             if due > now:
-                self.node.chores_at(due)  # decide when the wait ends, not at the next periodic pass
+                self.node.timers.chores_at(due)  # decide when the wait ends, not at the next periodic pass
         sites = committed_sites(state)
         if sites.reason != self._sites_note:
             log.info("sites: %s", sites.reason)
@@ -173,7 +169,7 @@ class LeaderChores:
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:
         """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""
-        committed = self.node.store.state.checkpoint
+        committed = self.node.reads.state.checkpoint
         committed_step = committed.step if committed is not None else 0
         before = self.checkpoints.get(node_id)
         if held.step > committed_step and (before is None or held.step >= before.step):
@@ -181,7 +177,7 @@ class LeaderChores:
         return committed_step
 
     def _checkpoint_decision(self) -> Decision | None:
-        state = self.node.store.state
+        state = self.node.reads.state
         committed = state.checkpoint.step if state.checkpoint is not None else 0
         self.checkpoints = still_pending(self.checkpoints, committed)
         if not self.checkpoints:
@@ -196,14 +192,14 @@ class LeaderChores:
     def kept_out(self) -> dict[str, str]:
         """Boxes kept out of the group because their build failed `repeat_limit` times in a row and
         that have not built the job since (box -> the newest error); for the leader's status."""
-        members = self.node.store.state.members
+        members = self.node.reads.state.members
         return {n: e for n, e in self._kept_out.items() if n not in members or not members[n].ready}
 
     def group_failed(self, generation: int, report: FailureReport) -> None:
         """A box reports its group of `generation` failed, or its job's build did: judge whether the
         job is broken (halt it) and re-form a failed current group, backing off while it keeps failing.
         A build that fails only on some boxes keeps those out of the group; the rest train on."""
-        state = self.node.store.state
+        state = self.node.reads.state
         if report.phase is FailurePhase.BUILD:
             boxes = {n: m.ready for n, m in state.members.items() if m.status is not MemberStatus.LEFT}
             built = judge_build(self.builds, report, boxes, self.repeat_limit)
@@ -216,11 +212,11 @@ class LeaderChores:
             log.error("halting the job: %s", reason)
             halted = JobChange(JobState.FAILED, reason, report.node, report.step)
             self._halt = Decision(halted, f"the job cannot train: {reason}")
-            self.node.poke()
+            self.node.timers.poke()
             return
         if report.phase is not FailurePhase.GROUP and not halt:
             log.warning("the job failed: %s", reason)
-        view = self.node.store.state.view
+        view = self.node.reads.state.view
         if report.phase is FailurePhase.BUILD or view is None or generation != view.generation:
             return
         if generation != self.failed_generation:
@@ -233,17 +229,17 @@ class LeaderChores:
                     report.error, reform_delay(self.failures_in_a_row, self.failure_grace))
             self.failed_generation = generation
             self._failed_at = now
-            self.node.poke()
-            self.node.chores_now()  # the next view may be due now: not at the next chore tick
+            self.node.timers.poke()
+            self.node.timers.chores_now()  # the next view may be due now: not at the next chore tick
 
     async def _carry_out(self, decision: Decision) -> None:
         proposal = decision.proposal
         assert proposal is not None
         try:
             if isinstance(proposal, MembershipChange):
-                await self.node.change_membership(proposal.op, proposal.node, proposal.uid, PROPOSAL_TIMEOUT)
+                await self.node.commands.change_membership(proposal.op, proposal.node, proposal.uid, PROPOSAL_TIMEOUT)
             else:
-                await self.node.propose(_with_secret(proposal, self.node.ids), PROPOSAL_TIMEOUT)
+                await self.node.commands.propose(_with_secret(proposal, self.node.ids), PROPOSAL_TIMEOUT)
             log.info("committed %s: %s", proposal.KIND.value, decision.reason)
         except PeerError as exc:
             message = f"could not commit {proposal.KIND.value} ({decision.reason}): {exc}"
@@ -251,7 +247,7 @@ class LeaderChores:
                 log.warning("%s", message)
             self._last_failure = message
             await asyncio.sleep(RETRY_AFTER_FAILURE)
-            self.node.poke()
+            self.node.timers.poke()
 
 
 def _with_secret(proposal: Payload, ids: Ids) -> Payload:

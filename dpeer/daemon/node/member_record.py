@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Sequence
+from typing import Protocol, Sequence
 
 from dpeer import errors
 from dpeer.consensus import Role
@@ -35,16 +35,29 @@ HEDGE = 0.25  # seconds without an answer before the next address is tried too
 REFUSALS_TO_STOP = 3
 # status, address, store port, ready, store uid, configured site, near peers
 Record = tuple[str, str, int, bool, str, str, tuple[str, ...]]
-SiteOf = Callable[[], tuple[str, tuple[str, ...]]]  # this box's configured site and near peers (daemon/decide/sites.py)
+
+
+class Box(Protocol):
+    """What this box is now, as its member record should say (node/this_box.py is the daemon's):
+    read by the record's sync and by the leader's chores for the leader's own record."""
+
+    leaving: bool  # the daemon is leaving: its record is no longer kept up
+
+    def store_port(self) -> int:
+        """The port the worker bound for the rendezvous store it hosts as rank 0 (0: no worker)."""
+
+    def ready(self) -> bool:
+        """Whether this box can train now: no job, or a worker that built it and waits."""
+
+    def site(self) -> tuple[str, tuple[str, ...]]:
+        """This box's configured site, or ("", the peers it measures near) (daemon/decide/sites.py)."""
 
 
 class MemberRecordSync:
     """Called from the daemon's chores; see the module docstring."""
 
-    def __init__(self, node: Node, transport: Transport, seeds: Sequence[str], store_port: Callable[[], int],
-                 ready: Callable[[], bool], site: SiteOf) -> None:
-        self.node, self.transport, self.seeds = node, transport, list(seeds)
-        self.store_port, self.ready, self.site = store_port, ready, site
+    def __init__(self, node: Node, transport: Transport, seeds: Sequence[str], box: Box) -> None:
+        self.node, self.transport, self.seeds, self.box = node, transport, list(seeds), box
         self.task: asyncio.Task | None = None
         self._next = 0.0
         self._sent: Record | None = None  # the record the last update asked for
@@ -54,15 +67,15 @@ class MemberRecordSync:
 
     def wanted(self) -> Record:
         """Our member record as it should read now."""
-        return (MemberStatus.ACTIVE, self.node.addr, self.store_port(), self.ready(), self.node.store.uid,
-                *self.site())
+        box = self.box
+        return (MemberStatus.ACTIVE, self.node.addr, box.store_port(), box.ready(), self.node.reads.uid, *box.site())
 
-    def __call__(self, now: float, leaving: bool) -> None:
+    def __call__(self, now: float) -> None:
         """Start an update if our record is out of date and we do not lead (nor leave)."""
-        if (self.node.role is Role.LEADER or leaving or self.refusal is not None
+        if (self.node.role is Role.LEADER or self.box.leaving or self.refusal is not None
                 or (self.task is not None and not self.task.done())):
             return
-        member = self.node.store.state.members.get(self.node.id)
+        member = self.node.reads.state.members.get(self.node.id)
         wanted = self.wanted()
         current = member is not None and (member.status, member.addr, member.store_port, member.ready,
                                           member.uid, member.site, member.near) == wanted
@@ -76,7 +89,7 @@ class MemberRecordSync:
     def _targets(self, leader: str | None) -> list[str]:
         """Where an update may go, best first: the leader, the seeds, then the active members."""
         node = self.node
-        members = [m.addr for n, m in node.store.state.members.items()
+        members = [m.addr for n, m in node.reads.state.members.items()
                    if n != node.id and m.status is MemberStatus.ACTIVE]
         return list(dict.fromkeys([a for a in [leader] if a] + self.seeds + members))
 
@@ -146,7 +159,7 @@ class MemberRecordSync:
             return False
         self.refusal = refusal
         log.error("stopping: the cluster refused this box's membership %d times in a row: %s", times, refusal)
-        self.node.stop()
+        self.node.timers.stop()
         return True
 
     def _admitted(self, addr: str, reply: pb.JoinReply, ready: bool) -> None:
@@ -155,4 +168,4 @@ class MemberRecordSync:
         log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)
         node.admitted_by = reply.leader_id
         node.join_seeds([m.addr for m in reply.members if m.node_id != node.id])
-        node.chores_now()  # what we want may have changed while this was in flight
+        node.timers.chores_now()  # what we want may have changed while this was in flight

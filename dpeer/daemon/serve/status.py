@@ -23,7 +23,7 @@ def site_of(state: ClusterState, node_id: str) -> str | None:
 def site_measure(node: Node, configured: str) -> dict[str, Any]:
     """How this box's site is found: its configured site (null: measured), the peers its
     committed record names near, and the rule with its thresholds (daemon/decide/sites.py)."""
-    me = node.store.state.members.get(node.id)
+    me = node.reads.state.members.get(node.id)
     return {"configured": configured or None, "near": list(me.near) if me is not None else [],
             "near_ms": NEAR_MS, "far_ms": FAR_MS, "rule": RULE}
 
@@ -31,7 +31,7 @@ def site_measure(node: Node, configured: str) -> dict[str, Any]:
 def members(node: Node) -> list[dict[str, Any]]:
     """Gossip's members with their committed status, the last probe's round trip and their
     committed site: {node_id, addr, state, incarnation, version, committed, rtt_ms, site}."""
-    state = node.store.state
+    state = node.reads.state
     committed = state.members
     out = []
     for rec in sorted(node.swim.members(), key=lambda r: r.node_id):
@@ -48,7 +48,7 @@ def members(node: Node) -> list[dict[str, Any]]:
 def group(node: Node) -> dict[str, Any] | None:
     """The committed view as seen by this node, or None when it is not in it; `sites`: each
     member's site in rank order (empty when the view names none)."""
-    view = node.store.state.view
+    view = node.reads.state.view
     if view is None or node.id not in view.members:
         return None
     return {"generation": view.generation, "world_size": len(view.members),
@@ -58,7 +58,7 @@ def group(node: Node) -> dict[str, Any] | None:
 
 def checkpoint(node: Node) -> dict[str, Any] | None:
     """The newest committed checkpoint: {step, digest, holders}, or None when none is recorded."""
-    ckpt = node.store.state.checkpoint
+    ckpt = node.reads.state.checkpoint
     if ckpt is None:
         return None
     return {"step": ckpt.step, "digest": ckpt.digest, "holders": list(ckpt.holders)}
@@ -72,7 +72,7 @@ def tolerance(node: Node) -> dict[str, Any] | None:
     answering = node.answering_voters(node.clock())
     if answering is None:
         return None
-    t = fault_tolerance(node.store.state.voters, answering)
+    t = fault_tolerance(node.reads.state.voters, answering)
     return {"voters": t.voters, "live_voters": t.live_voters, "can_lose": t.can_lose, "unheld": list(t.unheld)}
 
 
@@ -93,23 +93,23 @@ def identity(node: Node) -> dict[str, Any]:
         "strangers": [{"node_id": n, "uid": u, "configured_uid": conf.uid_of(n)}
                       for n, u in sorted(raft.strangers().items())],
         "old_epoch_peers": dict(sorted(raft.old_epoch_peers.items())),
-        "forced": node.forced, "force_refused": node.force_refused,
+        "forced": node.commands.forced, "force_refused": node.commands.force_refused,
     }
 
 
 def document(node: Node, extra: dict[str, Any], configured_site: str) -> dict[str, Any]:
     """The whole status object; `extra` adds train, resync and process fields; this box's site
     is the committed one, with how it is found (`site_measure`)."""
-    store, state = node.store, node.store.state
+    reads, state = node.reads, node.reads.state
     doc: dict[str, Any] = {
-        "node_id": node.id, "addr": node.addr, "term": store.current_term, "leader": node.leader_id,
-        "role": node.role.value, "commit_index": store.commit_index, "last_applied": store.last_applied,
-        "first_index": store.first_index, "snapshot_index": store.snapshot_index,
+        "node_id": node.id, "addr": node.addr, "term": reads.current_term, "leader": node.leader_id,
+        "role": node.role.value, "commit_index": reads.commit_index, "last_applied": reads.last_applied,
+        "first_index": reads.first_index, "snapshot_index": reads.snapshot_index,
         "members": members(node), "group": group(node), "train": None,
         "site": site_of(state, node.id), "site_measure": site_measure(node, configured_site),
         "voters": list(state.voters), "learners": list(state.learners), "fault_tolerance": tolerance(node),
         "control": state.control, "checkpoint": checkpoint(node), "invalid_messages": node.invalid_messages, "entries_written": node.entries_written,
-        "recovered_from": str(store.recovered_from) if store.recovered_from else None,
+        "recovered_from": str(reads.recovered_from) if reads.recovered_from else None,
     }
     doc.update(identity(node))
     doc.update(extra)

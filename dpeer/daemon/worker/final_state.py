@@ -9,17 +9,54 @@ worker load it instead of training alone to the end.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
 from dpeer.channel.checkpoint_files import (
     StateError, checkpoint_path, read_checkpoint, read_state_header, unwrap_checkpoint, write_checkpoint,
 )
+from dpeer.daemon.node.driver import Node
+from dpeer.daemon.worker.supervisor import Worker
 from dpeer.errors import PeerError
+from dpeer.statemachine.state import JobState
 from dpeer.transport.api import PeerClient, Transport
 
 log = logging.getLogger("dpeer.final_state")
 FETCH_TIMEOUT = 300.0
+FETCH_RETRY = 5.0
+
+
+class FinalState:
+    """The worker link's chore: once the job is committed finished, a box without the final
+    checkpoint fetches it from a holder (again every FETCH_RETRY seconds while none serves it),
+    then restarts its worker to load it."""
+
+    def __init__(self, node: Node, transport: Transport, worker: Worker, ckpt_dir: Path) -> None:
+        self.node, self.transport, self.worker, self.ckpt_dir = node, transport, worker, ckpt_dir
+        self.task: asyncio.Task | None = None
+        self._next_fetch = 0.0
+
+    def __call__(self, now: float) -> None:
+        """Start a fetch when the job finished, this box lacks its state and none is under way."""
+        state = self.node.reads.state
+        job, ckpt = state.job, state.checkpoint
+        if job.state is not JobState.FINISHED or ckpt is None or self.worker.done or now < self._next_fetch:
+            return
+        if self.task is not None and not self.task.done():
+            return
+        if holds(self.ckpt_dir, job.step, job.digest):
+            return
+        self._next_fetch = now + FETCH_RETRY
+        sources = [(n, state.members[n].addr) for n in ckpt.holders if n != self.node.id and n in state.members]
+        self.task = asyncio.get_running_loop().create_task(self._fetch(job.step, job.digest, sources))
+
+    async def _fetch(self, step: int, digest: str, sources: list[tuple[str, str]]) -> None:
+        log.info("the job finished at step %d while this box was away: fetching that state from %s",
+                 step, ", ".join(n for n, _ in sources) or "nobody (no other holder)")
+        source = await fetch_final(step, digest, sources, self.ckpt_dir, self.transport)
+        if source is not None:
+            self.worker.restart(self.node.clock(), f"load the final state of step {step} fetched from {source}")
 
 
 def holds(ckpt_dir: Path, step: int, digest: str) -> bool:

@@ -14,16 +14,15 @@ import logging
 import math
 import os
 import subprocess
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dpeer.address import Address
 from dpeer.daemon.decide.checkpoints import Held
 from dpeer.daemon.config import TrainingConfig
-from dpeer.daemon.decide.failures import FailurePhase, FailureReport, LastFailure, note_failure, one_line
+from dpeer.daemon.decide.failures import FailurePhase, FailureReport, LastFailure, note_failure
+from dpeer.daemon.worker.command import worker_command, worker_env
 from dpeer.daemon.worker.job_log import JOB_LOG, JobLog
+from dpeer.daemon.worker.report_fields import TrainStatus, failure_of, generation_of, train_of
 from dpeer.daemon.worker.spare import WarmSpare
 from dpeer.channel.local import Assignment, ReportTail, publish_checkpoint, publish_view
 from dpeer.daemon.decide.worker_health import judge_worker
@@ -35,22 +34,11 @@ log = logging.getLogger("dpeer.worker")
 # Seconds before restarting a worker that exited, by how many exits in a row came without a
 # committed step between them: the first at once (a warm spare takes over), a crash loop slows down.
 RESTART_BACKOFF = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-MAX_GENERATION = 2**63 - 1  # the largest generation a worker's report may name (the wire's fields are uint64)
 SPARE_AFTER_S = 2.0  # a spare starts once the worker has trained this long: its imports never slow a build or a forming group
 
 
-@dataclass
-class TrainStatus:
-    """The newest committed step a worker reported with its parameter digest (the status's `train`)."""
-
-    step: int
-    samples: int
-    loss: float | None  # None when the step was loaded, not trained, by this worker
-    params_digest: str
-
-
 class WorkerEvents(Protocol):
-    """What a worker tells its daemon (Daemon implements it; attach() wires it)."""
+    """What a worker tells its daemon (the worker link, worker/link.py, implements it; attach() wires it)."""
 
     def worker_failed(self, generation: int, report: FailureReport) -> None:
         """The worker's group, step or build failed (generation 0 for a build)."""
@@ -178,25 +166,11 @@ class WorkerSupervisor:
         return out
 
     def command(self) -> list[str]:
-        """The worker's command line."""
-        t = self.training
-        opts = {**t.options, "steps": t.steps, "global_batch": t.global_batch, "micro_batch": t.micro_batch,
-                "seed": t.seed, "lr": t.lr}
-        host, port = self.store_bind
-        cmd = [sys.executable, "-m", "dpeer.trainer.worker", "--node-id", self.node_id, "--job", self.job,
-               "--views", f"dir:{self.dir}", "--ledger", str(self.dir / "ledger.jsonl"),
-               "--final-out", str(self.dir / "final.pt"),
-               "--ckpt-dir", str(self.ckpt_dir), "--ckpt-every", str(t.checkpoint_every),
-               "--digest-every", str(t.digest_every), "--reduction", t.reduction, "--threads", str(t.threads),
-               "--store-bind", str(Address(host, port)), "--parent-pid", str(os.getpid())]
-        if t.init_from:
-            cmd += ["--init-from", t.init_from]
-        for key, value in opts.items():
-            cmd += ["--job-opt", f"{key}={value}"]
-        return cmd
+        """The worker's command line (worker/command.py)."""
+        return worker_command(self.node_id, self.job, self.training, self.dir, self.ckpt_dir, self.store_bind)
 
     def attach(self, events: WorkerEvents) -> None:
-        """Tell `events` (the daemon) of failures, checkpoints and new processes from now on."""
+        """Tell `events` (the worker link) of failures, checkpoints and new processes from now on."""
         self.events = events
 
     def start(self, now: float) -> None:
@@ -216,7 +190,7 @@ class WorkerSupervisor:
         command = self.command()
         spare = self.spare.take(command) if self.spare is not None else None
         # its stdout and stderr (tracebacks whole) go to the daemon's log and to the job log
-        self.proc = spare or spawn(command, _env(), self.job_log)
+        self.proc = spare or spawn(command, worker_env(), self.job_log)
         self.spare_takeovers += spare is not None
         self._trained_at = None
         self.ready = False
@@ -265,7 +239,7 @@ class WorkerSupervisor:
             self.start(now)
         elif self.spare is not None and self.proc is not None and self._trained_at is not None \
                 and now - self._trained_at >= SPARE_AFTER_S and not self.done and not self.halted:
-            self.spare.ensure(self.command(), _env())
+            self.spare.ensure(self.command(), worker_env())
 
     def _watch(self, now: float) -> None:
         """Kill a worker that hangs (it then restarts like a crashed one); silence counts only
@@ -326,12 +300,12 @@ class WorkerSupervisor:
             self.latest_step = max(self.latest_step, int(record["step"]))
             if self.last_failure is not None and self.latest_step > self.last_failure.report.step:
                 self.last_failure = None
-            self._note_train(record)
+            self.train = train_of(record, self.train)
             if self._failed_at is not None:
                 self.recoveries.append(max(0.0, float(record["t"]) - self._failed_at))
                 self._failed_at = None
         elif kind == "digest":  # a step's digest, hashed beside the next step (trainer/digests.py)
-            self._note_train(record)
+            self.train = train_of(record, self.train)
         elif kind == "heal_progress":
             self.heal = {k: record.get(k) for k in ("gen", "done_bytes", "total_bytes", "seconds", "donors")}
         elif kind == "formed":
@@ -343,9 +317,11 @@ class WorkerSupervisor:
             self.failures += 1
             if self._failed_at is None:
                 self._failed_at = float(record["t"])
-            self._report(_generation(record), self._failure(record, FailurePhase.GROUP))
+            report = failure_of(record, FailurePhase.GROUP, self.node_id, self.starts)
+            self.last_failure = note_failure(self.last_failure, report)  # the status shows a step's, with its repeats
+            self._tell().worker_failed(generation_of(record), report)
         elif kind == "job_error":
-            report = self._failure(record, FailurePhase.BUILD)
+            report = failure_of(record, FailurePhase.BUILD, self.node_id, self.starts)
             self.last_failure = note_failure(self.last_failure, report)
             repeats = self.last_failure.repeats if self.last_failure is not None else 1
             log.error("the job could not be built on this box (%d time%s in a row): %s", repeats,
@@ -353,7 +329,7 @@ class WorkerSupervisor:
             self._tell().worker_failed(0, report)
         elif kind == "paused":
             self.paused_at = int(record.get("step", 0))
-            self._note_train(record)
+            self.train = train_of(record, self.train)
             log.info("worker stopped at step %s (generation %s): training is paused; it holds its state until resumed",
                      record.get("step"), record.get("gen"))
         elif kind == "checkpoint":
@@ -362,35 +338,10 @@ class WorkerSupervisor:
             if type(step) is int and step > 0 and isinstance(digest, str):
                 self._tell().checkpoint_written(Held(step, digest, record.get("final") is True))
 
-    def _note_train(self, record: dict[str, Any]) -> None:
-        """The status's train fields from a record that carries a digest: the status pairs a step
-        with the digest of that very step."""
-        if record.get("digest"):
-            loss = float(record["loss"])
-            self.train = TrainStatus(int(record["step"]), int(record["samples"]),
-                                     loss if math.isfinite(loss) else None, str(record["digest"]))
-
-    def _report(self, generation: int, report: FailureReport) -> None:
-        """Note a failure of the group or of a step (the status shows a step's with its repeat
-        count), then pass it on."""
-        self.last_failure = note_failure(self.last_failure, report)
-        self._tell().worker_failed(generation, report)
-
     def _tell(self) -> WorkerEvents:
-        """The daemon: reports are read in poll(), which only the attached daemon's chores call."""
+        """The worker link: reports are read in poll(), which only the attached link's chores call."""
         assert self.events is not None, "a worker's reports were read before a daemon attached"
         return self.events
-
-    def _failure(self, record: dict[str, Any], default: FailurePhase) -> FailureReport:
-        """A worker's failure record as the report the leader judges."""
-        try:
-            phase = FailurePhase(record.get("phase", default.value))
-        except ValueError:
-            phase = default
-        step = record.get("step")
-        error = one_line(str(record.get("error") or record.get("reason") or "unknown failure"))
-        attempt = self.starts if phase is FailurePhase.BUILD else _generation(record, warn=False)
-        return FailureReport(self.node_id, phase, step if type(step) is int and step >= 0 else 0, error, attempt)
 
     def halt(self, why: str) -> None:
         """The job was committed as failed: stop the worker and start none until resume()."""
@@ -451,26 +402,6 @@ class WorkerSupervisor:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
             self.job_log.line(self.proc.pid, "dpeer", f"worker stopped by the daemon (exit code {self.proc.returncode})")
-
-
-def _generation(record: dict[str, Any], warn: bool = True) -> int:
-    """The group generation a report names: a count, which the daemon sends on as a uint64
-    (GroupFailedRequest.generation; -1 there raised "Value out of range: -1" out of the daemon's
-    chores, from a worker that resumed after the end and reported a failure outside any group).
-    Anything else is taken as 0 (no group: the leader judges the failure but re-forms nothing), with
-    a warning."""
-    gen = record.get("gen", 0)
-    if type(gen) is int and 0 <= gen <= MAX_GENERATION:
-        return gen
-    if warn:
-        log.warning("a %s report of the worker names generation %.40r, not a count: taken as 0",
-                    record.get("kind"), gen)
-    return 0
-
-
-def _env() -> dict[str, str]:
-    """A worker's environment: the daemon's, unbuffered."""
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def _stopped(pid: int) -> bool:

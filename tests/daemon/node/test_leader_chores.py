@@ -43,10 +43,12 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
                "b": Member("10.0.0.2:7100", "active", 2, 7201, True, uids["b"])}
     state = ClusterState(members=MappingProxyType(members), voters=("a", "b"),
                          view=View(4, ("a", "b"), Address.parse("10.0.0.1:7101")), uids=MappingProxyType(uids), epoch=1)
-    node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, store=SimpleNamespace(state=state, uid=uids["a"]),
+    node = FakeNode(id="a", addr="10.0.0.1:7100", role=Role.LEADER, reads=SimpleNamespace(state=state, uid=uids["a"]),
                     raft_config=LAN, gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0,
                     sightings=Sightings("a", 0.0))
-    return LeaderChores(node, LEADER_PRESETS["lan"], lambda: 7101, lambda: True, lambda: False, lambda: ("", ())), node
+    node.timers = node
+    box = SimpleNamespace(leaving=False, store_port=lambda: 7101, ready=lambda: True, site=lambda: ("", ()))
+    return LeaderChores(node, LEADER_PRESETS["lan"], box), node
 
 
 def collective_failed(error: str, step: int = 7) -> FailureReport:
@@ -79,9 +81,9 @@ def test_a_dead_member_is_declared_then_dropped_from_the_view() -> None:
     node.gossip["b"] = "dead"
     d = leader.decide(10.5)
     assert d is not None and d.kind is EntryKind.MEMBER_DEAD
-    state = node.store.state
+    state = node.reads.state
     dead_b = Member("10.0.0.2:7100", "dead", 2, 7201)
-    node.store.state = ClusterState(members=MappingProxyType({**state.members, "b": dead_b}),
+    node.reads.state = ClusterState(members=MappingProxyType({**state.members, "b": dead_b}),
                                     voters=state.voters, view=state.view)
     assert leader.decide(10.6) is None
     d = leader.decide(10.6 + leader.quiet + 0.01)
@@ -105,8 +107,8 @@ def test_a_member_gossip_holds_dead_leaves_the_view_before_its_status_is_committ
     node.gossip["b"], node.since = "dead", {"b": 10.2}
     d = leader.decide(10.2 + leader.quiet + 0.01)
     assert d is not None and d.kind is EntryKind.VIEW and d.proposal.members == ("a",)
-    state = node.store.state
-    node.store.state = ClusterState(members=state.members, voters=state.voters, view=View(5, ("a",), Address.parse("10.0.0.1:7101")))
+    state = node.reads.state
+    node.reads.state = ClusterState(members=state.members, voters=state.voters, view=View(5, ("a",), Address.parse("10.0.0.1:7101")))
     d = leader.decide(10.2 + leader.quiet + 0.02)
     assert d is not None and d.kind is EntryKind.MEMBER_DEAD and d.proposal.node_id == "b"
 
@@ -122,10 +124,10 @@ def test_a_new_leader_dates_a_drop_from_gossip_against_the_committed_view() -> N
 
 def test_a_new_leader_waits_the_quiet_window_for_a_newcomer() -> None:
     leader, node = chores("alive")
-    members = {**node.store.state.members, "c": Member("10.0.0.3:7100", "active", 3, 7301, True)}
+    members = {**node.reads.state.members, "c": Member("10.0.0.3:7100", "active", 3, 7301, True)}
     b_ready = Member("10.0.0.2:7100", "active", 2, 7201, True)
-    node.store.state = ClusterState(members=MappingProxyType({**members, "b": b_ready}), voters=("a", "b", "c"),
-                                    view=node.store.state.view)
+    node.reads.state = ClusterState(members=MappingProxyType({**members, "b": b_ready}), voters=("a", "b", "c"),
+                                    view=node.reads.state.view)
     node.gossip["c"] = "alive"
     assert leader.decide(20.0) is None
     d = leader.decide(20.0 + leader.quiet + 0.01)
@@ -138,9 +140,9 @@ def build_failed(node: str, start: int) -> FailureReport:
 
 def test_a_box_that_cannot_build_is_kept_out_while_the_group_trains_without_it() -> None:
     leader, node = chores("alive")
-    state = node.store.state
+    state = node.reads.state
     b_not_built = Member("10.0.0.2:7100", "active", 2, 7201, False, "b" * 32)
-    node.store.state = ClusterState(members=MappingProxyType({**state.members, "b": b_not_built}),
+    node.reads.state = ClusterState(members=MappingProxyType({**state.members, "b": b_not_built}),
                                     voters=state.voters, view=View(4, ("a",), Address.parse("10.0.0.1:7101")),
                                     uids=state.uids, epoch=1)
     for start in (1, 2, 3, 4):
@@ -151,12 +153,12 @@ def test_a_box_that_cannot_build_is_kept_out_while_the_group_trains_without_it()
 
 def test_the_job_halts_when_no_box_can_build_it() -> None:
     leader, node = chores("alive")
-    state = node.store.state
+    state = node.reads.state
     unbuilt = {n: Member(m.addr, "active", m.joined_index, m.store_port, False, m.uid)
                for n, m in state.members.items()}
-    node.store.state = ClusterState(members=MappingProxyType(unbuilt), voters=state.voters, view=None,
+    node.reads.state = ClusterState(members=MappingProxyType(unbuilt), voters=state.voters, view=None,
                                     uids=state.uids, epoch=1)
-    leader.self_ready = lambda: False  # the leader's own worker has not built the job either
+    leader.box.ready = lambda: False  # the leader's own worker has not built the job either
     for start in (1, 2, 3):
         leader.group_failed(0, build_failed("b", start))
         leader.group_failed(0, build_failed("a", start))
@@ -176,12 +178,12 @@ def test_a_step_failing_with_a_changing_figure_halts_the_job() -> None:
 
 def test_the_leader_s_record_names_its_site_and_its_next_view_names_every_member_s() -> None:
     leader, node = chores("alive")
-    leader.self_site = lambda: ("lab", ())
+    leader.box.site = lambda: ("lab", ())
     d = leader.decide(10.0)
     assert d is not None and d.proposal == MemberJoined("a", "10.0.0.1:7100", 7101, True, "a" * 32, "lab")
-    state = node.store.state
+    state = node.reads.state
     members = {"a": replace(state.members["a"], site="lab"), "b": replace(state.members["b"], near=("a",))}
-    node.store.state = replace(state, members=MappingProxyType(members),
+    node.reads.state = replace(state, members=MappingProxyType(members),
                                view=replace(state.view, sites=("lab", "lab")))
     assert leader.decide(11.0) is None  # the wanted members, first seen: the quiet window starts
     d = leader.decide(11.0 + leader.quiet + 0.01)

@@ -20,7 +20,8 @@ from tests.house.loop import VirtualLoop
 class _Node:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.id, self.addr, self.role, self.leader_id, self.addrs = "n2", "127.0.0.1:2", Role.FOLLOWER, None, {}
-        self.store = SimpleNamespace(uid="0" * 32, state=SimpleNamespace(members={}))
+        self.reads = SimpleNamespace(uid="0" * 32, state=SimpleNamespace(members={}))
+        self.timers = self
         self.clock, self.admitted_by, self.seeds, self.nudged = loop.time, None, [], 0
         self.stopped, self.boot, self.started = False, "b" * 16, -2.5
 
@@ -32,6 +33,11 @@ class _Node:
 
     def stop(self) -> None:
         self.stopped = True
+
+
+def _box(site: str = "") -> SimpleNamespace:
+    """This box as its record should say it: store port 7, ready, `site` configured."""
+    return SimpleNamespace(leaving=False, store_port=lambda: 7, ready=lambda: True, site=lambda: (site, ()))
 
 
 class _Transport:
@@ -68,10 +74,10 @@ def _round(peers: dict[str, tuple], leader: str | None = None) -> tuple[_Node, _
         node, transport = _Node(loop), _Transport(loop, peers)
         if leader is not None:
             node.leader_id, node.addrs = leader, {leader: leader}
-        sync = MemberRecordSync(node, transport, [a for a in peers if a != leader], lambda: 7, lambda: True, lambda: ("", ()))
+        sync = MemberRecordSync(node, transport, [a for a in peers if a != leader], _box())
 
         async def main() -> float:
-            sync(loop.time(), leaving=False)
+            sync(loop.time())
             await sync.task
             return loop.time()
         return node, transport, loop.run_until_complete(main())
@@ -115,12 +121,12 @@ def _rounds(peers: dict[str, tuple], rounds: int) -> tuple[_Node, MemberRecordSy
     loop = VirtualLoop()
     try:
         node, transport = _Node(loop), _Transport(loop, peers)
-        sync = MemberRecordSync(node, transport, list(peers), lambda: 7, lambda: True, lambda: ("", ()))
+        sync = MemberRecordSync(node, transport, list(peers), _box())
 
         async def main() -> None:
             for _ in range(rounds):
                 await asyncio.sleep(member_record.JOIN_RETRY)
-                sync(loop.time(), leaving=False)
+                sync(loop.time())
                 if sync.task is not None:
                     await sync.task
         loop.run_until_complete(main())
@@ -144,7 +150,7 @@ def test_a_leader_that_cannot_tell_yet_is_asked_again_without_stopping() -> None
 def test_refusals_that_differ_do_not_add_up() -> None:
     loop = VirtualLoop()
     node = _Node(loop)
-    sync = MemberRecordSync(node, _Transport(loop, {}), [], lambda: 7, lambda: True, lambda: ("", ()))
+    sync = MemberRecordSync(node, _Transport(loop, {}), [], _box())
     loop.close()
     for sentence in ("held at a", "held at b", "held at a", "held at b"):
         assert not sync._stop_on(sentence)
@@ -155,13 +161,13 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
     loop = VirtualLoop()
     try:
         node, transport = _Node(loop), _Transport(loop, {"n1": ("refuse_until", 0.0)})
-        sync = MemberRecordSync(node, transport, ["n1"], lambda: 7, lambda: True, lambda: ("lab-2", ()))
-        node.store.state.members["n2"] = SimpleNamespace(status="active", addr=node.addr, store_port=7, ready=True,
-                                                         uid=node.store.uid, site="lab-2", near=())
+        sync = MemberRecordSync(node, transport, ["n1"], _box("lab-2"))
+        node.reads.state.members["n2"] = SimpleNamespace(status="active", addr=node.addr, store_port=7, ready=True,
+                                                         uid=node.reads.uid, site="lab-2", near=())
 
         async def main() -> None:
             for _ in range(3):
-                sync(loop.time(), leaving=False)
+                sync(loop.time())
                 if sync.task is not None:
                     await sync.task
                 await asyncio.sleep(member_record.JOIN_RETRY)
@@ -169,4 +175,4 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
     finally:
         loop.close()
     assert len(transport.calls) == 1 and sync.confirmed
-    assert transport.sent == ("n2", node.addr, 7, True, node.store.uid, "b" * 16, 2.5, "lab-2", ())
+    assert transport.sent == ("n2", node.addr, 7, True, node.reads.uid, "b" * 16, 2.5, "lab-2", ())

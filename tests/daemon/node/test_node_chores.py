@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dpeer.daemon.node.driver import CHORES_BUSY_FOR, IDLE_CHORES, Node
+from dpeer.daemon.node.driver import Node
+from dpeer.daemon.node.timers import CHORES_BUSY_FOR, IDLE_CHORES
 from dpeer.statemachine.store import Store
 from tests.support.clocks import ManualClock
 
@@ -22,7 +23,7 @@ class _Events:
     def chores(self, now: float) -> None:
         self.passes.append(now)
         assert self.node is not None
-        self.node.chores_at(now + self.again)
+        self.node.timers.chores_at(now + self.again)
         if self.fail:
             raise RuntimeError("a chore failed")
 
@@ -51,11 +52,11 @@ def test_a_wake_asked_for_during_the_pass_is_kept(tmp_path: Path, fail: bool) ->
     try:
         if fail:
             with pytest.raises(RuntimeError):
-                node.step_timers()
+                node.timers.step()
         else:
-            node.step_timers()
+            node.timers.step()
         assert events.passes == [clock.now()]
-        assert node._next_chores == pytest.approx(clock.now() + 0.3)  # not the idle period, IDLE_CHORES
+        assert node.timers.next_chores == pytest.approx(clock.now() + 0.3)  # not the idle period, IDLE_CHORES
     finally:
         node.store.close()
 
@@ -64,7 +65,7 @@ def test_without_a_wake_an_idle_node_waits_the_idle_period(tmp_path: Path) -> No
     clock, events = ManualClock(), _Events(again=5.0)
     node = _idle_node(tmp_path, events, clock)
     try:
-        node.step_timers()
-        assert node._next_chores == pytest.approx(clock.now() + IDLE_CHORES)
+        node.timers.step()
+        assert node.timers.next_chores == pytest.approx(clock.now() + IDLE_CHORES)
     finally:
         node.store.close()

@@ -15,6 +15,7 @@ import pytest
 
 from dpeer.consensus import Peer, Role, bootstrap
 from dpeer.daemon.node.driver import Node
+from dpeer.daemon.serve.backing import Backing
 from dpeer.daemon.serve.service import Service
 from dpeer.daemon.serve.status import tolerance
 from dpeer.daemon.node.storage_adapter import StoreStorage
@@ -63,9 +64,10 @@ def leader(tmp_path: Path) -> Iterator[tuple[Node, Service, ManualClock]]:
     try:
         while node.role is not Role.LEADER:
             clock.advance(0.5)
-            node.step_timers()
-        service = Service(node, Answers(), dict, _never, lambda *a: None, lambda *a: 0,  # type: ignore[arg-type]
-                          tmp_path / "ckpt")
+            node.timers.step()
+        backing = Backing(SimpleNamespace(status=dict), SimpleNamespace(group_failed=lambda *a: None,  # type: ignore[arg-type]
+                          checkpoint_reported=lambda *a: 0), SimpleNamespace(left=_never), tmp_path / "ckpt")
+        service = Service(node, Answers(), backing)  # type: ignore[arg-type]
         asyncio.run(service.join(_join(HOME, OLD)))
         yield node, service, clock
     finally:
@@ -174,7 +176,7 @@ def test_the_leaders_status_counts_a_voter_two_processes_answer_for_as_unheld(tm
         node = Node("n0", "127.0.0.1:7100", store, lambda *a: None, clock=clock)
         while node.role is not Role.LEADER:
             clock.advance(0.5)
-            node.step_timers()
+            node.timers.step()
         clone = Peer("n0", store.uid, 1)  # a copy of the leader's own disk, started after it
         hb = Heartbeat("n0", AWAY, 0, 0, 0, 0, clock.now())
         with pytest.raises(BadRequest):

@@ -1,0 +1,34 @@
+"""This box as its member record should say it now: its worker's store port and readiness, its
+site, and whether the daemon is leaving (node/member_record.py Box, read by the record's sync and
+the leader's chores)."""
+
+from __future__ import annotations
+
+from dpeer.daemon.decide.sites import near_peers
+from dpeer.daemon.node.driver import Node
+from dpeer.daemon.worker.supervisor import Worker
+
+
+class ThisBox:
+    """The daemon's Box: read from its worker, its configuration and the node's probes."""
+
+    def __init__(self, node: Node, worker: Worker | None, configured_site: str) -> None:
+        self.node, self.worker, self.configured_site = node, worker, configured_site
+        self.leaving = False
+
+    def store_port(self) -> int:
+        """The port the worker bound for the rendezvous store it hosts as rank 0 (0: no worker)."""
+        return self.worker.store_port if self.worker is not None else 0
+
+    def ready(self) -> bool:
+        """Whether this node can train now: no job, or a worker that built it and waits."""
+        return self.worker is None or self.worker.ready
+
+    def site(self) -> tuple[str, tuple[str, ...]]:
+        """This box's configured site, or ("", the peers it measures near) when it names none."""
+        if self.configured_site:
+            return self.configured_site, ()
+        node = self.node
+        me = node.reads.state.members.get(node.id)
+        samples = {n: rtts for n, rtts in node.probes.recent_ms().items() if n != node.id}
+        return "", near_peers(samples, me.near if me is not None else ())

@@ -1,0 +1,127 @@
+"""Admitting a box into the cluster, on the leader: a join's fields checked, its member record
+committed unless current, and every boot's first join judged (decide/proposals.py claim_verdict),
+so one live box holds a node id and a copy of a member's disk is told to stop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import replace
+from typing import Callable
+
+from dpeer.daemon.decide.proposals import NOBODY, Answer, Claim, Holding, Verdict, claim_verdict
+from dpeer.daemon.decide.sites import site_problem
+from dpeer.daemon.node.driver import Node
+from dpeer.daemon.serve.forward import COMMAND_TIMEOUT
+from dpeer.errors import BadRequest, PeerError, Unavailable, Unreachable
+from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.statemachine.payloads import BadPayload, MemberJoined, Payload
+from dpeer.statemachine.state import MemberStatus
+from dpeer.transport import codec
+from dpeer.transport.api import Transport
+
+log = logging.getLogger("dpeer.service")
+# How long the leader waits for a member record's address to say who answers there (a claim of its node id).
+PROBE_TIMEOUT = 2.0
+MAX_CLAIMS = 1024  # the claims whose last verdict was logged (so it is said once per change)
+MAX_NEAR = 1024  # near peers one join may name
+
+
+def check_id(value: str, what: str) -> None:
+    """BadRequest unless value is a node id: 1-64 printable characters without spaces."""
+    if not value or len(value) > 64 or not value.isprintable() or " " in value:
+        raise BadRequest(f"{what} must be 1-64 printable characters without spaces")
+
+
+def built(build: Callable[[], Payload]) -> Payload:
+    """The payload a caller's fields make; BadRequest (naming the field) when they make none."""
+    try:
+        return build()
+    except BadPayload as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def check_site(request: pb.JoinRequest) -> None:
+    """A join's site is empty or a configured site's name; its near peers are distinct other node ids."""
+    problem = site_problem(request.site) if request.site else ""
+    if problem:
+        raise BadRequest(problem)
+    if len(request.near) > MAX_NEAR:
+        raise BadRequest(f"near names {len(request.near)} peers, more than {MAX_NEAR}")
+    for peer in request.near:
+        check_id(peer, "a near peer")
+    if len(set(request.near)) != len(request.near) or request.node_id in request.near:
+        raise BadRequest("near must name distinct peers, not the joining node")
+
+
+class Admission:
+    """The leader's side of a join; see the module docstring."""
+
+    def __init__(self, node: Node, transport: Transport) -> None:
+        self.node, self.transport = node, transport
+        self._claims: dict[tuple[str, str, str], Holding] = {}  # (node id, store uid, boot) -> last verdict here
+
+    async def admit(self, request: pb.JoinRequest) -> pb.JoinReply:
+        """Commit the joining box's record unless it is current; every boot's first join is judged
+        (views.claim_verdict), so a copy of a member's disk is told even when its record is current."""
+        member = self.node.reads.state.members.get(request.node_id)
+        wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid, request.site,
+                  tuple(request.near))
+        current = member is not None and (member.status, member.addr, member.store_port, member.ready,
+                                          member.uid, member.site, member.near) == wanted
+        if (not current or request.boot) and member is not None and member.uid:
+            await self._judge_claim(request)
+        if not current:
+            record = built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
+                                                request.uid, request.site, tuple(request.near)))
+            await self.node.commands.propose(record, COMMAND_TIMEOUT)
+        records = [codec.record_out(r) for r in self.node.swim.members()]
+        return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
+
+    async def _judge_claim(self, request: pb.JoinRequest) -> None:
+        """One live holder per node id and store (views.claim_verdict): BadRequest when another store
+        or process holds the id and answers, Unavailable while its holder may still be alive (the join
+        is tried again). Each verdict is logged once per change, not at every retry."""
+        verdict = await self._verdict(request)
+        key = (request.node_id, request.uid, request.boot)
+        if self._claims.get(key) is not verdict.holding:
+            log.log(logging.WARNING if verdict.holding is Holding.HELD else logging.INFO,
+                    "a box at %s claims node id %s under store %s (boot %s): %s", request.addr, request.node_id,
+                    request.uid[:8], request.boot[:8] or "unknown", verdict.reason)
+        if verdict.holding is Holding.FREE:
+            self._claims.pop(key, None)
+            return
+        if len(self._claims) >= MAX_CLAIMS:
+            self._claims.clear()
+        self._claims[key] = verdict.holding
+        raise (BadRequest if verdict.holding is Holding.HELD else Unavailable)(verdict.reason)
+
+    async def _verdict(self, request: pb.JoinRequest) -> Verdict:
+        """The claim's verdict from what this node heard; when unsure, judged again with who answers
+        at the record's address."""
+        node, now = self.node, self.node.clock()
+        up = request.up if request.boot else None
+        node.sightings.saw(request.node_id, request.uid, request.addr, now, request.boot, up)  # a sign of life too
+        claim = Claim(request.node_id, request.uid, request.addr, request.boot)
+        verdict = claim_verdict(node.reads.state, claim, node.sightings, node.windows, now)
+        record = node.reads.state.members.get(request.node_id)
+        if verdict.holding is not Holding.UNSURE or record is None or record.addr == node.addr:
+            return verdict
+        claim = replace(claim, answer=await self._who_answers(record.addr))
+        return claim_verdict(node.reads.state, claim, node.sightings, node.windows, node.clock())
+
+    async def _who_answers(self, addr: str) -> Answer | None:
+        """Whose node id, store and boot answer at addr (its status), NOBODY when the connection
+        is refused there, None when no answer came in PROBE_TIMEOUT or it made no sense."""
+        try:
+            doc = json.loads((await self.transport.client(addr, timeout=PROBE_TIMEOUT).status()).json)
+        except Unreachable as exc:
+            return NOBODY if exc.refused else None
+        except (PeerError, ValueError):
+            return None
+        if not isinstance(doc, dict) or not isinstance(doc.get("node_id"), str):
+            return None
+        up = doc.get("uptime_s")
+        started = self.node.clock() - up if isinstance(up, (int, float)) else -math.inf  # unknown: the older
+        return Answer(doc["node_id"], str(doc.get("uid", "")), str(doc.get("boot", "")), started)
