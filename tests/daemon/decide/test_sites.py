@@ -10,6 +10,7 @@ from dpeer.daemon.decide.sites import (
 from dpeer.daemon.serve.status import site_of
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.state import ClusterState, apply_many
+from dpeer.daemon.config import NodeConfig
 from dpeer.view import valid_site
 
 
@@ -131,3 +132,15 @@ def test_a_measured_site_is_a_site_name_whatever_the_node_ids() -> None:
     """Node ids the join RPC admits (service._check_id): printable characters without spaces."""
     sites = assign_sites({"0:x": SiteInput(), "n1": SiteInput(near=("0:x",)), "n\u00e9": SiteInput()}, {})
     assert all(valid_site(name) for name in sites.of.values()), sites.of
+
+
+@pytest.mark.parametrize("node_id", ["n1", "a" * 64, "Box_3.lab-2"])
+def test_every_configurable_node_id_names_a_measured_site(node_id: str) -> None:
+    assert valid_site(assign_sites({node_id: SiteInput()}, {}).of[node_id])
+
+
+@pytest.mark.parametrize("node_id", ["n1\n", "-n1", "n 1", "a" * 65])
+def test_a_node_id_outside_the_rule_is_refused_by_the_config(node_id: str) -> None:
+    """A trailing line break passed the rule's `$` (config.py): its measured site auto-<id> is no site."""
+    with pytest.raises(ValueError, match="node ids are 1-64"):
+        NodeConfig(node_id=node_id)
