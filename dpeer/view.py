@@ -19,7 +19,7 @@ _SITE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
 def valid_site(name: str) -> bool:
     """Whether `name` may stand as a site in a view or a member record: 1-80 letters, digits, '.',
     '_' or '-', starting with a letter or digit."""
-    return type(name) is str and bool(_SITE.match(name))
+    return type(name) is str and bool(_SITE.fullmatch(name))
 
 
 @dataclass(frozen=True, slots=True)

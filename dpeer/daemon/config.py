@@ -274,7 +274,7 @@ class NodeConfig(Strict):
     @field_validator("node_id")
     @classmethod
     def _node_id(cls, value: str | None) -> str | None:
-        if value is not None and not _NODE_ID.match(value):
+        if value is not None and not _NODE_ID.fullmatch(value):
             raise ValueError("node ids are 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")
         return value
 

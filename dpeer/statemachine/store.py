@@ -160,9 +160,7 @@ class Store(StoreProperties):
             raise NodeIdMismatch(f"store {path} belongs to node {meta.node_id!r}, not {node_id!r}")
         dbs = _open_dbs(env)
         try:
-            _drop_torn_tail(env, dbs, meta, path)
-            with env.begin() as txn:
-                bounds, state = check_contents(txn, dbs, meta)
+            bounds, state = _check_dropping_torn_tail(env, dbs, meta, path)
         except (CorruptEntry, CorruptState, BadMeta) as exc:
             raise _Unusable(str(exc), fields) from exc
         return cls(env, dbs, path, meta, bounds, state, env.info()["map_size"])
@@ -468,15 +466,20 @@ class Store(StoreProperties):
             yield txn
 
 
-def _drop_torn_tail(env: lmdb.Environment, dbs: dict[str, Any], meta: Meta, path: Path) -> None:
-    """Discard a torn last entry (txn.torn_tail): an uncommitted write cut short at power loss."""
+def _check_dropping_torn_tail(env: lmdb.Environment, dbs: dict[str, Any], meta: Meta,
+                              path: Path) -> tuple[tuple[int, int], ClusterState]:
+    """check_contents less a torn last entry (txn.torn_tail): an uncommitted write cut short at
+    power loss. One transaction: if the rest fails its checks the entry stays, so a store moved
+    aside is the bytes found."""
     with env.begin(write=True) as txn:
         index = torn_tail(txn, dbs["log"], meta)
         if index is not None:
             txn.delete(encode_key(index), db=dbs["log"])
+        checked = check_contents(txn, dbs, meta)
     if index is not None:
         log.warning("store %s: discarded entry %d, torn by a write cut short (uncommitted; the leader "
                     "sends it again)", path, index)
+    return checked
 
 
 def _open_dbs(env: lmdb.Environment) -> dict[str, Any]:

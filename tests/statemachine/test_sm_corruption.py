@@ -197,3 +197,23 @@ def test_a_torn_entry_at_or_below_the_commit_index_is_damage(tmp_path: Path, cap
     build(path, n=200, applied=200)
     tear(path, kv_entries(200, 201, term=4)[0], 10)
     reopen_expect_moved(path, caplog)[0].close()
+
+
+def test_two_torn_entries_are_damage_and_the_store_is_moved_aside_untouched(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Only one write can be cut short: a torn entry before a torn last one is damage, and the
+    store moved aside must be the bytes found, the last entry included (not less the torn tail)."""
+    path = tmp_path / "s"
+    build(path, n=200, applied=150)
+    torn_after(path, 200, 10)
+    torn_after(path, 201, 10)
+    reopen_expect_moved(path, caplog)[0].close()
+
+
+def test_a_torn_last_entry_over_damage_leaves_the_moved_aside_store_untouched(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "s"
+    build(path, n=200, marked=190, applied=150)
+    assert flip_marker(path) >= 1
+    torn_after(path, 200, 10)
+    reopen_expect_moved(path, caplog)[0].close()
