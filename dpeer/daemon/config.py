@@ -29,7 +29,14 @@ from dpeer.security.exposure import is_loopback
 PresetName = Literal["lan", "wan", "edge"]
 ReductionName = Literal["exact", "fast"]
 _HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+NODE_ID_RULE = "1-64 letters, digits, '.', '_' or '-', starting alphanumeric"
+
+
+def valid_node_id(value: str) -> bool:
+    """Whether ``value`` is a node id (NODE_ID_RULE): what a box may be configured with, what a join
+    may name, and so what a measured site's name (auto-<id>) may hold."""
+    return _NODE_ID.fullmatch(value) is not None
 
 
 class ConfigError(ValueError):
@@ -274,8 +281,8 @@ class NodeConfig(Strict):
     @field_validator("node_id")
     @classmethod
     def _node_id(cls, value: str | None) -> str | None:
-        if value is not None and not _NODE_ID.fullmatch(value):
-            raise ValueError("node ids are 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")
+        if value is not None and not valid_node_id(value):
+            raise ValueError(f"node ids are {NODE_ID_RULE}")
         return value
 
     @field_validator("site")

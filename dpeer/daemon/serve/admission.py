@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 from typing import Callable
 
+from dpeer.daemon.config import NODE_ID_RULE, valid_node_id
 from dpeer.daemon.decide.proposals import NOBODY, Answer, Claim, Holding, Verdict, claim_verdict
 from dpeer.daemon.decide.sites import site_problem
 from dpeer.daemon.node.driver import Node
@@ -29,9 +30,10 @@ MAX_NEAR = 1024  # near peers one join may name
 
 
 def check_id(value: str, what: str) -> None:
-    """BadRequest unless value is a node id: 1-64 printable characters without spaces."""
-    if not value or len(value) > 64 or not value.isprintable() or " " in value:
-        raise BadRequest(f"{what} must be 1-64 printable characters without spaces")
+    """BadRequest unless value is a node id (config.NODE_ID_RULE, what a box can be configured with:
+    a measured site is named after one)."""
+    if not valid_node_id(value):
+        raise BadRequest(f"{what} must be a node id: {NODE_ID_RULE}")
 
 
 def built(build: Callable[[], Payload]) -> Payload:
