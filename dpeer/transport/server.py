@@ -41,7 +41,8 @@ class PeerHandler(Protocol):
     converts the wire's protobuf); raise errors.PeerError subclasses to refuse a call."""
 
     def note_malformed(self, method: str) -> None:
-        """Count a request whose bytes did not decode (the transport already refused it)."""
+        """Count a request whose bytes did not decode, or an envelope that is not valid (the
+        transport already refused it)."""
 
     async def deliver(self, envelope: Envelope) -> None:
         """Take one protocol message (probe, ack, Raft) from a peer."""
@@ -277,8 +278,9 @@ class _Servicer:
         return wire.from_wire(_CALLS[method], request)
 
     def _envelope(self, method: str, envelope: object) -> Envelope:
+        assert isinstance(envelope, pb.Envelope)
         try:
-            return codec.decode(envelope)  # type: ignore[arg-type]
+            return codec.decode(envelope)
         except errors.BadRequest:
             self._h.note_malformed(method)
             raise
