@@ -66,6 +66,22 @@ def test_only_the_transport_and_generated_code_import_grpc() -> None:
     assert all(p.startswith(("transport/", "proto/")) for p in importers("grpc")), importers("grpc")
 
 
+# The transport's seam, written in the cores' messages and calls.py's dataclasses: the simulation's
+# in-memory network and the fault wrapper pass them as they are, without the wire's protobuf.
+SEAM = {"transport/api.py", "transport/calls.py", "transport/memory.py", "transport/faulty.py"}
+
+
+def test_the_transport_owns_the_wire() -> None:
+    """Only the gRPC transport and the generated code import dpeer.proto (or a *_pb2 module) and
+    the conversions to and from it (codec.py, wire.py); the CLI's client is transport/client.py."""
+    generated = {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if any("_pb2" in n for n in imports(p))}
+    wire = importers("dpeer.proto") | generated
+    converters = importers("dpeer.transport.codec") | importers("dpeer.transport.wire")
+    outside = {p for p in wire | converters if not p.startswith(("transport/", "proto/"))}
+    assert not outside, f"{sorted(outside)} import the wire's protobuf or its codec (the transport's own)"
+    assert not wire & SEAM, f"{sorted(wire & SEAM)} are the transport's seam but import protobuf"
+
+
 def test_consensus_imports_nothing_of_the_state_machine() -> None:
     """Consensus owns its log: the entry type (an opaque application kind), the storage contract and
     its errors; it knows only its own kinds (config_change, which it decodes itself, and the no-op)
@@ -147,7 +163,7 @@ ALLOWED: dict[str, set[str]] = {
     "consensus": {"ids"},
     # sim: the in-memory transport routes through the seeded SimNetwork's link policies
     "transport": {"proto", "errors", "statemachine", "membership", "consensus", "security", "sim"},
-    "daemon": {"errors", "proto", "statemachine", "membership", "consensus", "transport", "security", "channel",
+    "daemon": {"errors", "statemachine", "membership", "consensus", "transport", "security", "channel",
                "clock", "address", "view", "ids"},
     "trainer": {"channel", "address", "view"},
     # the public API a user's training script imports (dpeer.job.connect)
@@ -156,7 +172,7 @@ ALLOWED: dict[str, set[str]] = {
     # daemon: the chaos daemon entry builds a daemon with its fault wrapper around the transport
     "chaos": {"errors", "transport", "security", "launch", "daemon"},
     # trainer: only `dpeer export` (TRAINER_USERS), which imports it when it runs
-    "cli": {"errors", "proto", "statemachine", "transport", "security", "channel", "daemon", "launch", "chaos",
+    "cli": {"errors", "statemachine", "transport", "security", "channel", "daemon", "launch", "chaos",
             "clock", "trainer"},
 }
 

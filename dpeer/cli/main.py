@@ -169,7 +169,6 @@ def cmd_log(args: argparse.Namespace) -> int:
         raise UsageError("--from and --to are log indexes, 1 or more")
     if args.first is not None and args.last is not None and args.first > args.last:
         raise UsageError(f"--from {args.first} is after --to {args.last}")
-    from dpeer.transport.codec import entry_in
     from dpeer.statemachine.entry import entry_digest
 
     async def fetch(client: NodeClient) -> tuple[dict[str, Any], list[Any]]:
@@ -177,7 +176,7 @@ def cmd_log(args: argparse.Namespace) -> int:
         lo = doc["first_index"] if args.first is None else max(args.first, doc["first_index"])
         hi = doc["commit_index"] if args.last is None else min(args.last, doc["commit_index"])
         chunks = [c async for c in client.fetch_entries(lo, hi, "")] if lo <= hi else []
-        return doc, [entry_in(e) for c in chunks for e in c.entries]
+        return doc, [e for c in chunks for e in c.entries]
 
     doc, entries = run(args, fetch)
     for e in entries:

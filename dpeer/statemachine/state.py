@@ -106,12 +106,14 @@ class ClusterState:
 
 
 class ApplyResult(NamedTuple):
-    """The outcome of applying one entry; a rejected entry changes nothing but applied_index."""
+    """The outcome of applying one entry; a rejected entry changes nothing but applied_index. An
+    accepted view entry carries the View it committed (the one type that reaches the worker)."""
 
     index: int
     kind: EntryKind
     accepted: bool
     reason: str = ""
+    view: View | None = None
 
 
 class _Work:
@@ -163,7 +165,8 @@ def apply_many(
         else:
             reason = _RULES[e.kind](w, payload, e.index)  # type: ignore[operator]
         w.index, w.term = e.index, e.term
-        results.append(ApplyResult(e.index, e.kind, not reason, reason))
+        view = w.view if e.kind is EntryKind.VIEW and not reason else None
+        results.append(ApplyResult(e.index, e.kind, not reason, reason, view))
     return w.freeze(), results
 
 

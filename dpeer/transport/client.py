@@ -24,6 +24,7 @@ from dpeer.transport.options import (
 )
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
+from dpeer.transport import calls, wire
 
 log = logging.getLogger("dpeer.transport")
 BATCH_BYTES = 4 * 1024 * 1024
@@ -289,78 +290,79 @@ class NodeClient:
             return self._metadata
         return self._metadata + ((PROOF_HEADER, signer.sign(method, request, time.time(), os.urandom(16))),)
 
-    async def _call(self, method: str, request: object, timeout: float | None = None) -> object:
+    async def _call(self, method: str, request: object, timeout: float | None = None) -> Any:
         rpc = getattr(self._channels.stub(self.addr), method)
         try:
-            return await rpc(request, timeout=timeout or self._timeout, metadata=self._signed(method, request))
+            reply = await rpc(request, timeout=timeout or self._timeout, metadata=self._signed(method, request))
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, self.addr) from None
+        return wire.parsed(reply)
 
-    async def status(self) -> pb.StatusReply:
+    async def status(self) -> calls.StatusReply:
         """The node's status document."""
         return await self._call("Status", pb.StatusRequest())
 
-    async def kv_put(self, key: str, value: str, timeout: float | None = None) -> pb.KvPutReply:
+    async def kv_put(self, key: str, value: str, timeout: float | None = None) -> calls.KvPutReply:
         """Commit key=value through the node."""
         return await self._call("KvPut", pb.KvPutRequest(key=key, value=value), timeout)
 
-    async def kv_get(self, key: str) -> pb.KvGetReply:
+    async def kv_get(self, key: str) -> calls.KvGetReply:
         """A linearizable read of key through the node."""
         return await self._call("KvGet", pb.KvGetRequest(key=key))
 
-    async def kv_delete(self, key: str, timeout: float | None = None) -> pb.KvDeleteReply:
+    async def kv_delete(self, key: str, timeout: float | None = None) -> calls.KvDeleteReply:
         """Commit the removal of key through the node."""
         return await self._call("KvDelete", pb.KvDeleteRequest(key=key), timeout)
 
-    async def kv_list(self, prefix: str = "") -> pb.KvListReply:
+    async def kv_list(self, prefix: str = "") -> calls.KvListReply:
         """A linearizable read of every key starting with prefix, through the node."""
         return await self._call("KvList", pb.KvListRequest(prefix=prefix))
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
-                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> pb.JoinReply:
+                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> calls.JoinReply:
         """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not; its
         store uid, its daemon's boot and that daemon's age)."""
         request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
                                  up=up, site=site, near=list(near))
         return await self._call("Join", request)
 
-    async def force(self, voters: list[str]) -> pb.ForceReply:
+    async def force(self, voters: list[str]) -> calls.ForceReply:
         """Force the node to make `voters` the whole voting configuration (unsafe; docs/recovery.md)."""
         return await self._call("Force", pb.ForceRequest(voters=voters, confirm=True))
 
-    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+    async def group_failed(self, request: calls.GroupFailedRequest) -> calls.GroupFailedReply:
         """Tell the node (forwarded to the leader) that a group failed or a job's build did."""
-        return await self._call("GroupFailed", request)
+        return await self._call("GroupFailed", wire.to_wire(request))
 
-    async def report_checkpoint(self, node_id: str, step: int, digest: str, final: bool = False) -> pb.CheckpointReply:
+    async def report_checkpoint(self, node_id: str, step: int, digest: str, final: bool = False) -> calls.CheckpointReply:
         """Tell the node (forwarded to the leader) that node_id holds the checkpoint of step."""
         report = pb.CheckpointReport(node_id=node_id, step=step, digest=digest, final=final)
         return await self._call("ReportCheckpoint", report)
 
-    async def job_control(self, action: str) -> pb.JobControlReply:
+    async def job_control(self, action: str) -> calls.JobControlReply:
         """An operator's job command (`retry`), committed through the leader."""
         return await self._call("JobControl", pb.JobControlRequest(action=action))
 
-    async def fetch_checkpoint(self, step: int, offset: int = 0, timeout: float = 120.0) -> AsyncIterator[pb.CheckpointChunk]:
+    async def fetch_checkpoint(self, step: int, offset: int = 0, timeout: float = 120.0) -> AsyncIterator[calls.CheckpointChunk]:
         """Stream the node's checkpoint file of `step` from offset on."""
         request = pb.FetchCheckpointRequest(step=step, offset=offset)
         call = self._channels.stub(self.addr).FetchCheckpoint(request, timeout=timeout, metadata=self._channels.metadata)
         try:
             async for chunk in call:
-                yield chunk
+                yield wire.parsed(chunk)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, self.addr) from None
 
-    async def leave(self, node_id: str = "", forwarded: bool = False) -> pb.LeaveReply:
+    async def leave(self, node_id: str = "", forwarded: bool = False) -> calls.LeaveReply:
         """Ask the node to leave (node_id empty); forwarded: commit node_id's leave on the leader."""
         return await self._call("Leave", pb.LeaveRequest(node_id=node_id, forwarded=forwarded))
 
-    async def fetch_entries(self, from_index: int, to_index: int, node_id: str, timeout: float = 30.0) -> AsyncIterator[pb.EntryChunk]:
+    async def fetch_entries(self, from_index: int, to_index: int, node_id: str, timeout: float = 30.0) -> AsyncIterator[calls.EntryChunk]:
         """Stream committed entries [from_index, to_index] from the node."""
         request = pb.FetchEntriesRequest(node_id=node_id, from_index=from_index, to_index=to_index)
         call = self._channels.stub(self.addr).FetchEntries(request, timeout=timeout, metadata=self._metadata)
         try:
             async for chunk in call:
-                yield chunk
+                yield wire.parsed(chunk)
         except grpc.aio.AioRpcError as exc:
             raise translate(exc, self.addr) from None

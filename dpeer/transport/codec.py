@@ -1,4 +1,4 @@
-"""Maps the pure cores' message dataclasses to the wire's protobuf Envelope and back.
+"""Maps the pure cores' messages (in an api.Envelope) to the wire's protobuf Envelope and back.
 
 Decoding validates every field (the cores' validate(), the entry checks) and raises
 BadRequest, so a malformed or hostile message never reaches a core.
@@ -15,10 +15,9 @@ from dpeer.membership import messages as mm
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, entry_from_wire, entry_to_wire
 from dpeer.statemachine.errors import CorruptEntry
+from dpeer.transport.api import BOOT_DIGITS, MAX_UP, Envelope, valid_boot
 
 MAX_ENTRIES_PER_MESSAGE = 10_000
-BOOT_DIGITS = 16  # a daemon's boot: 8 random bytes in lowercase hex
-MAX_UP = 1e10  # seconds a daemon may claim to have run (about 300 years)
 _STATES = [mm.MemberState.ALIVE, mm.MemberState.SUSPECT, mm.MemberState.DEAD, mm.MemberState.LEFT]
 _STATE_NUM = {s: i for i, s in enumerate(_STATES)}
 
@@ -30,7 +29,6 @@ _FIELD: dict[type, str] = {
     rm.RaftHeartbeat: "raft_heartbeat", rm.RaftHeartbeatResponse: "raft_heartbeat_response",
     rm.SnapshotRequest: "snapshot_request",
 }
-MEMBERSHIP_TYPES = (mm.Ping, mm.Ack, mm.PingReq, mm.Nack, mm.Gossip, mm.PushPull)
 
 
 def _hb_out(hb: mm.Heartbeat) -> pb.Heartbeat:
@@ -140,20 +138,15 @@ _DECODE: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def encode(msg: Any, sender: rm.Peer, from_addr: str, to_uid: str = "", boot: str = "", up: float = 0.0) -> pb.Envelope:
-    """Wrap a core message in an Envelope from this node (sender: its identity); to_uid names
-    the store a Raft message is meant for; boot and up: the sending daemon's boot and its age."""
-    field = _FIELD[type(msg)]
-    return pb.Envelope(from_id=sender.node_id, from_addr=from_addr, from_uid=sender.uid, from_epoch=sender.epoch,
-                       to_uid=to_uid, from_boot=boot, from_up=up, **{field: _ENCODE[type(msg)](msg)})
+def encode(envelope: Envelope) -> pb.Envelope:
+    """The wire Envelope of a core message and its sender's header."""
+    msg, peer = envelope.msg, envelope.sender
+    return pb.Envelope(from_id=peer.node_id, from_addr=envelope.from_addr, from_uid=peer.uid, from_epoch=peer.epoch,
+                       to_uid=envelope.to_uid, from_boot=envelope.boot, from_up=envelope.up,
+                       **{_FIELD[type(msg)]: _ENCODE[type(msg)](msg)})
 
 
-def valid_boot(boot: str) -> bool:
-    """A daemon's boot as the wire carries it: BOOT_DIGITS lowercase hex digits, or empty (an older peer)."""
-    return boot == "" or (len(boot) == BOOT_DIGITS and all(c in "0123456789abcdef" for c in boot))
-
-
-def boot_of(envelope: pb.Envelope) -> tuple[str, float]:
+def _boot_of(envelope: pb.Envelope) -> tuple[str, float]:
     """The sending daemon's boot and how long it has run (seconds); BadRequest when absurd."""
     if not valid_boot(envelope.from_boot):
         raise BadRequest(f"the envelope's from_boot must be {BOOT_DIGITS} lowercase hex digits")
@@ -163,7 +156,7 @@ def boot_of(envelope: pb.Envelope) -> tuple[str, float]:
     return envelope.from_boot, up
 
 
-def sender(envelope: pb.Envelope) -> rm.Peer:
+def _sender(envelope: pb.Envelope) -> rm.Peer:
     """The validated identity an Envelope's sender signs it with; BadRequest when it is absurd."""
     peer = rm.Peer(envelope.from_id, envelope.from_uid, envelope.from_epoch)
     try:
@@ -173,8 +166,8 @@ def sender(envelope: pb.Envelope) -> rm.Peer:
     return peer
 
 
-def decode(envelope: pb.Envelope) -> Any:
-    """The validated core message inside an Envelope; BadRequest when anything is off."""
+def decode(envelope: pb.Envelope) -> Envelope:
+    """The validated core message inside a wire Envelope, with its header; BadRequest when anything is off."""
     field = envelope.WhichOneof("body")
     if field is None:
         raise BadRequest("the envelope carries no message")
@@ -185,4 +178,6 @@ def decode(envelope: pb.Envelope) -> Any:
         msg.validate()
     except (mm.InvalidMessage, rm.InvalidRaftMessage) as exc:
         raise BadRequest(f"invalid {field}: {exc}") from None
-    return msg
+    peer = _sender(envelope)
+    boot, up = _boot_of(envelope)
+    return Envelope(msg, peer, envelope.from_addr, envelope.to_uid, boot, up)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.security.auth import Vouch
-from dpeer.transport.api import PeerClient, Transport, Verdict
+from dpeer.transport.api import Envelope, PeerClient, Transport, Verdict
 
 
 class FaultyTransport:
@@ -21,7 +20,7 @@ class FaultyTransport:
         self.inner, self._verdict = inner, verdict
         self.dropped = self.delayed = 0
 
-    def send(self, addr: str, envelope: pb.Envelope) -> None:
+    def send(self, addr: str, envelope: Envelope) -> None:
         """Drop, hold, or pass the envelope on."""
         delay = self._verdict(addr)
         if delay is None:

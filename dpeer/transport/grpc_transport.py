@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.security.auth import Vouch
-from dpeer.transport.api import Refused
+from dpeer.transport import codec
+from dpeer.transport.api import Envelope, Refused
 from dpeer.transport.client import Channels, NodeClient, PeerSender
 from dpeer.transport.options import Security
 
@@ -19,9 +19,9 @@ class GrpcTransport:
         self.channels = Channels(security)
         self.sender = PeerSender(self.channels, on_refused=on_refused, timeout=timeout, on_rtt=on_rtt)
 
-    def send(self, addr: str, envelope: pb.Envelope) -> None:
-        """PeerSender.send."""
-        self.sender.send(addr, envelope)
+    def send(self, addr: str, envelope: Envelope) -> None:
+        """PeerSender.send, the envelope in its wire form."""
+        self.sender.send(addr, codec.encode(envelope))
 
     def client(self, addr: str, timeout: float = 5.0, on_behalf_of: Vouch | None = None) -> NodeClient:
         """A NodeClient on the shared channels."""

@@ -1,7 +1,7 @@
 """An in-memory network for many daemons in one process: the whole-cluster simulation's transport.
 
 Envelopes and request/response calls go straight to the target daemon's Service (the handler
-the gRPC server would call), after the delay a seeded SimNetwork gives the link, or not at all
+the gRPC server would call), in the api's and calls.py's dataclasses (no protobuf on the way), after the delay a seeded SimNetwork gives the link, or not at all
 when the link is cut (partitions, also one-way) or the message is lost. Each link keeps the
 order of its envelopes, as the production stream does. A daemon that is not attached (down)
 refuses: senders learn it after `refused_delay`, as a closed port tells them, and so do the
@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from dpeer import errors
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.security.auth import Vouch
 from dpeer.sim.network import SimNetwork
-from dpeer.transport.api import Refused
+from dpeer.transport import calls
+from dpeer.transport.api import Envelope, Refused
 
 _SAME = (errors.BadRequest, errors.NotFound, errors.Behind, errors.Denied)
 
@@ -90,7 +90,7 @@ class MemoryNetwork:
         return lambda on_refused: MemoryTransport(self, node_id, addr, on_refused)
 
     # -- envelopes ---------------------------------------------------------------------------
-    def send(self, src: MemoryTransport, addr: str, envelope: pb.Envelope) -> None:
+    def send(self, src: MemoryTransport, addr: str, envelope: Envelope) -> None:
         """One envelope from src to addr, delivered after the link's delay (in link order)."""
         self.sent += 1
         loop = asyncio.get_running_loop()
@@ -109,7 +109,7 @@ class MemoryNetwork:
         self._last_arrival[link] = at
         loop.call_at(at, self._arrive, host, addr, envelope)
 
-    def _arrive(self, host: Host, addr: str, envelope: pb.Envelope) -> None:
+    def _arrive(self, host: Host, addr: str, envelope: Envelope) -> None:
         if self.hosts.get(addr) is not host:
             self.dropped += 1
             return
@@ -119,7 +119,7 @@ class MemoryNetwork:
         self.delivered += 1
         asyncio.get_running_loop().create_task(self._deliver(host, envelope), context=host.context)
 
-    async def _deliver(self, host: Host, envelope: pb.Envelope) -> None:
+    async def _deliver(self, host: Host, envelope: Envelope) -> None:
         try:
             await host.handler.deliver(envelope)
         except errors.BadRequest:
@@ -197,7 +197,7 @@ class MemoryTransport:
         self._on_refused = on_refused
         self.closed = False
 
-    def send(self, addr: str, envelope: pb.Envelope) -> None:
+    def send(self, addr: str, envelope: Envelope) -> None:
         """Send through the network unless this daemon's transport is closed."""
         if not self.closed:
             self.net.send(self, addr, envelope)
@@ -225,52 +225,52 @@ class MemoryClient:
     async def _call(self, method: str, request: Any, timeout: float | None = None) -> Any:
         return await self.net.call(self.src, self.addr, method, request, timeout or self.timeout)
 
-    async def status(self) -> pb.StatusReply:
+    async def status(self) -> calls.StatusReply:
         """The node's status document."""
         return await self.net.call(self.src, self.addr, "status", None, self.timeout)
 
-    async def kv_put(self, key: str, value: str, timeout: float | None = None) -> pb.KvPutReply:
+    async def kv_put(self, key: str, value: str, timeout: float | None = None) -> calls.KvPutReply:
         """Commit key=value through the node."""
-        return await self._call("kv_put", pb.KvPutRequest(key=key, value=value), timeout)
+        return await self._call("kv_put", calls.KvPutRequest(key=key, value=value), timeout)
 
-    async def kv_get(self, key: str) -> pb.KvGetReply:
+    async def kv_get(self, key: str) -> calls.KvGetReply:
         """A linearizable read of key through the node."""
-        return await self._call("kv_get", pb.KvGetRequest(key=key))
+        return await self._call("kv_get", calls.KvGetRequest(key=key))
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
-                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> pb.JoinReply:
+                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> calls.JoinReply:
         """Ask the node to admit node_id at addr."""
-        request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
-                                 up=up, site=site, near=list(near))
+        request = calls.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
+                                 up=up, site=site, near=tuple(near))
         return await self._call("join", request)
 
-    async def force(self, voters: list[str]) -> pb.ForceReply:
+    async def force(self, voters: list[str]) -> calls.ForceReply:
         """The unsafe operator recovery."""
-        return await self._call("force", pb.ForceRequest(voters=voters, confirm=True))
+        return await self._call("force", calls.ForceRequest(voters=tuple(voters), confirm=True))
 
-    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+    async def group_failed(self, request: calls.GroupFailedRequest) -> calls.GroupFailedReply:
         """Report a failed group (forwarded to the leader)."""
         return await self._call("group_failed", request)
 
-    async def report_checkpoint(self, node_id: str, step: int, digest: str, final: bool = False) -> pb.CheckpointReply:
+    async def report_checkpoint(self, node_id: str, step: int, digest: str, final: bool = False) -> calls.CheckpointReply:
         """Report a held checkpoint (forwarded to the leader)."""
-        report = pb.CheckpointReport(node_id=node_id, step=step, digest=digest, final=final)
+        report = calls.CheckpointReport(node_id=node_id, step=step, digest=digest, final=final)
         return await self._call("report_checkpoint", report)
 
-    async def leave(self, node_id: str = "", forwarded: bool = False) -> pb.LeaveReply:
+    async def leave(self, node_id: str = "", forwarded: bool = False) -> calls.LeaveReply:
         """Ask the node to leave, or (forwarded) commit node_id's leave on the leader."""
-        return await self._call("leave", pb.LeaveRequest(node_id=node_id, forwarded=forwarded))
+        return await self._call("leave", calls.LeaveRequest(node_id=node_id, forwarded=forwarded))
 
     async def fetch_entries(self, from_index: int, to_index: int, node_id: str,
-                            timeout: float = 30.0) -> AsyncIterator[pb.EntryChunk]:
+                            timeout: float = 30.0) -> AsyncIterator[calls.EntryChunk]:
         """Committed entries [from_index, to_index] from the node."""
-        request = pb.FetchEntriesRequest(node_id=node_id, from_index=from_index, to_index=to_index)
+        request = calls.FetchEntriesRequest(node_id=node_id, from_index=from_index, to_index=to_index)
         for chunk in await self.net.stream(self.src, self.addr, "fetch_entries", request, timeout):
             yield chunk
 
     async def fetch_checkpoint(self, step: int, offset: int = 0,
-                               timeout: float = 120.0) -> AsyncIterator[pb.CheckpointChunk]:
+                               timeout: float = 120.0) -> AsyncIterator[calls.CheckpointChunk]:
         """The node's checkpoint file of `step` from offset on."""
-        request = pb.FetchCheckpointRequest(step=step, offset=offset)
+        request = calls.FetchCheckpointRequest(step=step, offset=offset)
         for chunk in await self.net.stream(self.src, self.addr, "fetch_checkpoint", request, timeout):
             yield chunk

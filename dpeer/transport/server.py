@@ -22,6 +22,8 @@ from dpeer.transport.options import (
 )
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.proto.v1 import dpeer_pb2_grpc as pbg
+from dpeer.transport import calls, codec, wire
+from dpeer.transport.api import Envelope
 
 log = logging.getLogger("dpeer.transport")
 
@@ -35,30 +37,32 @@ _CODES = {
 
 
 class PeerHandler(Protocol):
-    """What the daemon implements; raise errors.PeerError subclasses to refuse a call."""
+    """What the daemon implements, in calls.py's dataclasses and the cores' messages (the servicer
+    converts the wire's protobuf); raise errors.PeerError subclasses to refuse a call."""
 
     def note_malformed(self, method: str) -> None:
-        """Count a request whose bytes did not decode (the transport already refused it)."""
+        """Count a request whose bytes did not decode, or an envelope that is not valid (the
+        transport already refused it)."""
 
-    async def deliver(self, envelope: pb.Envelope) -> None:
+    async def deliver(self, envelope: Envelope) -> None:
         """Take one protocol message (probe, ack, Raft) from a peer."""
 
-    def fetch_entries(self, request: pb.FetchEntriesRequest) -> AsyncIterator[pb.EntryChunk]:
+    def fetch_entries(self, request: calls.FetchEntriesRequest) -> AsyncIterator[calls.EntryChunk]:
         """Stream committed entries from request.from_index on."""
 
-    async def join(self, request: pb.JoinRequest) -> pb.JoinReply:
+    async def join(self, request: calls.JoinRequest) -> calls.JoinReply:
         """Admit a node to the cluster (through the leader)."""
 
-    async def leave(self, request: pb.LeaveRequest) -> pb.LeaveReply:
+    async def leave(self, request: calls.LeaveRequest) -> calls.LeaveReply:
         """Remove a node (this one when node_id is empty) gracefully."""
 
-    async def group_failed(self, request: pb.GroupFailedRequest) -> pb.GroupFailedReply:
+    async def group_failed(self, request: calls.GroupFailedRequest) -> calls.GroupFailedReply:
         """A worker's group failed: re-form it under a new generation."""
 
-    async def force(self, request: pb.ForceRequest) -> pb.ForceReply:
+    async def force(self, request: calls.ForceRequest) -> calls.ForceReply:
         """Operator's forced reconfiguration to the given voters (unsafe, logged)."""
 
-    async def report_checkpoint(self, request: pb.CheckpointReport) -> pb.CheckpointReply:
+    async def report_checkpoint(self, request: calls.CheckpointReport) -> calls.CheckpointReply:
         """A node holds a checkpoint (through the leader, which records it once a majority does)."""
 
     def node_id(self) -> str:
@@ -69,25 +73,25 @@ class PeerHandler(Protocol):
         (judged as the callers it names) and reads the log and checkpoints; a stranger's or a
         retired box's does neither."""
 
-    async def status(self) -> pb.StatusReply:
+    async def status(self) -> calls.StatusReply:
         """This node's status document."""
 
-    async def kv_put(self, request: pb.KvPutRequest) -> pb.KvPutReply:
+    async def kv_put(self, request: calls.KvPutRequest) -> calls.KvPutReply:
         """Commit a setting; answer once it is committed."""
 
-    async def kv_get(self, request: pb.KvGetRequest) -> pb.KvGetReply:
+    async def kv_get(self, request: calls.KvGetRequest) -> calls.KvGetReply:
         """A linearizable read of a setting."""
 
-    async def kv_delete(self, request: pb.KvDeleteRequest) -> pb.KvDeleteReply:
+    async def kv_delete(self, request: calls.KvDeleteRequest) -> calls.KvDeleteReply:
         """Commit a setting's removal; answer once it is committed."""
 
-    async def kv_list(self, request: pb.KvListRequest) -> pb.KvListReply:
+    async def kv_list(self, request: calls.KvListRequest) -> calls.KvListReply:
         """A linearizable read of the settings under a prefix."""
 
-    async def job_control(self, request: pb.JobControlRequest) -> pb.JobControlReply:
+    async def job_control(self, request: calls.JobControlRequest) -> calls.JobControlReply:
         """An operator's job command (retry a failed job), committed through the leader."""
 
-    def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
+    def fetch_checkpoint(self, request: calls.FetchCheckpointRequest) -> AsyncIterator[calls.CheckpointChunk]:
         """Stream a checkpoint file this node holds, from request.offset on."""
 
 
@@ -255,9 +259,9 @@ class _Servicer:
             caller = await self._admit(method, request, context)
             try:
                 if method == "Status":
-                    return await self._h.status()
-                result = await getattr(self._h, _HANDLERS[method])(request)
-                return reply() if result is None else result
+                    return wire.to_wire(await self._h.status())
+                result = await getattr(self._h, _HANDLERS[method])(self._request(method, request))
+                return reply() if result is None else wire.to_wire(result)
             except errors.PeerError as exc:
                 await self._failed(context, method, exc, caller)
             except asyncio.CancelledError:
@@ -266,14 +270,29 @@ class _Servicer:
 
         return call
 
+    def _request(self, method: str, request: object) -> object:
+        """The handler's form of an admitted request: a Deliver's Envelope decoded and validated
+        (BadRequest, counted as malformed, when it is not), a call's dataclass."""
+        if method == "Deliver":
+            return self._envelope(method, request)
+        return wire.from_wire(_CALLS[method], request)
+
+    def _envelope(self, method: str, envelope: object) -> Envelope:
+        assert isinstance(envelope, pb.Envelope)
+        try:
+            return codec.decode(envelope)
+        except errors.BadRequest:
+            self._h.note_malformed(method)
+            raise
+
     def streaming(self, method: str) -> Callable[[object, grpc.aio.ServicerContext], AsyncIterator[object]]:
         """The gRPC handler of a server-streaming fetch (an async generator: grpc.aio streams only those)."""
 
         async def call(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
             caller = await self._admit(method, request, context)
             try:
-                async for item in getattr(self._h, _HANDLERS[method])(request):
-                    yield item
+                async for item in getattr(self._h, _HANDLERS[method])(self._request(method, request)):
+                    yield wire.to_wire(item)
             except errors.PeerError as exc:
                 await self._failed(context, method, exc, caller)
 
@@ -310,7 +329,7 @@ class _Servicer:
             await self._abort(context, "Stream", *refused, caller)
         for envelope in batch.envelopes:
             try:
-                await self._h.deliver(envelope)
+                await self._h.deliver(self._envelope("Stream", envelope))
             except errors.PeerError as exc:
                 self.guard.refuse(context, "Stream", auth.Refusal.INVALID, str(exc), caller)
 
@@ -330,6 +349,9 @@ _TYPES = {
     "JobControl": (pb.JobControlRequest, pb.JobControlReply, _UU),
     "FetchCheckpoint": (pb.FetchCheckpointRequest, pb.CheckpointChunk, _US),
 }
+
+_CALLS = {method: getattr(calls, request.__name__) for method, (request, _, _) in _TYPES.items()
+          if method not in ("Deliver", "Stream", "Status")}
 
 
 def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:

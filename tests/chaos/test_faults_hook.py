@@ -10,8 +10,11 @@ import random
 from pathlib import Path
 
 from dpeer.chaos.faults import FaultHook, Faults, write_faults
+from dpeer.consensus.messages import Peer
+from dpeer.transport.api import Envelope
 from dpeer.transport.faulty import FaultyTransport
-from dpeer.proto.v1 import dpeer_pb2 as pb
+
+ENVELOPE = Envelope(None, Peer("n1", "", 0), "127.0.0.1:9")  # the wrapper never looks inside
 
 
 class Clock:
@@ -61,7 +64,7 @@ class Recording:
         self.sent: list[tuple[str, float]] = []
         self.closed = False
 
-    def send(self, addr: str, envelope: pb.Envelope) -> None:
+    def send(self, addr: str, envelope: Envelope) -> None:
         self.sent.append((addr, asyncio.get_running_loop().time()))
 
     def client(self, addr: str, timeout: float = 5.0, on_behalf_of: str | None = None) -> str:
@@ -79,8 +82,8 @@ def test_the_wrapper_drops_and_holds_what_the_hook_says(tmp_path: Path) -> None:
         faulty = FaultyTransport(inner, FaultHook.for_data_dir(tmp_path).verdict)
         start = asyncio.get_running_loop().time()
         for _ in range(5):
-            faulty.send("127.0.0.1:1", pb.Envelope())
-        faulty.send("127.0.0.1:2", pb.Envelope())
+            faulty.send("127.0.0.1:1", ENVELOPE)
+        faulty.send("127.0.0.1:2", ENVELOPE)
         assert inner.sent == []  # held, not yet sent
         await asyncio.sleep(0.2)
         assert faulty.client("127.0.0.1:2") == "client of 127.0.0.1:2"

@@ -17,6 +17,8 @@ import grpc
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.security import auth
 from dpeer.security.auth import CallerRole as Role, Principal
+from dpeer.statemachine.entry import Entry, EntryKind
+from dpeer.transport import calls
 from dpeer.transport.client import NodeClient
 from dpeer.transport.options import TOKEN_HEADER, Security
 from dpeer.transport.server import serve
@@ -51,11 +53,12 @@ class LogServer:
     def may_forward(self, node_id: str) -> bool:
         return node_id in MEMBERS
 
-    async def fetch_entries(self, request: pb.FetchEntriesRequest) -> AsyncIterator[pb.EntryChunk]:
-        yield pb.EntryChunk(entries=[pb.Entry(index=1, term=1, kind="view", payload=b"secret")], commit_index=1)
+    async def fetch_entries(self, request: calls.FetchEntriesRequest) -> AsyncIterator[calls.EntryChunk]:
+        yield calls.EntryChunk(entries=(Entry(1, 1, EntryKind.KV_PUT, {"key": "k", "value": "secret"}),),
+                               commit_index=1)
 
-    async def fetch_checkpoint(self, request: pb.FetchCheckpointRequest) -> AsyncIterator[pb.CheckpointChunk]:
-        yield pb.CheckpointChunk(step=request.step, data=b"model", total_size=5, done=True)
+    async def fetch_checkpoint(self, request: calls.FetchCheckpointRequest) -> AsyncIterator[calls.CheckpointChunk]:
+        yield calls.CheckpointChunk(step=request.step, data=b"model", total_size=5, done=True)
 
 
 def free_addr() -> str:

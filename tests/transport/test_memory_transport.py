@@ -9,8 +9,10 @@ import random
 import pytest
 
 from dpeer import errors
-from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.consensus.messages import Peer
 from dpeer.sim.network import LinkPolicy, SimNetwork
+from dpeer.transport.api import Envelope
+from dpeer.transport.calls import StatusReply
 from dpeer.transport.memory import MemoryClient, MemoryNetwork
 
 from tests.house.loop import VirtualLoop
@@ -23,13 +25,18 @@ class Handler:
         self.got: list[str] = []
         self.raise_: Exception | None = None
 
-    async def deliver(self, envelope: pb.Envelope) -> None:
-        self.got.append(envelope.from_id)
+    async def deliver(self, envelope: Envelope) -> None:
+        self.got.append(envelope.sender.node_id)
 
-    async def status(self) -> pb.StatusReply:  # as PeerHandler.status: no request
+    async def status(self) -> StatusReply:  # as PeerHandler.status: no request
         if self.raise_ is not None:
             raise self.raise_
-        return pb.StatusReply(json="{}")
+        return StatusReply(json="{}")
+
+
+def env(sender: str) -> Envelope:
+    """An envelope from sender (the network never looks inside: the message is passed as it is)."""
+    return Envelope(None, Peer(sender, "", 0), f"{sender}:1")
 
 
 def world() -> tuple[VirtualLoop, MemoryNetwork, dict[str, Handler]]:
@@ -49,14 +56,14 @@ def test_envelopes_keep_link_order_and_a_one_way_cut_cuts_one_way() -> None:
         a = net.transport("a", "a:1")(refused.append)
         b = net.transport("b", "b:1")(refused.append)
         for i in range(20):
-            a.send("b:1", pb.Envelope(from_id=f"a{i}"))
+            a.send("b:1", env(f"a{i}"))
         await asyncio.sleep(1.0)
         net.links.block("b", "a")
-        b.send("a:1", pb.Envelope(from_id="cut"))
-        a.send("b:1", pb.Envelope(from_id="open"))
+        b.send("a:1", env("cut"))
+        a.send("b:1", env("open"))
         await asyncio.sleep(1.0)
         net.detach("b:1")
-        a.send("b:1", pb.Envelope(from_id="late"))
+        a.send("b:1", env("late"))
         await asyncio.sleep(1.0)
 
     loop.run_until_complete(go())
@@ -71,7 +78,7 @@ def test_a_paused_host_gets_what_arrived_when_it_resumes() -> None:
     async def go() -> None:
         a = net.transport("a", "a:1")(lambda addr: None)
         net.pause("b:1")
-        a.send("b:1", pb.Envelope(from_id="x"))
+        a.send("b:1", env("x"))
         await asyncio.sleep(1.0)
         assert h["b"].got == []
         net.resume("b:1")

@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from dpeer.errors import BadRequest
+from dpeer.transport.api import Envelope
 from dpeer.transport.client import Channels, PeerSender
 from dpeer.transport.options import MAX_BATCH_MESSAGES, TOKEN_HEADER, Security
 from dpeer.transport.server import serve
@@ -26,10 +27,10 @@ def free_addr() -> str:
 
 
 class Handler:
-    """Records delivered envelopes; refuses those from 'forger'."""
+    """Records delivered envelopes (decoded by the server); refuses those from 'forger'."""
 
     def __init__(self) -> None:
-        self.got: list[pb.Envelope] = []
+        self.got: list[Envelope] = []
         self.malformed: list[str] = []
         self.arrived = asyncio.Event()
 
@@ -42,15 +43,16 @@ class Handler:
     def may_forward(self, node_id: str) -> bool:
         return False
 
-    async def deliver(self, envelope: pb.Envelope) -> None:
-        if envelope.from_id == "forger":
+    async def deliver(self, envelope: Envelope) -> None:
+        if envelope.sender.node_id == "forger":
             raise BadRequest("forged")
         self.got.append(envelope)
         self.arrived.set()
 
 
 def env(i: int, from_id: str = "a") -> pb.Envelope:
-    return pb.Envelope(from_id=from_id, from_addr="127.0.0.1:1", raft_heartbeat=pb.RaftHeartbeat(term=1, commit=i))
+    heartbeat = pb.RaftHeartbeat(term=1, leader=from_id, commit=i)
+    return pb.Envelope(from_id=from_id, from_addr="127.0.0.1:1", from_uid="a" * 32, raft_heartbeat=heartbeat)
 
 
 async def until(predicate: Any, what: str) -> None:
@@ -69,7 +71,7 @@ def test_one_stream_carries_batches_in_order_and_a_refused_message_does_not_end_
             for i in range(1, 51):
                 sender.send(addr, env(i, "forger" if i == 25 else "a"))
             await until(lambda: len(handler.got) == 49, "49 envelopes")
-            assert [e.raft_heartbeat.commit for e in handler.got] == [i for i in range(1, 51) if i != 25]
+            assert [e.msg.commit for e in handler.got] == [i for i in range(1, 51) if i != 25]
             assert sender.batches < 49, "envelopes of one loop turn leave together"
             # the server's first answer (which times the open) may reach us after its handler got them all
             await until(lambda: rtts, "the stream's open timed")
@@ -115,7 +117,7 @@ def test_the_stream_needs_the_cluster_token_and_refuses_bad_batches() -> None:
             member.send(addr, env(2))
             await until(lambda: handler.got, "the member's envelope")
             await asyncio.sleep(0.3)
-            assert [e.raft_heartbeat.commit for e in handler.got] == [2]
+            assert [e.msg.commit for e in handler.got] == [2]
             stream = channel.stream_unary("/dpeer.v1.Peer/Stream")
             for label, body in (("undecodable", b"\xff\xff\xff"),
                                 ("too many", pb.EnvelopeBatch(envelopes=[env(3)] * (MAX_BATCH_MESSAGES + 1))

@@ -18,7 +18,6 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from dpeer.clock import REAL, Clock
-from dpeer.transport import codec
 from dpeer.consensus import Peer, RaftNode, Role
 from dpeer.consensus.ready import Outgoing, Ready, drive, persist
 from dpeer.consensus.messages import AppendRequest, RaftHeartbeat, SnapshotRequest
@@ -26,6 +25,7 @@ from dpeer.errors import BadRequest
 from dpeer.ids import SECRETS, Ids
 from dpeer.membership import (
     Ack,
+    Gossip,
     HeartbeatObserved,
     MemberAlive,
     MemberDead,
@@ -34,7 +34,10 @@ from dpeer.membership import (
     MemberState,
     MemberSuspect,
     Membership,
+    Nack,
     Ping,
+    PingReq,
+    PushPull,
 )
 from dpeer.daemon.node.commands import NodeCommands
 from dpeer.daemon.node.events import NodeEvents, NoEvents
@@ -45,8 +48,8 @@ from dpeer.daemon.decide.sightings import Sightings, Windows, copy_of, held_twic
 from dpeer.daemon.node.storage_adapter import StoreStorage
 from dpeer.daemon.node.timers import NodeTimers
 from dpeer.daemon.timing import Timing, resolve
+from dpeer.transport.api import Envelope
 from dpeer.daemon.decide.proposals import Observed
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import CommittedEntryError, CorruptState
 from dpeer.statemachine.payloads import decode
@@ -55,7 +58,8 @@ from dpeer.statemachine.state import ApplyResult, MemberStatus
 from dpeer.statemachine.store import Store
 
 log = logging.getLogger("dpeer.node")
-Sender = Callable[[str, pb.Envelope], None]
+Sender = Callable[[str, Envelope], None]
+MEMBERSHIP_TYPES = (Ping, Ack, PingReq, Nack, Gossip, PushPull)
 # Applied entries that give the chores nothing to react to (a training box commits a checkpoint
 # every few hundred steps; waking the chores for each kept a daemon busy beside its worker).
 _QUIET_KINDS = frozenset({EntryKind.CHECKPOINT, EntryKind.KV_PUT, EntryKind.NOOP})
@@ -104,34 +108,34 @@ class Node:
         self.timers = NodeTimers(self, self.events, self.clock)
 
     # -- inputs ---------------------------------------------------------------------------
-    def deliver(self, envelope: pb.Envelope) -> None:
-        """Take one Envelope from a peer; BadRequest when it is malformed or forged."""
-        msg = codec.decode(envelope)
-        peer = codec.sender(envelope)
-        boot, up = codec.boot_of(envelope)
+    def deliver(self, envelope: Envelope) -> None:
+        """Take one Envelope from a peer (decoded and validated by the transport); BadRequest when
+        it is forged."""
+        msg, peer, boot, up = envelope.msg, envelope.sender, envelope.boot, envelope.up
+        sender = peer.node_id
         now = self.clock()
-        self.sightings.saw(peer.node_id, peer.uid, envelope.from_addr, now, boot, up if boot else None)
+        self.sightings.saw(sender, peer.uid, envelope.from_addr, now, boot, up if boot else None)
         self._refuse_copy(peer, boot, now)
         self.raft.observe(peer)
-        if isinstance(msg, codec.MEMBERSHIP_TYPES):
-            if msg.hb.node_id != envelope.from_id and not isinstance(msg, Ack):
-                raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {envelope.from_id!r}")
+        if isinstance(msg, MEMBERSHIP_TYPES):
+            if msg.hb.node_id != sender and not isinstance(msg, Ack):
+                raise BadRequest(f"heartbeat of {msg.hb.node_id!r} sent by {sender!r}")
             self.addrs.setdefault(msg.hb.node_id, msg.hb.addr)
-            if isinstance(msg, Ack) and msg.hb.node_id == envelope.from_id:
-                self.probes.acked(envelope.from_id, msg.seq, now)
+            if isinstance(msg, Ack) and msg.hb.node_id == sender:
+                self.probes.acked(sender, msg.seq, now)
             self._send_swim(self.swim.receive(now, msg))
             self._swim_effects(now)
         else:
             self._admit_raft(peer, msg)
-            self.addrs.setdefault(envelope.from_id, envelope.from_addr)
+            self.addrs.setdefault(sender, envelope.from_addr)
             self.raft.step(now, peer, msg, envelope.to_uid)
             try:
                 self.drain()
             except CommittedEntryError as exc:
                 log.error("the leader %s would overwrite committed entries here (%s): this node's log "
                           "diverged, as after a forced reconfiguration; move its data dir aside and "
-                          "rejoin", envelope.from_id, exc)
-                raise BadRequest(f"log diverges from {envelope.from_id!r} on committed entries") from None
+                          "rejoin", sender, exc)
+                raise BadRequest(f"log diverges from {sender!r} on committed entries") from None
         self.timers.wake_if_sooner()
 
     def _admit_raft(self, peer: Peer, msg: Any) -> None:
@@ -274,9 +278,9 @@ class Node:
                 self.probes.sent(msg.target, msg.seq, self.clock())
             self._send(addr, self.envelope(msg))
 
-    def envelope(self, msg: Any, to_uid: str = "") -> pb.Envelope:
+    def envelope(self, msg: Any, to_uid: str = "") -> Envelope:
         """A core message in an Envelope from this node (its identity, address and boot)."""
-        return codec.encode(msg, self.raft.identity, self.addr, to_uid, self.boot, self.clock() - self.started)
+        return Envelope(msg, self.raft.identity, self.addr, to_uid, self.boot, self.clock() - self.started)
 
     def _send_raft(self, dst: str, uid: str, msg: Any) -> None:
         addr = self.addrs.get(dst)

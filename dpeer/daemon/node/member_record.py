@@ -24,9 +24,9 @@ from typing import Protocol, Sequence
 from dpeer import errors
 from dpeer.consensus import Role
 from dpeer.daemon.node.driver import Node
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.state import MemberStatus
 from dpeer.transport.api import Transport
+from dpeer.transport.calls import JoinReply
 
 log = logging.getLogger("dpeer.daemon")
 JOIN_RETRY = 0.5
@@ -114,7 +114,7 @@ class MemberRecordSync:
                 done, _ = await asyncio.wait(flying, timeout=max(0.0, wake - now), return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     addr, reply = flying.pop(task), task.result()
-                    if isinstance(reply, pb.JoinReply) and reply.accepted:
+                    if isinstance(reply, JoinReply) and reply.accepted:
                         self._admitted(addr, reply, wanted[3])
                         return
                     if isinstance(reply, str) and self._stop_on(reply):
@@ -136,7 +136,7 @@ class MemberRecordSync:
         flying[asyncio.create_task(self._try(free[0], wanted, deadline - now))] = free[0]
         return deadline if free[0] == leader else now + HEDGE
 
-    async def _try(self, addr: str, wanted: Record, timeout: float) -> pb.JoinReply | str | None:
+    async def _try(self, addr: str, wanted: Record, timeout: float) -> JoinReply | str | None:
         """The reply, the sentence of a refusal, or None when the update did not get through."""
         _, addr_, store_port, ready, uid, site, near = wanted
         node = self.node
@@ -162,7 +162,7 @@ class MemberRecordSync:
         self.node.timers.stop()
         return True
 
-    def _admitted(self, addr: str, reply: pb.JoinReply, ready: bool) -> None:
+    def _admitted(self, addr: str, reply: JoinReply, ready: bool) -> None:
         node = self.node
         self._refused, self.confirmed = ("", 0), True
         log.info("membership updated through %s (leader %s, ready %s)", addr, reply.leader_id, ready)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dpeer.transport import codec
 from dpeer.consensus import Peer
 from dpeer.errors import BadRequest, Behind, PeerError
 from dpeer.membership import HeartbeatObserved
@@ -67,7 +66,7 @@ class Resyncer:
         client = self.transport.client(addr)
         got = 0
         async for chunk in client.fetch_entries(plan.from_index, plan.to_index, self.node.id):
-            entries = [codec.entry_in(e) for e in chunk.entries]
+            entries = list(chunk.entries)
             if not entries:
                 continue
             sender = Peer(plan.peer, chunk.uid, chunk.epoch)

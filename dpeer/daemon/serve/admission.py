@@ -16,10 +16,9 @@ from dpeer.daemon.decide.sites import site_problem
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.serve.forward import COMMAND_TIMEOUT
 from dpeer.errors import BadRequest, PeerError, Unavailable, Unreachable
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.payloads import BadPayload, MemberJoined, Payload
 from dpeer.statemachine.state import MemberStatus
-from dpeer.transport import codec
+from dpeer.transport import calls
 from dpeer.transport.api import Transport
 
 log = logging.getLogger("dpeer.service")
@@ -44,7 +43,7 @@ def built(build: Callable[[], Payload]) -> Payload:
         raise BadRequest(str(exc)) from None
 
 
-def check_site(request: pb.JoinRequest) -> None:
+def check_site(request: calls.JoinRequest) -> None:
     """A join's site is empty or a configured site's name; its near peers are distinct other node ids."""
     problem = site_problem(request.site) if request.site else ""
     if problem:
@@ -64,7 +63,7 @@ class Admission:
         self.node, self.transport = node, transport
         self._claims: dict[tuple[str, str, str], Holding] = {}  # (node id, store uid, boot) -> last verdict here
 
-    async def admit(self, request: pb.JoinRequest) -> pb.JoinReply:
+    async def admit(self, request: calls.JoinRequest) -> calls.JoinReply:
         """Commit the joining box's record unless it is current; every boot's first join is judged
         (views.claim_verdict), so a copy of a member's disk is told even when its record is current."""
         member = self.node.reads.state.members.get(request.node_id)
@@ -78,10 +77,10 @@ class Admission:
             record = built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
                                                 request.uid, request.site, tuple(request.near)))
             await self.node.commands.propose(record, COMMAND_TIMEOUT)
-        records = [codec.record_out(r) for r in self.node.swim.members()]
-        return pb.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
+        records = tuple(self.node.swim.members())
+        return calls.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)
 
-    async def _judge_claim(self, request: pb.JoinRequest) -> None:
+    async def _judge_claim(self, request: calls.JoinRequest) -> None:
         """One live holder per node id and store (views.claim_verdict): BadRequest when another store
         or process holds the id and answers, Unavailable while its holder may still be alive (the join
         is tried again). Each verdict is logged once per change, not at every retry."""
@@ -99,7 +98,7 @@ class Admission:
         self._claims[key] = verdict.holding
         raise (BadRequest if verdict.holding is Holding.HELD else Unavailable)(verdict.reason)
 
-    async def _verdict(self, request: pb.JoinRequest) -> Verdict:
+    async def _verdict(self, request: calls.JoinRequest) -> Verdict:
         """The claim's verdict from what this node heard; when unsure, judged again with who answers
         at the record's address."""
         node, now = self.node, self.node.clock()

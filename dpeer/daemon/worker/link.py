@@ -27,7 +27,7 @@ from dpeer.daemon.worker.reports import LeaderReports
 from dpeer.daemon.worker.supervisor import Worker, WorkerSupervisor
 from dpeer.daemon.worker.wake import WorkerWake
 from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.payloads import ControlMode, decode
+from dpeer.statemachine.payloads import ControlMode
 from dpeer.statemachine.state import ApplyResult, JobState
 from dpeer.transport.api import Transport
 
@@ -67,10 +67,8 @@ class WorkerLink:
                 self.worker.resume(self.node.clock())
         elif entry.kind is EntryKind.CHECKPOINT:
             self.worker.publish_checkpoint(state.checkpoint)
-        elif entry.kind is EntryKind.VIEW:
-            view = state.view
-            if view is not None and view.generation == decode(entry.kind, entry.payload).generation:  # type: ignore[union-attr]
-                self.worker.publish(view, state.checkpoint)
+        elif entry.kind is EntryKind.VIEW and result.view is not None and result.view == state.view:
+            self.worker.publish(result.view, state.checkpoint)  # not one a later entry of its batch replaced
 
     def chores(self, now: float) -> None:
         """Fence, read the worker's reports, tell the leader what it owes, fetch a final state."""

@@ -20,8 +20,8 @@ from dpeer.daemon.node.driver import Node
 from dpeer.daemon.node.events import LeaderIntake
 from dpeer.daemon.serve.metrics import Metrics
 from dpeer.daemon.worker.supervisor import Worker
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.transport.api import PeerClient, Transport
+from dpeer.transport.calls import GroupFailedRequest
 
 log = logging.getLogger("dpeer.daemon")
 MISSED_VIEW_REPORT_EVERY = 1.0
@@ -63,9 +63,9 @@ class LeaderReports:
             self.leader.group_failed(generation, report)
             return
         self._tasks = [t for t in self._tasks if not t.done()]
-        request = pb.GroupFailedRequest(node_id=self.node.id, generation=generation, reason=report.error,
-                                        phase=report.phase.value, step=report.step, error=report.error,
-                                        attempt=report.attempt)
+        request = GroupFailedRequest(node_id=self.node.id, generation=generation, reason=report.error,
+                                     phase=report.phase.value, step=report.step, error=report.error,
+                                     attempt=report.attempt)
         self._tasks.append(asyncio.get_running_loop().create_task(
             self._tell_leader("the failure", lambda c: c.group_failed(request))))
 

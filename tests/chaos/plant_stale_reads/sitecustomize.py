@@ -18,7 +18,7 @@ TARGET = "dpeer.daemon.serve.service"
 def plant(module: ModuleType) -> None:
     """Wrap Service.kv_get: a follower reads its local state; the leader keeps its ReadIndex."""
     real = module.Service.kv_get
-    pb = module.pb
+    calls = module.calls
 
     async def kv_get(self: Any, request: Any) -> Any:
         if self._leading():
@@ -26,8 +26,8 @@ def plant(module: ModuleType) -> None:
         value = self.node.store.state.kv.get(request.key)
         index = self.node.store.last_applied
         if value is None:
-            return pb.KvGetReply(found=False, read_index=index)
-        return pb.KvGetReply(found=True, value=value, read_index=index)
+            return calls.KvGetReply(found=False, read_index=index)
+        return calls.KvGetReply(found=True, value=value, read_index=index)
 
     module.Service.kv_get = kv_get
 

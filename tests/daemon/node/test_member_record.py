@@ -13,7 +13,7 @@ from dpeer import errors
 from dpeer.consensus import Role
 from dpeer.daemon.node import member_record
 from dpeer.daemon.node.member_record import MemberRecordSync
-from dpeer.proto.v1 import dpeer_pb2 as pb
+from dpeer.transport.calls import JoinReply
 from tests.house.loop import VirtualLoop
 
 
@@ -49,7 +49,7 @@ class _Transport:
         self.loop, self.peers, self.calls = loop, peers, []
 
     def client(self, addr: str, timeout: float) -> SimpleNamespace:
-        async def join(*args: object) -> pb.JoinReply:
+        async def join(*args: object) -> JoinReply:
             self.calls.append((round(self.loop.time(), 3), addr))
             self.sent = args
             how = self.peers[addr]
@@ -64,7 +64,7 @@ class _Transport:
                 await asyncio.sleep(how[1])
             elif self.loop.time() < how[1]:
                 raise errors.Unreachable(f"{addr}: connection refused")
-            return pb.JoinReply(accepted=True, leader_id="n1")
+            return JoinReply(accepted=True, leader_id="n1")
         return SimpleNamespace(join=join)
 
 

@@ -13,12 +13,13 @@ import pytest
 
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.decide.failures import FailureReport
-from dpeer.proto.v1 import dpeer_pb2 as pb
 from tests.support.worker_events import WorkerEventLog
 from dpeer.daemon.worker.supervisor import TrainStatus, WorkerSupervisor
 from dpeer.daemon.decide.worker_health import judge_worker, missed_view
 from dpeer.address import Address
 from dpeer.view import View
+from dpeer.transport import wire
+from dpeer.transport.calls import GroupFailedRequest
 
 
 def write(data_dir: Path, *records: dict) -> None:
@@ -129,11 +130,13 @@ def test_a_view_counts_as_given_only_once_a_worker_process_was_started(tmp_path:
 
 
 class WireEvents(WorkerEventLog):
-    """Builds the request a follower's daemon sends its leader for each failure, as Daemon._send_failure does."""
+    """Builds the request a follower's daemon sends its leader for each failure, as Daemon._send_failure does,
+    in its wire form (a uint64 generation)."""
 
     def worker_failed(self, generation: int, report: FailureReport) -> None:
-        pb.GroupFailedRequest(node_id=report.node, generation=generation, reason=report.error, phase=report.phase.value,
-                              step=report.step, error=report.error, attempt=report.attempt)
+        wire.to_wire(GroupFailedRequest(node_id=report.node, generation=generation, reason=report.error,
+                                        phase=report.phase.value, step=report.step, error=report.error,
+                                        attempt=report.attempt))
         super().worker_failed(generation, report)
 
 
