@@ -17,14 +17,16 @@ TARGET = "dpeer.daemon.serve.service"
 
 def plant(module: ModuleType) -> None:
     """Wrap Service.kv_get: a follower reads its local state; the leader keeps its ReadIndex."""
+    from dpeer.consensus import Role
+
     real = module.Service.kv_get
     calls = module.calls
 
     async def kv_get(self: Any, request: Any) -> Any:
-        if self._leading():
+        if self.node.role is Role.LEADER:
             return await real(self, request)
-        value = self.node.store.state.kv.get(request.key)
-        index = self.node.store.last_applied
+        value = self.node.reads.state.kv.get(request.key)
+        index = self.node.reads.last_applied
         if value is None:
             return calls.KvGetReply(found=False, read_index=index)
         return calls.KvGetReply(found=True, value=value, read_index=index)
