@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from dpeer.trainer.exact import NonFiniteGradient
+from dpeer.trainer.state import tensor_bytes
 from tests.support.exact import demo, run_step, stepper
 
 MICRO = 2  # micro-batches a step
@@ -25,7 +26,7 @@ STEPS = 4
 def _digest(tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256()
     for t in tensors:
-        h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(tensor_bytes(t.detach()))
     return h.hexdigest()[:16]
 
 

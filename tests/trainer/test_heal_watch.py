@@ -50,6 +50,9 @@ class FakeGroup:
     def cutter(self):
         return lambda: (self.cut.set(), 1)[1]
 
+    def foreign_connections(self) -> int:
+        return 0
+
     def destroy(self) -> None:
         pass
 
