@@ -28,7 +28,8 @@ wire buffer of a bucket's size taken from a pool of WIRE_SLOTS, and turns each s
 mean gradient as soon as it returns, which frees its buffer for the next bucket (during backward,
 when more buckets than buffers are in flight); a rank with several micro-batches sums them in one
 float64 buffer of the model's size, which its buckets then reduce. The conversion passes work a
-chunk of buckets at a time (fixedpoint.chunk_rows) with no copy of the model beyond these.
+chunk of buckets at a time (fixedpoint.chunk_rows) with no copy of the model beyond these. A
+sharded step holds a pool of bucket-sized float32 slots beside the row (exact_shards.py).
 
 Buffers. Running statistics of norm layers are combined: each micro-batch's forward updates them
 from the step's start values, and the step's new statistics are the mean of the M updated values
@@ -47,8 +48,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,7 @@ from dpeer.trainer.allreduce import StepReduction
 from dpeer.trainer.exact_shards import ShardedSum
 from dpeer.trainer.overlap import Bucket, GradViews, Overlap, plan_buckets, wait_all
 from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds
+from dpeer.trainer.seeding import restore_rng, seed_rng, seeded
 from dpeer.trainer.state import tensor_bytes
 from dpeer.trainer.stepping import Trained
 
@@ -87,36 +88,6 @@ def configure_process(threads: int = 0) -> None:
     torch.backends.cudnn.benchmark = False
     if threads > 0:
         torch.set_num_threads(threads)
-
-
-def seed_rng(seed: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Seed torch's generators (CPU, and ``device``'s when it is a GPU) to ``seed``; returns their
-    states before, for ``restore_rng``. torch.manual_seed is not used: it queues a seeding of every
-    CUDA, XPU and MTIA device, recording a Python traceback for each even on a CPU-only box (0.5 ms
-    a call here, 50 % of a demo step's exact-mode cost)."""
-    saved = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-    torch.default_generator.manual_seed(seed)
-    if saved[1] is not None:
-        torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()].manual_seed(seed)
-    return saved
-
-
-def restore_rng(saved: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
-    """Put back the generator states ``seed_rng`` returned."""
-    torch.set_rng_state(saved[0])
-    if saved[1] is not None:
-        torch.cuda.set_rng_state(saved[1], device)
-
-
-@contextmanager
-def seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Run with torch's generators seeded to ``seed``, then put their states back (fork_rng, without
-    its per-call device scan)."""
-    saved = seed_rng(seed, device)
-    try:
-        yield
-    finally:
-        restore_rng(saved, device)
 
 
 def check_spec(spec: TrainSpec) -> int:
@@ -360,6 +331,8 @@ class ExactStep:
             spans = [(max(b.lo - g, 0) // fx.BUCKET, (b.hi - g) // fx.BUCKET) for b in self._plan]
             self._shards = ShardedSum(self.row, spans, self._rank, self._world_planned, self.lo, self.bits,
                                       self.spec.global_batch)
+        first = self._o["ranks"]  # rank 0's measured slots carry every row's, each written by its owner
+        self._shards.begin(self._pass_of[0], self._ctl[first : first + self.nb])
         if not self._mine:
             self.row.zero_()
 
@@ -409,7 +382,7 @@ class ExactStep:
     def end_pass(self) -> None:
         """Every micro-batch ran: launch the buckets not launched yet (every bucket, in a pass that is not
         overlapped); norm statistics back at the step's start values until combine."""
-        exponents, scale, overlap, amax = self._pass_of
+        _exponents, scale, overlap, amax = self._pass_of
         if overlap:
             assert self._overlap is not None
             if not self._mine:
@@ -423,7 +396,7 @@ class ExactStep:
             for k, bucket in enumerate(self._plan):
                 self._launch(k, bucket)
         if self._sharded:
-            self._sum_shards(exponents)
+            self._sum_shards()
         self.norms.restore()
         if [b._version for b in self._others] != self._versions:
             names = [n for n, b in self.spec.model.named_buffers() if any(b is x for x in self._others)]
@@ -519,12 +492,16 @@ class ExactStep:
             return self._nonfinite(measured, loss_mean, seen)
         used = self.exponents
         if used is None or float(ranks[:, self.nb + 1].sum()) > 0 or len(prints) > 1 or -1.0 in prints:
-            used = measured.clamp(min=self.lo, max=self.hi)
-            self.redos += 1
-            self._redo = (used, measured, tail, loss_mean, seen)
-            self._begin_pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), overlap=False)
-            return None
+            return self._run_again(measured, tail, loss_mean, seen)
         return self._finish(used, measured, tail, loss_mean, seen)
+
+    def _run_again(self, measured: torch.Tensor, tail: torch.Tensor, loss_mean: float, seen: list[int]) -> None:
+        """The exponents did not fit: a second pass over the micro-batches, quantized with the measured
+        ones, begun; the next ``reduce`` finishes with this pass's control slots."""
+        used = measured.clamp(min=self.lo, max=self.hi)
+        self.redos += 1
+        self._redo = (used, measured, tail, loss_mean, seen)
+        self._begin_pass(used, fx.scales(used, self.bits, self.dtype, self.row.device), overlap=False)
 
     def _read_tail(self, tail: torch.Tensor, world: int) -> tuple[torch.Tensor, set[float], list[int], float]:
         """The reduced control slots: every rank's block, the exponents' fingerprints, the newest
@@ -534,26 +511,28 @@ class ExactStep:
         seen = [int(v) for v in ranks[:, self.nb + 2].tolist()]
         return ranks, set(ranks[:, self.nb].tolist()), seen, sum(tail[: self.micro].tolist()) / self.spec.global_batch
 
-    def _sum_shards(self, exponents: torch.Tensor | None) -> None:
-        """A sharded pass's collectives after its first exchanges: the owners' sums, then the control
-        slots (this rank's fingerprint and newest generation, the owners' measured exponents, losses
-        and norm statistics) summed."""
+    def _sum_shards(self) -> None:
+        """A sharded pass's collectives after its first exchanges: the owners' remaining sums, then the
+        control slots (this rank's fingerprint and newest generation, the owners' measured exponents,
+        losses and norm statistics) summed."""
         assert self._shards is not None
         block = self._o["ranks"] + self._rank * (self.nb + 3)
         self._ctl[block + self.nb] = float(self._print)
         self._ctl[block + self.nb + 2] = float(self._newest)
-        first = self._o["ranks"]  # rank 0's measured slots carry every row's, each written by its owner
-        self._shards.sum(exponents, self._ctl[first : first + self.nb])
+        self._shards.finish()
         self._ctl_work = dist.all_reduce(self._ctl, async_op=True)
 
-    def _reduce_shards(self, world: int) -> StepReduction:
+    def _reduce_shards(self, world: int) -> StepReduction | None:
         """A sharded step's reduction: the owners' means and measured exponents back; when the
-        exponents did not fit (or ranks disagree on them), the owners sum again with the measured ones
-        (the contributions they kept: no micro-batch runs again)."""
+        exponents did not fit (or ranks disagree on them), None and a second pass begun, as on the
+        allreduce path (the owners keep no contributions: exact_shards.py)."""
         assert self._shards is not None and self._ctl_work is not None, "reduce() before end_pass()"
         work, self._ctl_work = self._ctl_work, None
         wait_all([work])
         self._shards.collect()
+        if self._redo is not None:
+            redo, self._redo = self._redo, None
+            return self._finish(*redo)
         tail = self._ctl.to("cpu", copy=True)
         ranks, prints, seen, loss_mean = self._read_tail(tail, world)
         measured = ranks[0, : self.nb].to(torch.int64)
@@ -561,10 +540,7 @@ class ExactStep:
             return self._nonfinite(measured, loss_mean, seen)
         used = self._pass_of[0]
         if used is None or bool((measured > used).any()) or len(prints) > 1 or -1.0 in prints:
-            used = measured.clamp(min=self.lo, max=self.hi)
-            self.redos += 1
-            self._shards.sum(used, None)
-            self._shards.collect()
+            return self._run_again(measured, tail, loss_mean, seen)
         return self._finish(used, measured, tail, loss_mean, seen)
 
     def _finish(self, used: torch.Tensor, measured: torch.Tensor, tail: torch.Tensor, loss_mean: float,

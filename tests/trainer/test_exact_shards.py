@@ -1,11 +1,14 @@
 """The sharded exact sum (exact_shards.py): a step where every rank runs at most one micro-batch is
 summed by owners of the buckets' shards, and ends with the same bits as the allreduce path (a
 1-rank group, every micro-batch on one rank) and as every other world size, step after step: the
-first step's measuring pass, a model of several overlap buckets whose rows do not split evenly over
-3 ranks (padding), a rank with no micro-batch, dropout and BatchNorm; and a NaN raises on every rank."""
+first step's measuring pass, a model of more overlap buckets than the owners' pool has slots (so
+slots are reused within a step) whose rows do not split evenly over 3 ranks, a rank with no
+micro-batch, dropout and BatchNorm; the owners' buffers stay far below a copy of the model; and a NaN
+raises on every rank."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -15,12 +18,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpeer.trainer.exact import NonFiniteGradient
+from dpeer.trainer import exact, overlap
+from dpeer.trainer.exact import ExactStep, NonFiniteGradient
+from dpeer.trainer.exact_shards import SLOTS
 from dpeer.trainer.state import tensor_bytes
 from tests.support.exact import demo, run_step, stepper
 
 MICRO = 2  # micro-batches a step
 STEPS = 4
+SMALL_BUCKETS = 16 * 1024 * 8  # bytes of a float64 bucket of 16 rows: the 1101 rows of dim 64 / hidden 1024 in 69 buckets
 
 
 def _digest(tensors: list[torch.Tensor]) -> str:
@@ -30,9 +36,33 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: int) -> None:
-    """One rank: STEPS steps of the demo, each step's gradient and parameter digests to ``out``."""
+def _held_bytes(step: ExactStep) -> int:
+    """Bytes of the tensors the step's ShardedSum holds, less the gradient row and the control slots
+    (ExactStep's, which it writes into)."""
+    shared = {step.row.untyped_storage().data_ptr(), step._ctl.untyped_storage().data_ptr()}
+    seen: dict[int, int] = {}
+
+    def walk(value: object) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            if storage.data_ptr() not in shared:
+                seen[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            walk(list(value.values()))
+
+    walk(list(vars(step._shards).values()))
+    return sum(seen.values())
+
+
+def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: int, bucket_bytes: int) -> None:
+    """One rank: STEPS steps of the demo (in overlap buckets of ``bucket_bytes``, 0: the default),
+    each step's gradient and parameter digests, and the owners' buffer bytes, to ``out``."""
     torch.set_num_threads(1)
+    if bucket_bytes:
+        exact.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=bucket_bytes, bucket_bytes=bucket_bytes)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     spec = demo(global_batch=4 * MICRO, **options)
     step = stepper(spec)
@@ -54,16 +84,18 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
                          "loss_ok": True})
             spec.optimizer.step()
             rows.append({"params": _digest(params)})
-        Path(out).write_text(json.dumps({"rows": rows, "sharded": sharded, "redos": step.redos}))
+        held = _held_bytes(step) if step._shards is not None else 0
+        Path(out).write_text(json.dumps({"rows": rows, "sharded": sharded, "redos": step.redos, "held": held,
+                                         "row": step.row.nbytes, "buckets": len(step._plan)}))
     finally:
         dist.destroy_process_group()
 
 
-def _run(tmp_path: Path, world: int, options: dict, nan_at: int = -1) -> list[dict]:
+def _run(tmp_path: Path, world: int, options: dict, nan_at: int = -1, bucket_bytes: int = 0) -> list[dict]:
     ctx = multiprocessing.get_context("spawn")
     store = tmp_path / f"store-{world}"
     outs = [tmp_path / f"w{world}-r{r}.json" for r in range(world)]
-    procs = [ctx.Process(target=_train, args=(r, world, str(store), str(outs[r]), options, nan_at))
+    procs = [ctx.Process(target=_train, args=(r, world, str(store), str(outs[r]), options, nan_at, bucket_bytes))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -74,17 +106,23 @@ def _run(tmp_path: Path, world: int, options: dict, nan_at: int = -1) -> list[di
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("options", [{"dim": 64, "hidden": 1024}, {"dropout": 0.3, "norm": "batch"}],
-                         ids=["several-buckets", "dropout-batchnorm"])
-def test_owners_sums_give_the_allreduce_paths_bits_in_every_world_size(tmp_path: Path, options: dict) -> None:
-    solo = _run(tmp_path, 1, options)[0]
+@pytest.mark.parametrize(("options", "bucket_bytes"), [({"dim": 64, "hidden": 1024}, SMALL_BUCKETS),
+                                                       ({"dropout": 0.3, "norm": "batch"}, 0)],
+                         ids=["many-buckets", "dropout-batchnorm"])
+def test_owners_sums_give_the_allreduce_paths_bits_in_every_world_size(tmp_path: Path, options: dict,
+                                                                         bucket_bytes: int) -> None:
+    solo = _run(tmp_path, 1, options, bucket_bytes=bucket_bytes)[0]
     assert solo["sharded"] == [False] * STEPS and solo["redos"] == 1
     for world in (2, 3):
-        ranks = _run(tmp_path, world, options)
+        ranks = _run(tmp_path, world, options, bucket_bytes=bucket_bytes)
         for r in ranks:
             assert r["sharded"] == [True] * STEPS, "a step with at most one micro-batch a rank is summed by owners"
             assert r["redos"] == 1, "the first step measures, then sums with the measured exponents"
             assert r["rows"] == solo["rows"], f"world {world} differs from the 1-rank allreduce path"
+            if bucket_bytes:
+                # SLOTS buckets' float32 (each under 17 of the row's 1101 rows) and a chunk's float64
+                # scratch: under a third of the row, where keeping every bucket's exchanges took two rows
+                assert r["buckets"] > SLOTS and r["held"] < r["row"] / 3, r
 
 
 @pytest.mark.timeout(600)
