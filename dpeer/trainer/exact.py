@@ -374,10 +374,14 @@ class ExactStep:
         fx.quantize(self.row, scale, amax[n], acc, self.wide, first=n == 0)
 
     def abort(self) -> None:
-        """Put torch's generators back if a micro-batch left them seeded (it ended, or failed)."""
+        """Put torch's generators back if a micro-batch left them seeded (it ended, or failed), and
+        the norm statistics at the step's start values: a failed step is redone from them (its
+        forward's updates are in the slots once its backward ran; the first attempt's would
+        otherwise become the redo's start values at ``begin``)."""
         if self._rng is not None:
             restore_rng(self._rng, self.device)
             self._rng = None
+            self.norms.restore()
 
     def end_pass(self) -> None:
         """Every micro-batch ran: launch the buckets not launched yet (every bucket, in a pass that is not
