@@ -39,21 +39,28 @@ DIM, CLASSES = 16, 4
 # name: gradient rows (1024 elements), rows of the first bucket and of the others, buckets, dtype
 CONFIGS = {"b1": (3, 3, 3, 1, torch.float32), "b4": (7, 1, 2, 4, torch.float32),
            "b5": (5, 1, 1, 5, torch.float32), "b8": (15, 1, 2, 8, torch.float32),
-           "b9": (25, 1, 3, 9, torch.float32), "f64": (5, 1, 1, 5, torch.float64)}
+           "b9": (25, 1, 3, 9, torch.float32), "f64": (5, 1, 1, 5, torch.float64),
+           "chunks": (700, 128, 512, 3, torch.float32)}  # shards of more rows than a conversion chunk
 
 
 class Net(torch.nn.Module):
-    """Two layers and, between them in parameter order, one that forward never uses: its rows'
-    bucket cannot launch before backward returns, so every later bucket waits behind it."""
+    """Two layers and, between them in parameter order, one that forward never uses (its rows'
+    bucket cannot launch before backward returns, so every later bucket waits behind it) and one
+    that a micro-batch uses or not by a draw from its seeded stream (in a step where one rank's
+    micro-batch uses it and another's does not, the ranks launch its bucket at different times)."""
 
     def __init__(self, hidden: int) -> None:
         super().__init__()
         self.fc1 = torch.nn.Linear(DIM, hidden)
         self.unused = torch.nn.Linear(4, 4)
+        self.sometimes = torch.nn.Linear(DIM, CLASSES)
         self.fc2 = torch.nn.Linear(hidden, CLASSES)
+        self.uses: list[bool] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.fc1(x)))
+        out = self.fc2(torch.relu(self.fc1(x)))
+        self.uses.append(bool(torch.rand(()) < 0.5))
+        return out + self.sometimes(x) if self.uses[-1] else out
 
 
 def _build(name: str) -> tuple[ExactStep, TrainSpec, list[float]]:
@@ -62,7 +69,7 @@ def _build(name: str) -> tuple[ExactStep, TrainSpec, list[float]]:
     exact.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=first * 1024 * 8,
                                            bucket_bytes=rest * 1024 * 8)
     torch.manual_seed(7)
-    model = Net((rows * 1024 - 200) // (DIM + 1 + CLASSES)).to(dtype)
+    model = Net((rows * 1024 - 300) // (DIM + 1 + CLASSES)).to(dtype)
     scale = [1.0]
     spec = TrainSpec(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                      dataset=SyntheticDataset(64, DIM, CLASSES, 3, dtype),
@@ -134,7 +141,7 @@ def _configs(rank: int, world: int, store: str, out: str) -> None:
             step, spec, scale = _build(name)
             rows: list[dict] = []
             _train(step, spec, scale, range(STEPS), rank, world, rows)
-            result[name] = {"rows": rows, "redos": step.redos, "buckets": len(step._plan)}
+            result[name] = {"rows": rows, "redos": step.redos, "buckets": len(step._plan), "uses": spec.model.uses}
             step.close()
         step, spec, scale = _build("b5")
 
@@ -190,6 +197,8 @@ def test_owners_give_the_allreduce_bits_at_every_bucket_count_and_shard_size(tmp
                                            if "sharded" in row else row for row in solo[name]["rows"]], (world, name)
             assert r["inf"] == solo["inf"], "every rank names the same parameter as the 1-rank group"
             assert r["inf_busy"] is False, "the Inf step's exchanges were all waited for"
+        if world == 2:  # some pass had one rank's micro-batch use the layer and the other's not
+            assert any(u0 != u1 for u0, u1 in zip(ranks[0]["b9"]["uses"], ranks[1]["b9"]["uses"]))
 
 
 FAIL_AT = 2  # the step that fails half-way
