@@ -11,6 +11,10 @@ parameters are all done is handed to ``launch`` (which converts it if it must an
 asynchronous allreduce). Buckets are launched strictly in order, whatever order hooks fire in,
 so every rank issues the same collectives in the same sequence; whatever was not launched when
 backward returns (a parameter that got no gradient, a rank with no micro-batch) is launched then.
+A parameter counts once per backward even when its gradient is accumulated several times (one used
+in several reentrant checkpoint segments, each running a backward of its own); one accumulated
+again after its bucket left raises TwiceAccumulated, since what was sent lacks it (DDP refuses
+the same: "mark a variable ready only once").
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ def wait_all(works: list[Any]) -> None:
     except RuntimeError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise GroupError(f"the step's allreduce failed: {first}") from None
+
+
+class TwiceAccumulated(RuntimeError):
+    """A parameter's gradient was accumulated again after its bucket's collective started."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +133,23 @@ class Overlap:
             for k in mine:
                 self._waiting[k] += 1
         self._left: list[int] = []
+        self._counted: list[bool] = []  # per parameter: its hook fired in this armed backward
         self._next = len(buckets)  # not armed
         self._hooks = [p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(params)]
 
     def _hook(self, i: int) -> Callable[[torch.Tensor], None]:
         def done(_param: torch.Tensor) -> None:
+            if not self._counted:
+                return  # not armed
+            if self._counted[i]:
+                if any(k < self._next for k in self._of_param[i]):
+                    raise TwiceAccumulated(
+                        f"parameter {i} (shape {tuple(_param.shape)}) got its gradient accumulated again after "
+                        f"its bucket's sum started: a parameter used in several reentrant checkpoint segments "
+                        f"(torch.utils.checkpoint with use_reentrant=True) is accumulated once per segment; "
+                        f"use use_reentrant=False, whose single backward accumulates it once")
+                return
+            self._counted[i] = True
             if self._next >= len(self.buckets):
                 return
             for k in self._of_param[i]:
@@ -140,6 +160,7 @@ class Overlap:
     def arm(self) -> None:
         """The next backward is the step's last on this rank: launch buckets as they fill."""
         self._left = list(self._waiting)
+        self._counted = [False] * len(self._of_param)
         self._next = 0
 
     @property
@@ -157,10 +178,12 @@ class Overlap:
         while self._next < len(self.buckets):
             k, self._next = self._next, self._next + 1
             self._launch(k, self.buckets[k])
+        self._counted = []
 
     def disarm(self) -> None:
         """Launch nothing more this step (a redo, or a failure, reduces otherwise)."""
         self._next = len(self.buckets)
+        self._counted = []
 
     def close(self) -> None:
         """Remove the hooks from the parameters."""

@@ -103,3 +103,53 @@ def test_a_collective_that_fails_in_its_wait_is_the_groups_failure_not_the_jobs(
     with pytest.raises(GroupError, match="Connection closed by peer") as failed:
         wait_all([Broken()])
     assert classify_failure(failed.value, 7, isinstance(failed.value, GroupError)).phase == "group"
+
+
+class Shared(torch.nn.Module):
+    """One layer applied twice, each application a reentrant checkpoint segment: its backward runs
+    once per segment, so the layer's gradient is accumulated twice, the first layer's after both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.shared, self.out = torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))
+        for _ in range(2):
+            h = torch.utils.checkpoint.checkpoint(lambda t: torch.relu(self.shared(t)), h, use_reentrant=True)
+        return self.out(h)
+
+
+def test_a_gradient_accumulated_twice_counts_once_and_its_bucket_waits_for_the_others() -> None:
+    """Counted at each accumulation, the twice-accumulated layer made its bucket (here the whole
+    buffer) look ready before the first layer's gradient was in it: the sum sent lacked it."""
+    net = Shared()
+    params = list(net.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params) + 2)
+    views = GradViews(params, flat[2:])
+    views.bind()
+    sent: list[torch.Tensor] = []
+    buckets = plan_buckets(flat.numel() - 2, 2, 4, 1, first_bytes=1 << 20, bucket_bytes=1 << 20)
+    overlap = Overlap(params, views.offsets, buckets, 2, lambda k, b: sent.append(flat[b.lo : b.hi].clone()))
+    overlap.arm()
+    net(torch.randn(4, 64)).sum().backward()
+    overlap.finish()
+    assert len(sent) == len(buckets) == 1
+    assert torch.equal(sent[0], flat) and bool(net.first.weight.grad.ne(0).any()), "a bucket left before its gradients"
+
+
+def test_a_gradient_accumulated_again_after_its_bucket_left_is_refused() -> None:
+    """In buckets small enough that the twice-accumulated layer's leave after its first
+    accumulation, the second would change what was already sent: backward raises, not a wrong sum."""
+    from dpeer.trainer.overlap import TwiceAccumulated
+
+    net = Shared()
+    params = list(net.parameters())
+    flat = torch.zeros(sum(p.numel() for p in params) + 2)
+    GradViews(params, flat[2:]).bind()
+    buckets = plan_buckets(flat.numel() - 2, 2, 4, 1, first_bytes=4096, bucket_bytes=4096)
+    overlap = Overlap(params, GradViews(params, flat[2:]).offsets, buckets, 2, lambda k, b: None)
+    overlap.arm()
+    with pytest.raises(TwiceAccumulated, match="use_reentrant=False"):
+        net(torch.randn(4, 64)).sum().backward()
