@@ -206,21 +206,24 @@ FAIL_AT = 2  # the step that fails half-way
 
 def _fails(rank: int, world: int, store: str, out: str, mode: str) -> None:
     """The b9 config's run, where at FAIL_AT rank 1's job code fails after its backward (``raise``:
-    an exception; ``die``: the process exits), its buckets up to the unused layer's sent. The
-    others' collectives must raise, not hang; then the same steppers, in a new group (``raise``: the
-    same ranks; ``die``: rank 0 alone), redo the step and go on. ``none``: no failure."""
+    an exception; ``die``: the process exits; ``redo``: an exception at LOUD, in the pass that sums
+    again), its buckets up to the unused layer's sent. The others' collectives must raise, not hang;
+    then the same steppers, in a new group (rank 0 alone after ``die``), redo the step and go on.
+    ``none``: no failure."""
     torch.set_num_threads(1)
     _init(store, rank, world)
     step, spec, scale = _build("b9")
     rows: list[dict] = []
     result: dict = {"rows": rows}
     try:
-        _train(step, spec, scale, range(FAIL_AT), rank, world, rows)
+        at = LOUD if mode == "redo" else FAIL_AT
+        _train(step, spec, scale, range(at), rank, world, rows)
         if mode != "none":
-            step.plan(FAIL_AT, rank, world)
+            step.plan(at, rank, world)
+            scale[0], before = 1e6 if at == LOUD else 1.0, step.redos
 
             def fail(_j: int) -> None:
-                if rank == 1:
+                if rank == 1 and (mode != "redo" or step.redos > before):
                     launched = len(step._shards._first) + len(step._shards._second)
                     assert 0 < launched < len(step._plan), "half-way: some buckets left, not all"
                     if mode == "die":
@@ -236,7 +239,7 @@ def _fails(rank: int, world: int, store: str, out: str, mode: str) -> None:
             if mode == "die":
                 world = 1
             _init(f"{store}-again", rank, world)
-        _train(step, spec, scale, range(FAIL_AT if mode != "none" else FAIL_AT, STEPS), rank, world, rows)
+        _train(step, spec, scale, range(at, STEPS), rank, world, rows)
         result["redos"] = step.redos
     finally:
         Path(out).write_text(json.dumps(result))
@@ -244,18 +247,19 @@ def _fails(rank: int, world: int, store: str, out: str, mode: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["raise", "die"])
+@pytest.mark.parametrize("mode", ["raise", "die", "redo"])
 def test_a_step_that_fails_half_way_raises_and_the_next_group_sums_the_fault_free_bits(tmp_path: Path,
                                                                                        mode: str) -> None:
     reference = _spawn(tmp_path, _fails, 1, "none")[0]
     assert reference.get("redos") == 2, reference
     ranks = _spawn(tmp_path, _fails, 2, mode)
-    survivors = ranks if mode == "raise" else ranks[:1]
+    survivors = ranks[:1] if mode == "die" else ranks
     if mode == "die":
         assert ranks[1] == {"exitcode": 3}, ranks[1]
     for r, got in enumerate(survivors):
         expected = "RuntimeError" if r == 1 else "GroupError"
         assert got["error"] == expected, f"rank {r}: {got}"
         assert got["busy"] is True, "the failure left exchanges in flight: the next step must not reuse them"
-        assert got["rows"] == [{**row, "sharded": row["sharded"] or (mode == "raise" or row["step"] < FAIL_AT)}
+        assert mode != "redo" or got["redos"] == 3, "the loud step summed again in its failed attempt and its redo"
+        assert got["rows"] == [{**row, "sharded": row["sharded"] or (mode != "die" or row["step"] < FAIL_AT)}
                                if "sharded" in row else row for row in reference["rows"]], f"rank {r}"
