@@ -138,12 +138,12 @@ def test_bucket_wire_buffers_reused_in_flight_give_the_same_bits(group: None, mi
     previous bucket's sum and finishes it into the gradients during backward; the bits equal those of
     a pool as large as the model, step after step (the first measures, the others overlap); with
     three micro-batches (the whole-model sum) likewise."""
-    from dpeer.trainer import exact
+    from dpeer.trainer import exact_sums
 
     options = {"dim": 64, "hidden": 1024, "global_batch": 4 * micro_batches}
     results = []
     for slots in (1, 64):
-        monkeypatch.setattr(exact, "WIRE_SLOTS", slots)
+        monkeypatch.setattr(exact_sums, "WIRE_SLOTS", slots)
         spec = demo(**options)
         step = stepper(spec)
         out = []
@@ -152,7 +152,7 @@ def test_bucket_wire_buffers_reused_in_flight_give_the_same_bits(group: None, mi
             run_step(step)
             out.append(grads(spec))
             spec.optimizer.step()
-        assert step.redos == 1 and len(step._plan) >= 3
+        assert step.redos == 1 and len(step._sums.plan) >= 3
         results.append(out)
     for a, b in zip(*results):
         assert all(torch.equal(x, y) for x, y in zip(a, b))
@@ -179,7 +179,7 @@ def test_a_loose_gradient_is_each_micro_batchs_own(group: None) -> None:
     spec.model = torch.nn.Sequential(torch.nn.Linear(dim, hidden), torch.nn.ReLU(), _Cast(torch.float64),
                                      torch.nn.Linear(hidden, 10).double(), _Cast(torch.float32))
     step = stepper(spec)
-    assert step._grads.loose, "the float32 layer should be loose next to the float64 one"
+    assert step.grads.loose, "the float32 layer should be loose next to the float64 one"
     for s in range(2):
         step.plan(s, 0, 1)
         run_step(step)

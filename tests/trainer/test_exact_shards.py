@@ -18,9 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpeer.trainer import exact, overlap
+from dpeer.trainer import exact_sums, overlap
 from dpeer.trainer.exact import ExactStep, NonFiniteGradient
-from dpeer.trainer.exact_shards import SLOTS
+from dpeer.trainer.exact_shards import SLOTS, ShardedSum
 from dpeer.trainer.state import tensor_bytes
 from tests.support.exact import demo, run_step, stepper
 
@@ -36,10 +36,15 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
+def _owners(step: ExactStep) -> ShardedSum | None:
+    """The owners' exchanges of the step's group (exact_shards.ShardedSum; None unless sharded)."""
+    return None if step._sums is None else getattr(step._sums.path, "owners", None)
+
+
 def _held_bytes(step: ExactStep) -> int:
     """Bytes of the tensors the step's ShardedSum holds, less the gradient row and the control slots
     (ExactStep's, which it writes into)."""
-    shared = {step.row.untyped_storage().data_ptr(), step._ctl.untyped_storage().data_ptr()}
+    shared = {step.row.untyped_storage().data_ptr(), step._sums.control.buf.untyped_storage().data_ptr()}
     seen: dict[int, int] = {}
 
     def walk(value: object) -> None:
@@ -53,7 +58,7 @@ def _held_bytes(step: ExactStep) -> int:
         elif isinstance(value, dict):
             walk(list(value.values()))
 
-    walk(list(vars(step._shards).values()))
+    walk(list(vars(_owners(step)).values()))
     return sum(seen.values())
 
 
@@ -62,7 +67,7 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
     each step's gradient and parameter digests, and the owners' buffer bytes, to ``out``."""
     torch.set_num_threads(1)
     if bucket_bytes:
-        exact.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=bucket_bytes, bucket_bytes=bucket_bytes)
+        exact_sums.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=bucket_bytes, bucket_bytes=bucket_bytes)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     spec = demo(global_batch=4 * MICRO, **options)
     step = stepper(spec)
@@ -84,9 +89,9 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
                          "loss_ok": True})
             spec.optimizer.step()
             rows.append({"params": _digest(params)})
-        held = _held_bytes(step) if step._shards is not None else 0
+        held = _held_bytes(step) if _owners(step) is not None else 0
         Path(out).write_text(json.dumps({"rows": rows, "sharded": sharded, "redos": step.redos, "held": held,
-                                         "row": step.row.nbytes, "buckets": len(step._plan)}))
+                                         "row": step.row.nbytes, "buckets": len(step._sums.plan)}))
     finally:
         dist.destroy_process_group()
 

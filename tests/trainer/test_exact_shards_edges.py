@@ -23,10 +23,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dpeer.trainer import exact, overlap
+from dpeer.trainer import exact_sums, overlap
 from dpeer.trainer.demo import SyntheticDataset, collate
 from dpeer.trainer.exact import ExactStep, NonFiniteGradient
-from dpeer.trainer.exact_shards import LAG, SLOTS
+from dpeer.trainer.exact_shards import LAG, SLOTS, ShardedSum
 from dpeer.trainer.feed import InlineFeed
 from dpeer.trainer.group import GroupError
 from dpeer.trainer.job_api import TrainSpec
@@ -69,7 +69,7 @@ class Net(torch.nn.Module):
 def _build(name: str) -> tuple[ExactStep, TrainSpec, list[float]]:
     """The config's stepper (its buckets of the config's rows), spec, and the loss scale a test sets."""
     rows, first, rest, _count, dtype = CONFIGS[name]
-    exact.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=first * 1024 * 8,
+    exact_sums.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=first * 1024 * 8,
                                            bucket_bytes=rest * 1024 * 8)
     torch.manual_seed(7)
     model = Net((rows * 1024 - 300) // (DIM + 1 + CLASSES)).to(dtype)
@@ -89,6 +89,11 @@ def _digest(tensors: list[torch.Tensor]) -> str:
     for t in tensors:
         h.update(tensor_bytes(t.detach()))
     return h.hexdigest()[:16]
+
+
+def _owners(step: ExactStep) -> ShardedSum | None:
+    """The owners' exchanges of the step's group (exact_shards.ShardedSum; None unless sharded)."""
+    return None if step._sums is None else getattr(step._sums.path, "owners", None)
 
 
 def _run_step(step: ExactStep, rank: int, world: int, after_backward=None) -> None:
@@ -144,7 +149,7 @@ def _configs(rank: int, world: int, store: str, out: str) -> None:
             step, spec, scale = _build(name)
             rows: list[dict] = []
             _train(step, spec, scale, range(STEPS), rank, world, rows)
-            result[name] = {"rows": rows, "redos": step.redos, "buckets": len(step._plan), "uses": spec.model.uses}
+            result[name] = {"rows": rows, "redos": step.redos, "buckets": len(step._sums.plan), "uses": spec.model.uses}
             step.close()
         step, spec, scale = _build("b5")
 
@@ -159,7 +164,7 @@ def _configs(rank: int, world: int, store: str, out: str) -> None:
             result["inf"] = "summed"
         except NonFiniteGradient as exc:
             result["inf"] = str(exc)
-            result["inf_busy"] = step._shards is not None and step._shards.busy
+            result["inf_busy"] = _owners(step) is not None and _owners(step).busy
         Path(out).write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -227,8 +232,8 @@ def _fails(rank: int, world: int, store: str, out: str, mode: str) -> None:
 
             def fail(_j: int) -> None:
                 if rank == 1 and (mode != "redo" or step.redos > before):
-                    launched = len(step._shards._first) + len(step._shards._second)
-                    assert 0 < launched < len(step._plan), "half-way: some buckets left, not all"
+                    launched = len(_owners(step)._first) + len(_owners(step)._second)
+                    assert 0 < launched < len(step._sums.plan), "half-way: some buckets left, not all"
                     if mode == "die":
                         os._exit(3)
                     raise RuntimeError("the job's code failed after backward")
@@ -237,7 +242,7 @@ def _fails(rank: int, world: int, store: str, out: str, mode: str) -> None:
                 result["error"] = None
             except (RuntimeError, GroupError) as exc:
                 result["error"] = type(exc).__name__
-            result["busy"] = step._shards.busy
+            result["busy"] = _owners(step).busy
             dist.destroy_process_group()
             if mode == "die":
                 world = 1
