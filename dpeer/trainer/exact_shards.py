@@ -27,7 +27,7 @@ grown past its headroom), the micro-batches run again (exact.py), as on the allr
 Every rank issues the same collectives in the same order, whatever the timing: the first exchange
 of each bucket as backward fills it (overlap.py), from the LAG+1-th on each preceded by the second
 exchange of the bucket LAG launches older; once every bucket has left, the remaining second
-exchanges in bucket order; then the control allreduce (exact.py).
+exchanges in bucket order; then the control allreduce (exact_sums.py).
 """
 
 from __future__ import annotations
