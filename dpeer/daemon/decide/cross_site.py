@@ -37,6 +37,13 @@ def far_addresses(sites: Mapping[str, str | None], hosts: Mapping[str, Collectio
     return frozenset(far - near)
 
 
+KEEP_READINGS = 8
+"""Readings a connection's last counters are kept after it was last read: a connection that one
+reading misses (a sock_diag dump that skipped it while the socket table changed, a family's dump
+that failed, a /proc listing that raced) is then counted on from them when it is read again,
+not a second time from zero."""
+
+
 @dataclass
 class CrossSiteBytes:
     """The bytes this box's processes moved across sites since the daemon started, by process
@@ -45,23 +52,29 @@ class CrossSiteBytes:
     is not counted (at most one reading interval of its traffic)."""
 
     totals: dict[tuple[str, str], int] = field(default_factory=dict)
-    _last: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _last: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # inode -> sent, received, reading
+    _readings: int = 0
 
     def add(self, readings: Mapping[int, Reading], owners: Mapping[int, str], far: Collection[str]) -> None:
         """Take one reading: readings maps socket inode -> Reading (every connection of the
-        namespace), owners maps the inodes this box's processes hold -> the process."""
-        seen = {}
+        namespace), owners maps the inodes this box's processes hold -> the process. A connection
+        first read counts from zero; one whose counters went back is a new connection under a
+        reused inode and counts from zero too."""
+        self._readings += 1
         for inode, process in owners.items():
             reading = readings.get(inode)
             if reading is None:
                 continue
-            seen[inode] = (reading.sent, reading.received)
+            now = (reading.sent, reading.received)
+            before = self._last.get(inode)
+            then = before[:2] if before is not None and before[0] <= now[0] and before[1] <= now[1] else (0, 0)
+            self._last[inode] = (*now, self._readings)
             if reading.remote in far:
-                before = self._last.get(inode, (0, 0))
-                for direction, now, then in zip(DIRECTIONS, seen[inode], before):
+                for direction, moved in zip(DIRECTIONS, (now[0] - then[0], now[1] - then[1])):
                     key = (process, direction)
-                    self.totals[key] = self.totals.get(key, 0) + max(0, now - then)
-        self._last = seen
+                    self.totals[key] = self.totals.get(key, 0) + moved
+        for inode in [i for i, (_, _, seen) in self._last.items() if seen <= self._readings - KEEP_READINGS]:
+            del self._last[inode]
 
     def document(self) -> dict[str, dict[str, int]]:
         """{"daemon": {"sent": n, "received": n}, "worker": {...}} for the status."""

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import socket
 import struct
+from typing import Collection
 
 from dpeer.daemon.decide.cross_site import Reading
 
@@ -23,19 +24,23 @@ _LISTEN = 10  # TCP_LISTEN: a listener moves no bytes of its own
 _HEADER = struct.Struct("=LHHLL")  # nlmsghdr
 _REQUEST = struct.Struct("=BBBBL48s")  # inet_diag_req_v2: family, protocol, ext, pad, states, sockid
 _MESSAGE = struct.Struct("=BBBB2s2s16s16sLQLLLLL")  # inet_diag_msg: ..., sockid, expires, rqueue, wqueue, uid, inode
+_INODE, _INODE_AT = struct.Struct("=L"), _MESSAGE.size - 4  # idiag_inode, the message's last field
+_REMOTE_AT = 24  # idiag_dst in the message (after family, state, timer, retrans, sport, dport, src)
 _ATTR = struct.Struct("=HH")  # rtattr
 _BYTES_ACKED = struct.Struct("=QQ")  # tcp_info's tcpi_bytes_acked, tcpi_bytes_received
 _BYTES_AT = 120  # their offset in struct tcp_info (Linux 4.2 and later)
 MAX_REPLIES = 100_000  # netlink datagrams read for one dump at most (a bound, not a figure seen)
 
 
-def connections() -> dict[int, Reading]:
-    """Every TCP connection (not listener) of this network namespace, by socket inode; {} where
-    the kernel offers no sock_diag (not Linux) or refuses it."""
+def connections(inodes: Collection[int] | None = None) -> dict[int, Reading]:
+    """Every TCP connection (not listener) of this network namespace, by socket inode (only those
+    of `inodes` when given: the others are skipped unread, a busy host's table costs little);
+    {} where the kernel offers no sock_diag (not Linux) or refuses it."""
     found: dict[int, Reading] = {}
+    wanted = None if inodes is None else frozenset(inodes)
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
-            found.update(_dump(family))
+            found.update(_dump(family, wanted))
         except OSError:
             continue
     return found
@@ -58,7 +63,7 @@ def process_sockets(pid: int) -> set[int]:
     return inodes
 
 
-def _dump(family: int) -> dict[int, Reading]:
+def _dump(family: int, wanted: frozenset[int] | None = None) -> dict[int, Reading]:
     states = 0xFFFFFFFF & ~(1 << _LISTEN)
     request = _REQUEST.pack(family, socket.IPPROTO_TCP, 1 << (_INET_DIAG_INFO - 1), 0, states, b"")
     header = _HEADER.pack(_HEADER.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0)
@@ -68,34 +73,37 @@ def _dump(family: int) -> dict[int, Reading]:
         nl.send(header + request)
         for _ in range(MAX_REPLIES):
             data = nl.recv(1 << 16)
-            if not _parse(data, family, found):
+            if not _parse(data, family, found, wanted):
                 return found
     return found
 
 
-def _parse(data: bytes, family: int, found: dict[int, Reading]) -> bool:
-    """Add the connections of one netlink datagram; False once the dump is done (or failed)."""
+def _parse(data: bytes, family: int, found: dict[int, Reading], wanted: frozenset[int] | None = None) -> bool:
+    """Add the connections of one netlink datagram (those of `wanted` when given); False once the
+    dump is done, failed, or the datagram is malformed (a message longer than what arrived)."""
     at = 0
     while at + _HEADER.size <= len(data):
         length, kind = _HEADER.unpack_from(data, at)[:2]
-        if length < _HEADER.size or kind in (_NLMSG_DONE, _NLMSG_ERROR):
+        if length < _HEADER.size or at + length > len(data) or kind in (_NLMSG_DONE, _NLMSG_ERROR):
             return False
-        body = data[at + _HEADER.size:at + length]
-        if len(body) >= _MESSAGE.size:
-            fields = _MESSAGE.unpack_from(body)
-            sent_received = _tcp_bytes(body[_MESSAGE.size:])
-            if sent_received is not None:
-                found[fields[-1]] = Reading(_address(family, fields[7]), *sent_received)
+        if length - _HEADER.size >= _MESSAGE.size:
+            inode = _INODE.unpack_from(data, at + _HEADER.size + _INODE_AT)[0]
+            if wanted is None or inode in wanted:
+                body = memoryview(data)[at + _HEADER.size:at + length]
+                sent_received = _tcp_bytes(body[_MESSAGE.size:])
+                if sent_received is not None:
+                    found[inode] = Reading(_address(family, bytes(body[_REMOTE_AT:_REMOTE_AT + 16])), *sent_received)
         at += (length + 3) & ~3
     return True
 
 
-def _tcp_bytes(attrs: bytes) -> tuple[int, int] | None:
-    """tcp_info's bytes acked and received from a message's attributes (None: not reported)."""
+def _tcp_bytes(attrs: bytes | memoryview) -> tuple[int, int] | None:
+    """tcp_info's bytes acked and received from a message's attributes (None: not reported, or
+    an attribute longer than the message holds)."""
     at = 0
     while at + _ATTR.size <= len(attrs):
         length, kind = _ATTR.unpack_from(attrs, at)
-        if length < _ATTR.size:
+        if length < _ATTR.size or at + length > len(attrs):
             return None
         if kind == _INET_DIAG_INFO and length - _ATTR.size >= _BYTES_AT + _BYTES_ACKED.size:
             return _BYTES_ACKED.unpack_from(attrs, at + _ATTR.size + _BYTES_AT)

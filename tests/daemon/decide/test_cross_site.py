@@ -3,7 +3,7 @@ are far, and what each reading adds."""
 
 from __future__ import annotations
 
-from dpeer.daemon.decide.cross_site import CrossSiteBytes, Reading, far_addresses
+from dpeer.daemon.decide.cross_site import KEEP_READINGS, CrossSiteBytes, Reading, far_addresses
 
 SITES = {"a": "lab", "b": "lab", "c": "cloud", "d": None}
 HOSTS = {"a": ["10.0.0.1"], "b": ["10.0.0.2"], "c": ["10.1.0.1", "fd00::1"], "d": ["10.2.0.1"]}
@@ -41,3 +41,26 @@ def test_a_connection_that_turns_far_counts_from_its_last_reading() -> None:
     counts.add({1: Reading("10.1.0.1", 130, 110)}, {1: "worker"}, far={"10.1.0.1"})
     counts.add({1: Reading("10.1.0.1", 130, 110)}, {1: "worker"}, far={"10.1.0.1"})
     assert counts.document()["worker"] == {"sent": 30, "received": 10}
+
+
+def test_a_connection_one_reading_misses_is_not_counted_again_from_zero() -> None:
+    """A sock_diag dump is not atomic (a busy socket table can make it skip a socket) and a
+    family's dump can fail: a long-lived connection missing from one reading must go on from its
+    last counters, not add its whole life a second time."""
+    counts = CrossSiteBytes()
+    far, owners = {"10.1.0.1"}, {1: "worker"}
+    counts.add({1: Reading("10.1.0.1", 10**9, 10**9)}, owners, far)
+    counts.add({}, owners, far)  # missed once
+    counts.add({1: Reading("10.1.0.1", 10**9 + 100, 10**9 + 50)}, owners, far)
+    assert counts.document()["worker"] == {"sent": 10**9 + 100, "received": 10**9 + 50}
+
+
+def test_a_reused_inode_counts_its_new_connection_from_zero_and_old_ones_are_forgotten() -> None:
+    counts = CrossSiteBytes()
+    far, owners = {"10.1.0.1"}, {1: "daemon"}
+    counts.add({1: Reading("10.1.0.1", 500, 500)}, owners, far)
+    counts.add({1: Reading("10.1.0.1", 20, 30)}, owners, far)  # a new connection under inode 1
+    assert counts.document()["daemon"] == {"sent": 520, "received": 530}
+    for _ in range(KEEP_READINGS):
+        counts.add({}, {}, far)
+    assert not counts._last  # closed connections' counters are not kept for ever
