@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 from dpeer.consensus import messages as rm
 from dpeer.errors import BadRequest
@@ -29,6 +30,12 @@ def entry_count(count: int) -> None:
         raise BadRequest(f"{count} entries in one message, at most {MAX_ENTRIES_PER_MESSAGE}")
 
 
+def wire_name(msg: object) -> str:
+    """A message's name as the wire's Envelope names its field (AppendRequest: append_request),
+    the name refusals have always given (operators' logs, refusal counts)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(msg).__name__).lower()
+
+
 def check(envelope: Envelope) -> None:
     """BadRequest saying what is off in an envelope a peer sent: its sender's id and identity,
     the message's fields (the cores' validate()), its entry count, the daemon's boot and age."""
@@ -40,7 +47,7 @@ def check(envelope: Envelope) -> None:
     try:
         msg.validate()
     except (mm.InvalidMessage, rm.InvalidRaftMessage) as exc:
-        raise BadRequest(f"invalid {type(msg).__name__}: {exc}") from None
+        raise BadRequest(f"invalid {wire_name(msg)}: {exc}") from None
     try:
         peer.validate()
     except rm.InvalidRaftMessage as exc:
@@ -64,10 +71,11 @@ def carried(envelope: Envelope) -> Envelope:
 
 def carried_chunk(chunk: object) -> object:
     """A streamed reply as the wire delivers it: an EntryChunk's entries encoded and rebuilt
-    (BadRequest when one does not survive), any other chunk as it is."""
+    (BadRequest when one does not survive), any other chunk as it is. No entry count here: a
+    chunk is bounded by its bytes (service.CHUNK_BYTES), and the gRPC client takes any count
+    (a megabyte of small entries is tens of thousands)."""
     if not isinstance(chunk, EntryChunk):
         return chunk
-    entry_count(len(chunk.entries))
     return dataclasses.replace(chunk, entries=_rebuilt(chunk.entries))
 
 

@@ -133,6 +133,10 @@ class MemoryNetwork:
             self.crashes.append(f"{host.node_id}: refused an envelope from {envelope.sender.node_id!r} "
                                 f"as the wire would: {exc}")
             return
+        except Exception as exc:  # noqa: BLE001 (a message of the wrong shape: the wire's encoder raises at the sender)
+            self.crashes.append(f"{host.node_id}: an envelope from {getattr(envelope.sender, 'node_id', None)!r} "
+                                f"the wire could not carry: {type(exc).__name__}: {exc}")
+            return
         try:
             await host.handler.deliver(envelope)
         except errors.BadRequest:

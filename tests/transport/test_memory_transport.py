@@ -14,7 +14,8 @@ from dpeer.membership.messages import Gossip, Heartbeat
 from dpeer.sim.network import LinkPolicy, SimNetwork
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.transport.api import Envelope
-from dpeer.transport.calls import StatusReply
+from dpeer.transport import checks, wire
+from dpeer.transport.calls import EntryChunk, FetchEntriesRequest, StatusReply
 from dpeer.transport.memory import MemoryClient, MemoryNetwork
 
 from tests.house.loop import VirtualLoop
@@ -174,3 +175,38 @@ def test_entries_arrive_rebuilt_from_their_encoded_form() -> None:
     assert got.msg.entries == entries and got.msg.entries[0] is not entries[0]
     assert got.msg.entries[0].payload is not entries[0].payload
     assert h["b"].malformed == ["Deliver"] and "would not carry" in net.crashes[0], net.crashes
+
+
+def test_a_fetched_chunk_of_many_small_entries_crosses_as_over_the_wire() -> None:
+    """A chunk is bounded by its bytes (a megabyte of no-ops is tens of thousands of entries) and
+    the gRPC client takes any count: the simulation must not refuse it (a resync would fail there
+    for ever while it works on real boxes)."""
+    loop, net, h = world()
+    entries = tuple(Entry(i, 1, EntryKind.NOOP, {}) for i in range(1, checks.MAX_ENTRIES_PER_MESSAGE + 2))
+    chunk = EntryChunk(entries, len(entries), 1, UID, 1)
+    assert wire.parsed(wire.to_wire(chunk)) == chunk  # the wire carries it
+
+    async def fetch_entries(request: FetchEntriesRequest):
+        yield chunk
+
+    h["b"].fetch_entries = fetch_entries  # type: ignore[attr-defined]
+
+    async def go() -> list:
+        return [c async for c in MemoryClient(net, "a", "b:1").fetch_entries(1, 0, "a")]
+
+    [got] = loop.run_until_complete(go())
+    assert got == chunk and got.entries[0] is not entries[0]
+
+
+def test_an_envelope_of_the_wrong_shape_is_recorded_not_lost() -> None:
+    """A core that sends a message the wire's encoder could not even take (here a gossip with no
+    heartbeat object) is a bug: recorded in crashes, never an exception lost in a task."""
+    loop, net, h = world()
+
+    async def go() -> None:
+        a = net.transport("a", "a:1")(lambda addr: None)
+        a.send("b:1", env("a", Gossip(None)))  # type: ignore[arg-type]
+        await asyncio.sleep(1.0)
+
+    loop.run_until_complete(go())
+    assert h["b"].got == [] and len(net.crashes) == 1 and "could not carry" in net.crashes[0], net.crashes
