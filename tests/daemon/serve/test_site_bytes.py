@@ -58,7 +58,8 @@ def test_a_resolver_that_hangs_never_holds_the_process_exit() -> None:
         from types import SimpleNamespace
         socket.getaddrinfo = lambda *a, **k: time.sleep(60)
         from dpeer.daemon.serve.site_bytes import SiteBytes
-        members = {"a": SimpleNamespace(addr="10.0.0.1:1", site="lab"), "b": SimpleNamespace(addr="far.invalid:1", site="x")}
+        members = {"a": SimpleNamespace(addr="10.0.0.1:1", site="lab"),
+                   "b": SimpleNamespace(addr="far.invalid:1", site="x")}
         node = SimpleNamespace(id="a", reads=SimpleNamespace(state=SimpleNamespace(view=None, members=members)))
         counter = SiteBytes(node, None, lambda inodes: {})
         counter.read()

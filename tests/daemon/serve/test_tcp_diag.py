@@ -45,7 +45,8 @@ def test_a_process_that_is_gone_holds_no_sockets() -> None:
 def _message(inode: int, info: int = 232, family: int = socket.AF_INET, cut: int | None = None) -> bytes:
     """One SOCK_DIAG_BY_FAMILY reply (a connection to 10.1.0.1 with 1000 bytes acked, 2000
     received), its tcp_info `info` bytes long, the datagram cut to `cut` bytes."""
-    dst = bytes([10, 1, 0, 1]) + bytes(12) if family == socket.AF_INET else bytes(10) + b"\xff\xff" + bytes([10, 1, 0, 1])
+    ip = bytes([10, 1, 0, 1])
+    dst = ip + bytes(12) if family == socket.AF_INET else bytes(10) + b"\xff\xff" + ip
     body = tcp_diag._MESSAGE.pack(family, 1, 0, 0, b"\0\1", b"\0\2", bytes(16), dst, 0, 0, 0, 0, 0, 0, inode)
     tcp_info = bytearray(info)
     if info >= 136:
