@@ -34,6 +34,8 @@ LABELS: dict[str | tuple[str, str], str] = {
     ("dpeer_committed_members", "status"): f"a member's committed status: {_values(MemberStatus)}",
     ("dpeer_refused_requests", "method"): "the gRPC method the refused call named (`Status`, `Join`, ...)",
     ("dpeer_refused_requests", "reason"): f"why it was refused: {_values(Refusal)}",
+    ("dpeer_cross_site_bytes", "process"): "whose connections moved the bytes: `daemon` or `worker`",
+    ("dpeer_cross_site_bytes", "direction"): "`sent` (acknowledged by the other site) or `received`",
 }
 
 HEADER = """# Metrics

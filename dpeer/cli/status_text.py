@@ -44,6 +44,16 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _size(count: int) -> str:
+    """A byte count for people: 512 B, 1.5 KiB, 3.2 GiB."""
+    size, unit = float(count), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{count} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
 def members_table(rows: list[dict[str, Any]]) -> list[str]:
     """One line per member under a header, columns as wide as their widest cell."""
     cells = [list(HEADER)] + [[r["node_id"], r["addr"], r["state"], _cell(r["role"]), _cell(r["rank"]),
@@ -88,6 +98,10 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
     if train:
         lines.append(f"digest at step {train['step']}  samples {train['samples']}  loss {train['loss']}  "
                      f"params {str(train['params_digest'])[:16]}")
+    crossed = doc.get("cross_site_bytes") or {}
+    if any(n for counts in crossed.values() for n in counts.values()):
+        lines.append("across sites: " + "  ".join(f"{p} sent {_size(c['sent'])} received {_size(c['received'])}"
+                                                  for p, c in sorted(crossed.items())))
     if doc.get("control") == "paused":
         lines.append("training is paused (an operator's `dpeer job pause`); `dpeer job resume` trains on")
     no_leader = doc.get("no_leader")

@@ -32,6 +32,7 @@ from dpeer.daemon.notify import Notifier
 from dpeer.daemon.serve.backing import Backing
 from dpeer.daemon.serve.metrics import Metrics
 from dpeer.daemon.serve.metrics_feed import MetricsFeed
+from dpeer.daemon.serve.site_bytes import Connections, SiteBytes
 from dpeer.daemon.serve.service import Service
 from dpeer.daemon.serve.status_report import StatusReport
 from dpeer.daemon.worker.link import WorkerLink
@@ -57,10 +58,13 @@ class Daemon:
     def __init__(
         self, config: NodeConfig, store: Store, security: Security, worker: Worker | None = None, *,
         transport: TransportFactory | None = None, clock: Clock = REAL, seed: int | None = None, ids: Ids = SECRETS,
+        connections: Connections | None = None,
     ) -> None:
         """transport: builds the network seam given where refusals go (default gRPC; the chaos
         entry and the simulation pass their own); clock: what every loop here reads; seed and
-        ids: the node's randomness and the source of every random id it draws."""
+        ids: the node's randomness and the source of every random id it draws; connections: reads
+        the kernel's TCP connections to count the bytes crossing sites (a real process's; the
+        simulation's daemons have none)."""
         assert config.node_id is not None
         self.config, self.store, self.security, self.clock = config, store, security, clock
         self.metrics = metrics = Metrics(config.node_id)
@@ -82,7 +86,9 @@ class Daemon:
         self.notifier = Notifier()
         self.record = MemberRecordSync(node, self.transport, config.join, self.box)
         self.upkeep = NodeUpkeep(node, self.record, self.notifier)
-        self.report = StatusReport(node, config, security, self.link, self.resyncer, self.upkeep, clock)
+        self.site_bytes = None if connections is None else SiteBytes(node, self.link, connections)
+        self.report = StatusReport(node, config, security, self.link, self.resyncer, self.upkeep, clock,
+                                   self.site_bytes)
         self.feed = MetricsFeed(metrics, node, self.leader, self.report, self.notifier)
         self.service = Service(node, self.transport, Backing(self.report, self.leader, self, ckpt_dir))
 
@@ -179,6 +185,8 @@ class Daemon:
         if self.report.server is not None:
             await self.report.server.stop(grace=0.5)
         await self.transport.close()
+        if self.site_bytes is not None:
+            self.site_bytes.close()
         self.store.close()
         log.info("stopped; store closed")
 

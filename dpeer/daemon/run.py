@@ -10,6 +10,7 @@ from typing import Any, Callable
 from dpeer.daemon import logs
 from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.daemon import Daemon
+from dpeer.daemon.serve import tcp_diag
 from dpeer.daemon.worker.supervisor import WorkerSupervisor
 from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
 from dpeer.statemachine.store import Store
@@ -72,7 +73,7 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
         store.close()
         return 2
     transport = None if wrap is None else (lambda refused: wrap(GrpcTransport(security, refused)))
-    daemon = Daemon(config, store, security, worker, transport=transport)
+    daemon = Daemon(config, store, security, worker, transport=transport, connections=tcp_diag.connections)
 
     def context() -> dict[str, Any]:
         try:

@@ -1,12 +1,12 @@
 """Maps the pure cores' messages (in an api.Envelope) to the wire's protobuf Envelope and back.
 
-Decoding validates every field (the cores' validate(), the entry checks) and raises
-BadRequest, so a malformed or hostile message never reaches a core.
+Decoding validates every field (the entry checks here, then checks.check: the cores' validate(),
+the sender's identity and boot) and raises BadRequest, so a malformed or hostile message never
+reaches a core.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable
 
 from dpeer.consensus import messages as rm
@@ -15,9 +15,8 @@ from dpeer.membership import messages as mm
 from dpeer.proto.v1 import dpeer_pb2 as pb
 from dpeer.statemachine.entry import Entry, entry_from_wire, entry_to_wire
 from dpeer.statemachine.errors import CorruptEntry
-from dpeer.transport.api import BOOT_DIGITS, MAX_UP, Envelope, valid_boot
-
-MAX_ENTRIES_PER_MESSAGE = 10_000
+from dpeer.transport.api import Envelope
+from dpeer.transport.checks import check, entry_count
 _STATES = [mm.MemberState.ALIVE, mm.MemberState.SUSPECT, mm.MemberState.DEAD, mm.MemberState.LEFT]
 _STATE_NUM = {s: i for i, s in enumerate(_STATES)}
 
@@ -81,8 +80,7 @@ def entry_in(e: pb.Entry) -> Entry:
 
 
 def _entries_in(items: Any) -> tuple[Entry, ...]:
-    if len(items) > MAX_ENTRIES_PER_MESSAGE:
-        raise BadRequest(f"{len(items)} entries in one message, at most {MAX_ENTRIES_PER_MESSAGE}")
+    entry_count(len(items))  # before decoding any of them
     return tuple(entry_in(e) for e in items)
 
 
@@ -146,26 +144,6 @@ def encode(envelope: Envelope) -> pb.Envelope:
                        **{_FIELD[type(msg)]: _ENCODE[type(msg)](msg)})
 
 
-def _boot_of(envelope: pb.Envelope) -> tuple[str, float]:
-    """The sending daemon's boot and how long it has run (seconds); BadRequest when absurd."""
-    if not valid_boot(envelope.from_boot):
-        raise BadRequest(f"the envelope's from_boot must be {BOOT_DIGITS} lowercase hex digits")
-    up = envelope.from_up
-    if not (math.isfinite(up) and 0.0 <= up <= MAX_UP):
-        raise BadRequest(f"the envelope's from_up must be seconds in 0..{MAX_UP:g}")
-    return envelope.from_boot, up
-
-
-def _sender(envelope: pb.Envelope) -> rm.Peer:
-    """The validated identity an Envelope's sender signs it with; BadRequest when it is absurd."""
-    peer = rm.Peer(envelope.from_id, envelope.from_uid, envelope.from_epoch)
-    try:
-        peer.validate()
-    except rm.InvalidRaftMessage as exc:
-        raise BadRequest(f"the envelope's sender identity is invalid: {exc}") from None
-    return peer
-
-
 def decode(envelope: pb.Envelope) -> Envelope:
     """The validated core message inside a wire Envelope, with its header; BadRequest when anything is off."""
     field = envelope.WhichOneof("body")
@@ -174,10 +152,7 @@ def decode(envelope: pb.Envelope) -> Envelope:
     if not envelope.from_id or len(envelope.from_id) > mm.MAX_NODE_ID:
         raise BadRequest("the envelope has no valid sender id")
     msg = _DECODE[field](getattr(envelope, field))
-    try:
-        msg.validate()
-    except (mm.InvalidMessage, rm.InvalidRaftMessage) as exc:
-        raise BadRequest(f"invalid {field}: {exc}") from None
-    peer = _sender(envelope)
-    boot, up = _boot_of(envelope)
-    return Envelope(msg, peer, envelope.from_addr, envelope.to_uid, boot, up)
+    peer = rm.Peer(envelope.from_id, envelope.from_uid, envelope.from_epoch)
+    decoded = Envelope(msg, peer, envelope.from_addr, envelope.to_uid, envelope.from_boot, envelope.from_up)
+    check(decoded)
+    return decoded

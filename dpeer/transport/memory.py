@@ -1,7 +1,8 @@
 """An in-memory network for many daemons in one process: the whole-cluster simulation's transport.
 
 Envelopes and request/response calls go straight to the target daemon's Service (the handler
-the gRPC server would call), in the api's and calls.py's dataclasses (no protobuf on the way), after the delay a seeded SimNetwork gives the link, or not at all
+the gRPC server would call), in the api's and calls.py's dataclasses (no protobuf on the way),
+after the delay a seeded SimNetwork gives the link, or not at all
 when the link is cut (partitions, also one-way) or the message is lost. Each link keeps the
 order of its envelopes, as the production stream does. A daemon that is not attached (down)
 refuses: senders learn it after `refused_delay`, as a closed port tells them, and so do the
@@ -10,6 +11,10 @@ connections; the production sender reports that as a refusal). A paused daemon
 (SIGSTOP) holds what arrives until it resumes. Errors cross a call as they cross gRPC: the
 PeerError types the client maps back arrive as such, Unavailable as Unreachable, any other as
 PeerError; an exception that is no PeerError is a bug in a handler and is recorded in `crashes`.
+An envelope passes the checks the gRPC server makes (transport/checks.py), its log entries
+rebuilt from their encoded form as the wire delivers them; one that fails them is refused as the
+server refuses it, and recorded in `crashes` too: only a buggy core sends one here. Fetched entry
+chunks are rebuilt the same way.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from dpeer import errors
 from dpeer.security.auth import Vouch
 from dpeer.sim.network import SimNetwork
-from dpeer.transport import calls
+from dpeer.transport import calls, checks
 from dpeer.transport.api import Envelope, Refused
 
 _SAME = (errors.BadRequest, errors.NotFound, errors.Behind, errors.Denied)
@@ -121,6 +126,18 @@ class MemoryNetwork:
 
     async def _deliver(self, host: Host, envelope: Envelope) -> None:
         try:
+            envelope = checks.carried(envelope)
+            checks.check(envelope)
+        except errors.BadRequest as exc:  # what the server refuses; a core that sent it has a bug
+            host.handler.note_malformed("Deliver")
+            self.crashes.append(f"{host.node_id}: refused an envelope from {envelope.sender.node_id!r} "
+                                f"as the wire would: {exc}")
+            return
+        except Exception as exc:  # noqa: BLE001 (a message of the wrong shape: the wire's encoder raises at the sender)
+            self.crashes.append(f"{host.node_id}: an envelope from {getattr(envelope.sender, 'node_id', None)!r} "
+                                f"the wire could not carry: {type(exc).__name__}: {exc}")
+            return
+        try:
             await host.handler.deliver(envelope)
         except errors.BadRequest:
             pass  # refused and counted by the handler, as the server answers INVALID_ARGUMENT
@@ -138,7 +155,7 @@ class MemoryNetwork:
         """A server-streaming call, its chunks collected (the simulated chunks are few)."""
 
         async def collect(handler: Any) -> list[Any]:
-            return [chunk async for chunk in getattr(handler, method)(request)]
+            return [checks.carried_chunk(chunk) async for chunk in getattr(handler, method)(request)]
 
         return await self._call(src, addr, timeout, collect)
 

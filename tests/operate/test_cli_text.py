@@ -124,3 +124,12 @@ def test_a_mistyped_environment_variable_gets_the_closest_variable() -> None:
     assert result.returncode == 2
     assert "DPEER_TRAINING__STPES (config key training.stpes): no such key; did you mean DPEER_TRAINING__STEPS?" \
         in one_sentence(result.stderr)
+
+
+def test_bytes_across_sites_show_once_some_crossed() -> None:
+    quiet = {"daemon": {"sent": 0, "received": 0}, "worker": {"sent": 0, "received": 0}}
+    assert not any(line.startswith("across sites") for line in status_lines(doc(TRAINING, cross_site_bytes=quiet)))
+    assert not any(line.startswith("across sites") for line in status_lines(doc(TRAINING, cross_site_bytes=None)))
+    moved = {"daemon": {"sent": 800, "received": 2048}, "worker": {"sent": 3 * 2**30 + 2**29, "received": 1}}
+    assert ("across sites: daemon sent 800 B received 2.0 KiB  worker sent 3.5 GiB received 1 B"
+            in status_lines(doc(TRAINING, cross_site_bytes=moved)))

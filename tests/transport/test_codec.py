@@ -44,3 +44,12 @@ def test_calls_cross_the_wire_unchanged() -> None:
                  calls.JoinRequest("n3", "127.0.0.1:3", 29500, True, UID, COPY, 1.5, "rack-a", ("n1", "n2")),
                  calls.ForceRequest(("n1",), True), calls.CheckpointChunk(4, 0, b"model", 5, True)):
         assert wire.parsed(wire.to_wire(call)) == call
+
+
+def test_an_invalid_message_is_refused_under_its_wire_name() -> None:
+    """The refusal's text (logged, and answered to the peer) names the Envelope's field, as it
+    always has: `invalid vote_request: ...`, not the core's class name."""
+    from dpeer.consensus.messages import VoteRequest
+    bad = Envelope(VoteRequest(0, "n1", 0, 0, False), Peer("n1", UID, 1), "127.0.0.1:1", "", COPY, 1.0)
+    with pytest.raises(BadRequest, match=r"^invalid vote_request: "):
+        codec.decode(codec.encode(bad))

@@ -86,6 +86,10 @@ class Metrics:
                                 "dir's filesystem", ["node"], registry=r).labels(**labels)
         self.disk_size = Gauge("dpeer_data_dir_fs_size_bytes", "Size of the data dir's filesystem in bytes",
                                ["node"], registry=r).labels(**labels)
+        self.cross_site = Counter("dpeer_cross_site_bytes", "Bytes this box's daemon and worker moved to and from "
+                                  "boxes of another site (the kernel's TCP counters)", ["node", "process", "direction"],
+                                  registry=r)
+        self._cross_counted: dict[tuple[str, str], int] = {}
         self._node = node_id
 
     def count_refusals(self, refusals: dict[tuple[str, Any], int]) -> None:
@@ -96,6 +100,14 @@ class Metrics:
             if delta > 0:
                 self.refused.labels(node=self._node, method=method, reason=key[1]).inc(delta)
                 self._refused_counted[key] = total
+
+    def count_cross_site(self, totals: Mapping[tuple[str, str], int]) -> None:
+        """Bring the cross-site byte counters up to the totals by (process, direction)."""
+        for (process, direction), total in list(totals.items()):
+            delta = total - self._cross_counted.get((process, direction), 0)
+            if delta > 0:
+                self.cross_site.labels(node=self._node, process=process, direction=direction).inc(delta)
+                self._cross_counted[(process, direction)] = total
 
     def set_members(self, counts: Mapping[MemberState, int]) -> None:
         """Members by gossip state; states absent from counts read 0."""

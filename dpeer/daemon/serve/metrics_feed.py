@@ -68,6 +68,9 @@ class MetricsFeed:
         m.set_committed(state.members)
         m.kept_out.set(len(self.leader.kept_out()) if node.role is Role.LEADER else math.nan)
         m.set_data_dir(self.report.config.data_dir)
+        if self.report.site_bytes is not None:
+            self.report.site_bytes.read()
+            m.count_cross_site(self.report.site_bytes.counts.totals)
         job = self.report.job_status()
         m.set_job(job["state"] if job is not None else None)
         if self.notifier.enabled and watchdog_interval() is not None:

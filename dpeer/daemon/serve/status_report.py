@@ -11,6 +11,7 @@ from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.node.resyncer import Resyncer
 from dpeer.daemon.node.upkeep import NodeUpkeep
+from dpeer.daemon.serve.site_bytes import SiteBytes
 from dpeer.daemon.serve.status import document
 from dpeer.daemon.worker.link import WorkerLink
 from dpeer.transport.options import Security
@@ -18,12 +19,13 @@ from dpeer.transport.options import Security
 
 class StatusReport:
     """The status document of one daemon (`dpeer status --json`); `server` is the gRPC server
-    while the daemon serves (its refusals are counted), else None."""
+    while the daemon serves (its refusals are counted), else None; site_bytes: the bytes counted
+    across sites (None in a simulation: no sockets to read)."""
 
     def __init__(self, node: Node, config: NodeConfig, security: Security, link: WorkerLink | None,
-                 resyncer: Resyncer, upkeep: NodeUpkeep, clock: Clock) -> None:
+                 resyncer: Resyncer, upkeep: NodeUpkeep, clock: Clock, site_bytes: SiteBytes | None = None) -> None:
         self.node, self.config, self.security, self.link = node, config, security, link
-        self.resyncer, self.upkeep, self.clock = resyncer, upkeep, clock
+        self.resyncer, self.upkeep, self.clock, self.site_bytes = resyncer, upkeep, clock, site_bytes
         self.started = clock.now()
         self.server: Any = None
 
@@ -38,6 +40,7 @@ class StatusReport:
             "uptime_s": round(self.clock.now() - self.started, 3),
             "joined": self.upkeep.joined,
             "security": self.security_status(),
+            "cross_site_bytes": self.site_bytes.counts.document() if self.site_bytes is not None else None,
         }
         return document(self.node, extra, self.config.site or "")
 
