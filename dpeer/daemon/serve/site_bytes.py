@@ -37,7 +37,9 @@ class SiteBytes:
         self._failed = self._closed = False
 
     def read(self) -> None:
-        """Add what moved across sites since the last reading (nothing while no peer is far).
+        """Add what moved across sites since the last reading. While no peer is far nothing is
+        read, so a connection to a peer that turns far (its site committed late) counts from its
+        start: those bytes crossed too.
         Never raises: the metrics' beat runs in the daemon's chores, which an exception would end
         (and the daemon with them); a reading that fails is logged once and skipped."""
         try:
