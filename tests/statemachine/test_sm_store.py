@@ -112,10 +112,10 @@ def test_log_matching_keeps_matching_prefix_and_truncates_conflicts(tmp_path: Pa
 def test_append_true_silent_false_is_caught(tmp_path: Path) -> None:
     with open_store(tmp_path) as s:
         s.append(kv_entries(1, 6))
-        s._last_index = 3  # a stale cache: the store believes 4 and 5 are free
+        s.log.last_index = 3  # a stale cache: the store believes 4 and 5 are free
         with pytest.raises(StoreError, match="out of order"):
             s.append([Entry(4, 1, EntryKind.NOOP, {})])
-        s._last_index = 5
+        s.log.last_index = 5
         assert s.entries(1, 6) == kv_entries(1, 6), "the refused append wrote nothing"
 
 
