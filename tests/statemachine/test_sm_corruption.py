@@ -111,7 +111,7 @@ def test_newer_format_is_refused_and_left_untouched(tmp_path: Path) -> None:
     path = tmp_path / "s"
     build(path)
     with Store.open(path) as s:
-        s._write(lambda txn: txn.put(b"format_version", msgpack.packb(99), db=s._dbs["meta"]))
+        s.disk.write(lambda txn: txn.put(b"format_version", msgpack.packb(99), db=s.disk.dbs["meta"]))
     before = (path / "data.mdb").read_bytes()
     with pytest.raises(StoreFormatError, match="format version 99 is newer"):
         Store.open(path, node_id="n1")
@@ -126,14 +126,14 @@ def test_inconsistent_contents_are_moved_aside(tmp_path: Path, damage: str,
     build(path, n=50, applied=40)
     with Store.open(path) as s:
         s.snapshot_now(keep_tail=5)
-        meta, snap = s._dbs["meta"], s._dbs["snap"]
+        meta, snap = s.disk.dbs["meta"], s.disk.dbs["snap"]
         edits = {
             "missing_snapshot": lambda txn: txn.delete(b"current", db=snap),
             "commit_beyond_log": lambda txn: txn.put(b"commit_index", msgpack.packb(99), db=meta),
             "state_behind_meta": lambda txn: txn.put(b"last_applied", msgpack.packb(41), db=meta),
             "bad_meta_value": lambda txn: txn.put(b"current_term", b"\xc1", db=meta),
         }
-        s._write(edits[damage])
+        s.disk.write(edits[damage])
     store, _ = reopen_expect_moved(path, caplog)
     store.close()
 

@@ -112,10 +112,10 @@ def test_log_matching_keeps_matching_prefix_and_truncates_conflicts(tmp_path: Pa
 def test_append_true_silent_false_is_caught(tmp_path: Path) -> None:
     with open_store(tmp_path) as s:
         s.append(kv_entries(1, 6))
-        s._last_index = 3  # a stale cache: the store believes 4 and 5 are free
+        s.log.last_index = 3  # a stale cache: the store believes 4 and 5 are free
         with pytest.raises(StoreError, match="out of order"):
             s.append([Entry(4, 1, EntryKind.NOOP, {})])
-        s._last_index = 5
+        s.log.last_index = 5
         assert s.entries(1, 6) == kv_entries(1, 6), "the refused append wrote nothing"
 
 
@@ -247,6 +247,28 @@ def test_map_grows_when_full(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     assert any("map grown" in r.message for r in caplog.records)
     with Store.open(tmp_path / "s", map_size=128 << 10) as r:
         assert r.last_index == 2000 and r.entries(1999, 2001)[1].payload["value"] == payload
+
+
+def test_save_grows_a_full_map_and_writes_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A save past the map is aborted, its caches undone, the map grown and the save run again."""
+    caplog.set_level(logging.INFO, logger="dpeer.statemachine")
+    payload = "x" * 2000
+    batch = [Entry(i, 2, EntryKind.KV_PUT, {"key": "k", "value": payload}) for i in range(1, 301)]
+    with open_store(tmp_path, map_size=128 << 10) as s:
+        s.save(2, "n2", batch, 300)
+        assert (s.current_term, s.voted_for, s.last_index, s.last_term, s.commit_index) == (2, "n2", 300, 2, 300)
+    assert any("map grown" in r.message for r in caplog.records)
+    with Store.open(tmp_path / "s") as r:
+        assert (r.current_term, r.voted_for, r.last_index, r.commit_index) == (2, "n2", 300, 300)
+        assert r.entries(1, 301) == batch
+
+
+def test_the_fields_are_read_only(tmp_path: Path) -> None:
+    with open_store(tmp_path) as s:
+        for name in ("current_term", "commit_index", "last_index", "state", "uid"):
+            with pytest.raises(AttributeError, match="read-only"):
+                setattr(s, name, 5)
+        assert (s.current_term, s.commit_index, s.last_index) == (0, 0, 0)
 
 
 def test_use_after_fork_is_refused(tmp_path: Path) -> None:
