@@ -1,22 +1,22 @@
-"""Dissemination half of the membership core: gossip rounds, push-pull anti-entropy, reconnects.
-
-A mixin of core.Membership, split out so each file stays one concern; pure like the rest of
-the core. The class declares what it uses of core.Membership, which sets or defines all of it.
+"""How news spreads for core.Membership: the queue of updates piggybacked on every message,
+gossip rounds that push it to a few random members, push-pull anti-entropy (and join), and the
+reconnect rounds that let the two sides of a healed partition find each other.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from typing import Callable
+from typing import TYPE_CHECKING
 
-from dpeer.membership.config import MembershipConfig
-from dpeer.membership.messages import Gossip, Heartbeat, MemberRecord, MemberState, Message, PushPull, Update
-from dpeer.membership.state import LIVE, MemberRow, MemberTable
+from dpeer.membership.broadcast import BroadcastQueue, retransmit_limit
+from dpeer.membership.messages import Datagram, Gossip, MemberState, PushPull, Update
+from dpeer.membership.state import LIVE, MemberRow
+from dpeer.membership.timers import NEVER
 
-ALIVE, SUSPECT, DEAD, LEFT = MemberState.ALIVE, MemberState.SUSPECT, MemberState.DEAD, MemberState.LEFT
-NEVER = math.inf
-Datagram = tuple[str, Message]  # (address, message): what the core hands its caller to send
+if TYPE_CHECKING:
+    from dpeer.membership.core import Membership
+
+ALIVE, DEAD = MemberState.ALIVE, MemberState.DEAD
 
 
 def push_pull_scale(interval: float, n: int) -> float:
@@ -32,74 +32,101 @@ def is_live(member: MemberRow) -> bool:
 
 
 class Dissemination:
-    """Gossip, push-pull and reconnect rounds of core.Membership."""
+    """queue: the updates to piggyback, each sent a bounded number of times; seeds: the join
+    addresses, retried while no member is live; next_gossip, next_push_pull, next_reconnect:
+    when each round is next due (NEVER once leaving, for the last two)."""
 
-    # The state core.Membership sets in __init__ (num_live is its property).
-    config: MembershipConfig
-    num_live: int
-    _rng: random.Random
-    _table: MemberTable
-    _seeds: tuple[str, ...]  # join addresses, retried while no member is live
-    _leaving: bool
-    _next_push_pull: float
-    _next_reconnect: float
+    def __init__(self, node: Membership, now: float) -> None:
+        self.node = node
+        self.queue = BroadcastQueue()
+        self.seeds: tuple[str, ...] = ()
+        config, rng = node.config, node.rng
+        self.next_gossip = now + rng.uniform(0, config.gossip_interval)
+        self.next_reconnect = now + rng.uniform(0, config.reconnect_interval)
+        self.next_push_pull = now + rng.uniform(0, push_pull_scale(config.push_pull_interval, node.num_live))
 
-    # The operations core.Membership defines: our heartbeat and record, the updates to
-    # piggyback, and the merge rules for an alive, suspect or dead/left claim.
-    _hb: Callable[[float], Heartbeat]
-    _self_record: Callable[[], MemberRecord]
-    _piggyback: Callable[[], tuple[Update, ...]]
-    _alive: Callable[[float, str, str, int], None]
-    _suspect: Callable[[float, str, int, str, bool, str | None, list[Datagram]], None]
-    _dead: Callable[[float, str, int, str, bool, str | None, list[Datagram]], None]
+    def push(self, update: Update) -> None:
+        """Queue an update to piggyback (it replaces a queued one about the same node)."""
+        self.queue.push(update)
+
+    def piggyback(self) -> tuple[Update, ...]:
+        """The updates to carry on the next message, each counted as sent once more."""
+        if not len(self.queue):
+            return ()
+        limit = retransmit_limit(self.node.config.retransmit_mult, self.node.num_live)
+        return self.queue.take(self.node.config.max_piggyback, limit)
+
+    def join(self, now: float, seeds: tuple[str, ...]) -> list[Datagram]:
+        """Announce ourselves and start a full state exchange with each seed (retried by push-pull
+        rounds while we know nobody)."""
+        self.seeds = seeds
+        self.push(self.node.own_update())
+        self.next_push_pull = now + 2 * self.node.config.probe_interval
+        state = self._push_pull(now, join=True, reply=False)
+        return [(seed, state) for seed in self.seeds]
+
+    def announce(self, now: float, update: Update) -> list[Datagram]:
+        """Queue an update and send it at once to a few live members (our `left`, when leaving)."""
+        self.push(update)
+        peers = self.node.roster.table.sample(self.node.rng, self.node.config.gossip_nodes, is_live)
+        return [(m.addr, Gossip(self.node.heartbeat(now), (update,))) for m in peers]
+
+    def next_due(self) -> float:
+        """When the soonest round is due (gossip only while something is queued)."""
+        gossip = self.next_gossip if len(self.queue) else NEVER
+        return min(gossip, self.next_push_pull, self.next_reconnect)
+
+    def tick(self, now: float, out: list[Datagram]) -> None:
+        """Run the gossip, push-pull and reconnect rounds due at `now`, in that order."""
+        config = self.node.config
+        if now >= self.next_gossip and len(self.queue):
+            self.next_gossip = now + config.gossip_interval
+            self._gossip_round(now, out)
+        if now >= self.next_push_pull:
+            self._push_pull_round(now, out)
+        if now >= self.next_reconnect:
+            self.next_reconnect = now + config.reconnect_interval
+            self._reconnect_round(now, out)
+
+    def on_push_pull(self, now: float, msg: PushPull, out: list[Datagram]) -> None:
+        """Merge a peer's full state, and answer with ours unless it is itself an answer."""
+        for record in msg.members:
+            self.node.roster.merge(now, record, msg.hb.node_id, msg.hb.addr, out)
+        if not msg.reply:
+            out.append((msg.hb.addr, self._push_pull(now, join=False, reply=True)))
 
     def _gossip_round(self, now: float, out: list[Datagram]) -> None:
-        hb = self._hb(now)
-        for member in self._table.sample(self._rng, self.config.gossip_nodes, is_live):
-            updates = self._piggyback()
+        node = self.node
+        hb = node.heartbeat(now)
+        for member in node.roster.table.sample(node.rng, node.config.gossip_nodes, is_live):
+            updates = self.piggyback()
             if not updates:
                 return
             out.append((member.addr, Gossip(hb, updates)))
 
     def _push_pull_round(self, now: float, out: list[Datagram]) -> None:
-        if self._leaving:
-            self._next_push_pull = NEVER
+        node = self.node
+        if node.leaving:
+            self.next_push_pull = NEVER
             return
-        if self._table.live == 0 and self._seeds:
-            self._next_push_pull = now + 2 * self.config.probe_interval
+        table = node.roster.table
+        if table.live == 0 and self.seeds:
+            self.next_push_pull = now + 2 * node.config.probe_interval
             state = self._push_pull(now, join=True, reply=False)
-            out.extend((seed, state) for seed in self._seeds)
+            out.extend((seed, state) for seed in self.seeds)
             return
-        n = self.num_live
-        self._next_push_pull = now + push_pull_scale(self.config.push_pull_interval, n)
-        for member in self._table.sample(self._rng, 1, lambda m: m.state is ALIVE):
+        self.next_push_pull = now + push_pull_scale(node.config.push_pull_interval, node.num_live)
+        for member in table.sample(node.rng, 1, lambda m: m.state is ALIVE):
             out.append((member.addr, self._push_pull(now, join=False, reply=False)))
 
     def _reconnect_round(self, now: float, out: list[Datagram]) -> None:
-        if self._leaving:
-            self._next_reconnect = NEVER
+        node = self.node
+        if node.leaving:
+            self.next_reconnect = NEVER
             return
-        for member in self._table.sample(self._rng, 1, lambda m: m.state is DEAD):
+        for member in node.roster.table.sample(node.rng, 1, lambda m: m.state is DEAD):
             out.append((member.addr, self._push_pull(now, join=False, reply=False)))
 
-    def _on_push_pull(self, now: float, msg: PushPull, out: list[Datagram]) -> None:
-        for record in msg.members:
-            self._merge(now, record, msg.hb.node_id, msg.hb.addr, out)
-        if not msg.reply:
-            out.append((msg.hb.addr, self._push_pull(now, join=False, reply=True)))
-
-    def _merge(self, now: float, record: MemberRecord, origin: str, sender: str, out: list[Datagram]) -> None:
-        if record.state is ALIVE:
-            self._alive(now, record.node_id, record.addr, record.incarnation)
-        elif record.state is LEFT:
-            self._dead(now, record.node_id, record.incarnation, record.node_id, True, sender, out)
-        else:
-            self._suspect(now, record.node_id, record.incarnation, origin, False, sender, out)
-        member = self._table.get(record.node_id)
-        if member is not None and member.incarnation == record.incarnation and record.last_applied > member.last_applied:
-            member.term, member.last_applied, member.commit_index = record.term, record.last_applied, record.commit_index
-
     def _push_pull(self, now: float, join: bool, reply: bool) -> PushPull:
-        records = (self._self_record(), *(m.record() for m in self._table))
-        return PushPull(self._hb(now), records, join, reply)
-
+        records = (self.node.own_record(), *(m.record() for m in self.node.roster.table))
+        return PushPull(self.node.heartbeat(now), records, join, reply)

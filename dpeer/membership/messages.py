@@ -195,6 +195,7 @@ class PushPull:
 
 
 Message = Ping | Ack | PingReq | Nack | Gossip | PushPull
+Datagram = tuple[str, Message]  # (address, message): what the core hands its caller to send
 
 _HB_BYTES = 40  # ids and addresses are added per message
 _UPDATE_BYTES = 14

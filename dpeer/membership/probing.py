@@ -1,38 +1,28 @@
-"""Probing half of the membership core: SWIM's direct and indirect probes, their timers and acks.
-
-A mixin of core.Membership, split out so each file stays one concern; pure like the rest of
-the core. The class declares what it uses of core.Membership, which sets or defines all of it.
+"""SWIM's failure detector for core.Membership: one direct probe per round, indirect probes
+through k relays when its ack is late, the pings we relay for others, and Lifeguard's local
+health awareness that slows our probing down when our own acks go missing.
 """
 
 from __future__ import annotations
 
-import heapq
-import random
 from dataclasses import dataclass
-from enum import Enum
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from dpeer.membership.awareness import Awareness
-from dpeer.membership.config import MembershipConfig
-from dpeer.membership.dissemination import NEVER, Datagram
-from dpeer.membership.messages import Ack, Heartbeat, MemberState, Nack, Ping, PingReq, Update
-from dpeer.membership.state import LIVE, MemberRow, MemberTable, ProbeOrder
+from dpeer.membership.messages import Ack, Datagram, MemberState, Nack, Ping, PingReq
+from dpeer.membership.state import LIVE
+from dpeer.membership.timers import NEVER, Timer
+
+if TYPE_CHECKING:
+    from dpeer.membership.core import Membership
 
 ALIVE, SUSPECT = MemberState.ALIVE, MemberState.SUSPECT
 
 
-class Timer(Enum):
-    """What a timer in the core's heap is for (its key: a probe or relay seq, or a node id)."""
-
-    SUSPICION = "suspicion"
-    RELAY = "relay"
-    PROBE_TIMEOUT = "probe_timeout"  # no ack yet: ask others to probe indirectly
-    PROBE_DEADLINE = "probe_deadline"  # the probe period ended: suspect an unacked target
-    REFUTE_BROADCAST = "refute_broadcast"  # a refutation broadcast held back by the fan-out cap
-
-
 @dataclass(slots=True)
 class Probe:
+    """Our probe under way: its seq, its target, and what came back so far."""
+
     seq: int
     target: str
     acked: bool = False
@@ -42,115 +32,121 @@ class Probe:
 
 @dataclass(slots=True)
 class Relay:
+    """A ping we sent on another member's behalf (a ping-req), to answer with its ack or a nack."""
+
     origin_addr: str
     origin_seq: int
 
 
-class Probing:
-    """Probe rounds, indirect probes through relays, and the timer heap of core.Membership."""
+class Prober:
+    """Probe rounds and relays. probe: the probe under way, if any; relays: the pings we relay,
+    by our seq; next_round: when the next round starts (NEVER once leaving); awareness: our
+    health score, which stretches the round and the probe timeout."""
 
-    # The state core.Membership sets in __init__.
-    config: MembershipConfig
-    _rng: random.Random
-    _table: MemberTable
-    _order: ProbeOrder
-    _awareness: Awareness
-    _leaving: bool
-    _next_probe: float
-    _probe: Probe | None
-    _relays: dict[int, Relay]
-    _timers: list[tuple[float, int, Timer, object]]
-    _seq: int
+    def __init__(self, node: Membership, now: float) -> None:
+        self.node = node
+        self.awareness = Awareness(node.config.awareness_max_multiplier)
+        self.probe: Probe | None = None
+        self.relays: dict[int, Relay] = {}
+        self.next_round = now + node.rng.uniform(0, node.config.probe_interval)
 
-    # The operations core.Membership defines: our heartbeat, the updates to piggyback, a member's
-    # own update, and the suspect rule.
-    _hb: Callable[[float], Heartbeat]
-    _piggyback: Callable[[], tuple[Update, ...]]
-    _update_about: Callable[[MemberRow], Update]
-    _suspect: Callable[[float, str, int, str, bool, str | None, list[Datagram]], None]
-
-    def _probe_round(self, now: float, out: list[Datagram]) -> None:
-        if self._leaving:
-            self._next_probe = NEVER
+    def round(self, now: float, out: list[Datagram]) -> None:
+        """Ping the next member in the probe order, with timers for its ack and the round's end."""
+        node, config = self.node, self.node.config
+        if node.leaving:
+            self.next_round = NEVER
             return
-        self._next_probe = now + self._awareness.scale(self.config.probe_interval)
-        target = self._order.next(self._table, now, self.config.reap_after)
+        self.next_round = now + self.awareness.scale(config.probe_interval)
+        target = node.roster.order.next(node.roster.table, now, config.reap_after)
         if target is None:
             return
-        seq = self._next_seq()
-        self._probe = Probe(seq, target.node_id)
-        updates = self._piggyback()
+        seq = node.timers.next_seq()
+        self.probe = Probe(seq, target.node_id)
+        updates = node.dissemination.piggyback()
         if target.state is SUSPECT:
-            updates = (self._update_about(target), *updates[: self.config.max_piggyback - 1])
-        out.append((target.addr, Ping(seq, target.node_id, self._hb(now), updates)))
-        timeout = min(self._awareness.scale(self.config.probe_timeout), self._next_probe - now)
-        self._timer(now + timeout, Timer.PROBE_TIMEOUT, seq)
-        self._timer(self._next_probe, Timer.PROBE_DEADLINE, seq)
+            updates = (node.roster.update_about(target), *updates[: config.max_piggyback - 1])
+        out.append((target.addr, Ping(seq, target.node_id, node.heartbeat(now), updates)))
+        timeout = min(self.awareness.scale(config.probe_timeout), self.next_round - now)
+        node.timers.set(now + timeout, Timer.PROBE_TIMEOUT, seq)
+        node.timers.set(self.next_round, Timer.PROBE_DEADLINE, seq)
 
-    def _drop_stale_timers(self) -> None:
-        while self._timers and self._stale(self._timers[0][2], self._timers[0][3]):
-            heapq.heappop(self._timers)
+    def stop(self, target: str | None = None) -> None:
+        """Abandon the probe under way (only one of `target`, when given): we leave, or the
+        target is already suspected."""
+        if self.probe is not None and target in (None, self.probe.target):
+            self.probe = None
 
-    def _stale(self, kind: Timer, key: object) -> bool:
-        """True when the timer's firing would do nothing (see _on_timer)."""
+    def stale(self, kind: Timer, key: object) -> bool:
+        """True when a timer's firing would do nothing (see on_timer)."""
         if kind is Timer.RELAY:
-            return key not in self._relays
+            return key not in self.relays
         if kind in (Timer.PROBE_TIMEOUT, Timer.PROBE_DEADLINE):
-            probe = self._probe
+            probe = self.probe
             return probe is None or probe.seq != key or probe.acked
         return False
 
-    def _indirect_probe(self, now: float, probe: Probe, out: list[Datagram]) -> None:
-        target = self._table.get(probe.target)
-        if probe.acked or target is None or target.state not in LIVE:
-            return
-        relays = self._table.sample(
-            self._rng, self.config.indirect_checks, lambda m: m.state is ALIVE and m.node_id != probe.target
-        )
-        probe.expected_nacks = len(relays)
-        hb = self._hb(now)
-        for relay in relays:
-            out.append((relay.addr, PingReq(probe.seq, target.node_id, target.addr, hb, self._piggyback())))
+    def on_timer(self, now: float, kind: Timer, key: object, out: list[Datagram]) -> None:
+        """A relay, probe-timeout or probe-deadline timer fired."""
+        if kind is Timer.RELAY:
+            relay = self.relays.pop(key, None)  # type: ignore[call-overload]
+            if relay is not None:
+                out.append((relay.origin_addr, Nack(relay.origin_seq, self.node.heartbeat(now))))
+        elif self.probe is not None and self.probe.seq == key:
+            if kind is Timer.PROBE_TIMEOUT:
+                self._indirect_probe(now, self.probe, out)
+            else:
+                self._probe_failed(now, self.probe, out)
 
-    def _probe_failed(self, now: float, probe: Probe, out: list[Datagram]) -> None:
-        self._probe = None
-        if probe.acked:
-            return
-        missed = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
-        self._awareness.apply(missed)
-        target = self._table.get(probe.target)
-        if target is not None and target.state in LIVE:
-            self._suspect(now, target.node_id, target.incarnation, self.node_id, False, None, out)
+    def on_ping(self, now: float, msg: Ping, out: list[Datagram]) -> None:
+        """Ack a ping meant for us."""
+        if msg.target == self.node.node_id:
+            out.append((msg.hb.addr, Ack(msg.seq, self.node.heartbeat(now), self.node.dissemination.piggyback())))
 
-    def _on_ping(self, now: float, msg: Ping, out: list[Datagram]) -> None:
-        if msg.target == self.node_id:
-            out.append((msg.hb.addr, Ack(msg.seq, self._hb(now), self._piggyback())))
-
-    def _on_ack(self, now: float, msg: Ack, out: list[Datagram]) -> None:
-        probe = self._probe
+    def on_ack(self, now: float, msg: Ack, out: list[Datagram]) -> None:
+        """An ack of our probe (we are healthier), or of a ping we relay (pass it on)."""
+        probe = self.probe
         if probe is not None and probe.seq == msg.seq and probe.target == msg.hb.node_id:
             if not probe.acked:
                 probe.acked = True
-                self._awareness.apply(-1)
+                self.awareness.apply(-1)
             return
-        relay = self._relays.pop(msg.seq, None)
+        relay = self.relays.pop(msg.seq, None)
         if relay is not None:
-            out.append((relay.origin_addr, Ack(relay.origin_seq, msg.hb, self._piggyback())))
+            out.append((relay.origin_addr, Ack(relay.origin_seq, msg.hb, self.node.dissemination.piggyback())))
 
-    def _on_ping_req(self, now: float, msg: PingReq, out: list[Datagram]) -> None:
-        seq = self._next_seq()
-        self._relays[seq] = Relay(msg.hb.addr, msg.seq)
-        out.append((msg.target_addr, Ping(seq, msg.target, self._hb(now), self._piggyback())))
-        self._timer(now + self.config.probe_timeout, Timer.RELAY, seq)
+    def on_ping_req(self, now: float, msg: PingReq, out: list[Datagram]) -> None:
+        """Probe a target on another member's behalf."""
+        node = self.node
+        seq = node.timers.next_seq()
+        self.relays[seq] = Relay(msg.hb.addr, msg.seq)
+        out.append((msg.target_addr, Ping(seq, msg.target, node.heartbeat(now), node.dissemination.piggyback())))
+        node.timers.set(now + node.config.probe_timeout, Timer.RELAY, seq)
 
-    def _on_nack(self, msg: Nack) -> None:
-        if self._probe is not None and self._probe.seq == msg.seq:
-            self._probe.nacks += 1
+    def on_nack(self, msg: Nack) -> None:
+        """A relay reached us but not our target: count it (Lifeguard blames the target, not us)."""
+        if self.probe is not None and self.probe.seq == msg.seq:
+            self.probe.nacks += 1
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
+    def _indirect_probe(self, now: float, probe: Probe, out: list[Datagram]) -> None:
+        node = self.node
+        target = node.roster.table.get(probe.target)
+        if probe.acked or target is None or target.state not in LIVE:
+            return
+        relays = node.roster.table.sample(
+            node.rng, node.config.indirect_checks, lambda m: m.state is ALIVE and m.node_id != probe.target
+        )
+        probe.expected_nacks = len(relays)
+        hb = node.heartbeat(now)
+        for relay in relays:
+            out.append((relay.addr, PingReq(probe.seq, target.node_id, target.addr, hb, node.dissemination.piggyback())))
 
-    def _timer(self, when: float, kind: Timer, key: object) -> None:
-        self._seq += 1
-        heapq.heappush(self._timers, (when, self._seq, kind, key))
+    def _probe_failed(self, now: float, probe: Probe, out: list[Datagram]) -> None:
+        self.probe = None
+        if probe.acked:
+            return
+        missed = probe.expected_nacks - probe.nacks if probe.expected_nacks else 1
+        self.awareness.apply(missed)
+        node = self.node
+        target = node.roster.table.get(probe.target)
+        if target is not None and target.state in LIVE:
+            node.roster.suspect(now, target.node_id, target.incarnation, node.node_id, False, None, out)

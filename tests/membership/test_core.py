@@ -171,7 +171,7 @@ def test_refused_connection_suspects_then_kills_quickly() -> None:
     m = core()
     out = m.unreachable(2.0, addr("c"))
     assert m.state_of("c") is SUSPECT
-    assert out == [(addr("c"), Gossip(m._hb(2.0), (Update(SUSPECT, "c", addr("c"), 0, "a", refused=True),)))]
+    assert out == [(addr("c"), Gossip(m.heartbeat(2.0), (Update(SUSPECT, "c", addr("c"), 0, "a", refused=True),)))]
     m.tick(2.0 + lan().refused_suspicion_timeout - 0.01)
     assert m.state_of("c") is SUSPECT
     m.tick(2.0 + lan().refused_suspicion_timeout)
