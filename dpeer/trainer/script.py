@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from dpeer.trainer.allreduce import StepReduction
 from dpeer.trainer.carry import Carried
-from dpeer.trainer.collective_watch import patience
 from dpeer.trainer.feed import LoaderFeed
 from dpeer.trainer.group import GroupSeat
 from dpeer.trainer.job_api import JobContext, TrainSpec
@@ -298,14 +297,12 @@ class ScriptTrainer(Trainer):
         if self.carried:
             streams = self.sampler.stream_of
             rows = [streams(i) for _, indices in self.stepper.planned() for i in indices]
-            if self.watch is not None:
-                self.watch.arm(m.generation, m.members, patience(self.step_times), self.group.cutter())
+            self.watched.arm(m)
             try:
                 for c in self.carried:
                     c.share(rows)
             finally:
-                if self.watch is not None:
-                    self.watch.disarm()
+                self.watched.disarm()
         return super().reduce(m)
 
     def commit_step(self, m: GroupSeat, red: StepReduction) -> bool:

@@ -1,0 +1,63 @@
+"""The pace of the step loop: how long its steps take, and the collective timeout that follows.
+
+The group's collective timeout adapts to the recent step times (decisions.collective_timeout): a
+hung peer is given up after a few typical steps, not after the long initial timeout, which holds
+again after each re-form until the new group has a pace of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from dpeer.trainer.collective_watch import patience
+from dpeer.trainer.decisions import collective_timeout
+
+if TYPE_CHECKING:
+    from dpeer.trainer.loop import Trainer
+
+STEP_TIME_WINDOW = 200
+ADAPT_EVERY = 8  # steps between re-computations of the adaptive timeout (a sort of the window: ~5 us)
+
+
+class Pace:
+    """A trainer's step times. times: the recent steps' seconds (at most twice the window); began:
+    when the step in flight began; timeout: the collective timeout last set on the group."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.times: list[float] = []
+        self.began = 0.0
+        self.timeout = trainer.cfg.init_timeout
+
+    def begin(self) -> None:
+        """A step begins now."""
+        self.began = time.monotonic()
+
+    def end(self, step: int) -> None:
+        """Step ``step`` (counted) was committed: note its time, and adapt the timeout every ADAPT_EVERY."""
+        self.times.append(time.monotonic() - self.began)
+        if len(self.times) > 2 * STEP_TIME_WINDOW:
+            del self.times[:-STEP_TIME_WINDOW]
+        if step % ADAPT_EVERY == 0:
+            self.adapt()
+
+    def restart(self) -> None:
+        """A group formed and healed: the timeout starts from the initial one, adapted to the times known."""
+        self.timeout = self.trainer.cfg.init_timeout
+        self.adapt()
+
+    def adapt(self) -> None:
+        """Set the group's collective timeout from the step times, when it moved by more than 10 %."""
+        cfg = self.trainer.cfg
+        seconds, _reason = collective_timeout(
+            self.times, floor=cfg.timeout_floor, mult=cfg.timeout_mult,
+            initial=cfg.init_timeout, window=STEP_TIME_WINDOW,
+        )
+        if abs(seconds - self.timeout) > 0.1 * self.timeout:
+            self.timeout = seconds
+            self.trainer.group.set_timeout(seconds)
+
+    def patience(self) -> float:
+        """How long a collective may run before a newer view makes the watch cut it."""
+        return patience(self.times)
