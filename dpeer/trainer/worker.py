@@ -254,7 +254,7 @@ def run_script(args: argparse.Namespace, source: ViewSource, imported_cpu: float
 def raise_open_files() -> None:
     """The soft open-file limit up to the hard one: Gloo's listener aborts the process when accept()
     runs out of descriptors, and strangers' connections pile up there until the watch re-forms the
-    group (loop.FOREIGN_LIMIT), so the margin should be wide."""
+    group (watched.FOREIGN_LIMIT), so the margin should be wide."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
         try:
