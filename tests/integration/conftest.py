@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from tests.operate.conftest import daemons, failed, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
-from tests.support.daemons import Daemons, stop_all
+from tests.support.daemons import Daemons, tear_down
 from tests.support.pki import Pki, make_pki
 
 
@@ -25,7 +25,7 @@ def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cal
         return cluster
 
     yield make
-    stop_all(made, failed(request))
+    tear_down(made, failed(request))
 
 
 @pytest.fixture

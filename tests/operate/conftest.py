@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support.daemons import Daemons, stop_all
+from tests.support.daemons import Daemons, tear_down
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -34,4 +34,4 @@ def daemons(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemons]
     """A Daemons whose processes are all SIGKILLed at the end; their logs printed on failure."""
     made = Daemons(tmp_path)
     yield made
-    stop_all([made], failed(request))
+    tear_down([made], failed(request))

@@ -182,7 +182,7 @@ class Daemons(LocalCluster):
         return await self.wait_for(ok, WAIT, f"{size} members with one leader")
 
 
-def stop_all(made: list[Daemons], failed: bool) -> None:
+def tear_down(made: list[Daemons], failed: bool) -> None:
     """A test's end: SIGKILL every daemon of `made` still running; print their logs if it failed."""
     for harness in made:
         harness.stop_all()
