@@ -1,6 +1,6 @@
-"""The simulated-Raft harness on dpeer.sim's Simulator: raft_net's nodes and disks (Disks,
-dpeer's RaftActor, raft_checker.Checker at every persisted Ready) under seeded chaos, for the
-schedules of raft_schedules.py (raft_net.RaftNet drives the same by hand, step by step).
+"""The simulated-Raft harness on dpeer.sim's Simulator: dpeer's RaftActors on raft_net's Disks
+under seeded chaos, checked by raft_checker.Checker at every persisted Ready, for the schedules
+of raft_schedules.py (raft_net.RaftNet runs nodes on the same Disks by hand, step by step).
 
 Beyond crashes, restarts, partitions, loss and pauses, a node can be wiped (restarted on a new
 disk under its old node id: a new store uid, only the founding configuration) and force can be
