@@ -1,5 +1,6 @@
-"""A seeded cluster of Raft cores on dpeer.sim with its faults, for the chaos schedules of
-raft_schedules.py; raft_checker.Checker checks the invariants at every persisted Ready.
+"""The simulated-Raft harness on dpeer.sim's Simulator: dpeer's RaftActors on raft_net's Disks
+under seeded chaos, checked by raft_checker.Checker at every persisted Ready, for the schedules
+of raft_schedules.py (raft_net.RaftNet runs nodes on the same Disks by hand, step by step).
 
 Beyond crashes, restarts, partitions, loss and pauses, a node can be wiped (restarted on a new
 disk under its old node id: a new store uid, only the founding configuration) and force can be
@@ -13,8 +14,9 @@ import random
 from typing import Any
 
 from raft_checker import Checker
+from raft_net import Disks
 
-from dpeer.consensus import LAN, MemoryStorage, RaftConfig, Role, bootstrap
+from dpeer.consensus import LAN, RaftConfig, Role
 from dpeer.consensus.ready import ProposeResult
 from dpeer.consensus.sim_adapter import RaftActor
 from dpeer.sim.network import LinkPolicy, SimNetwork
@@ -43,13 +45,13 @@ class RaftCluster:
         self.sim = Simulator(seed, SimNetwork(random.Random(seed ^ 0x5EED), policy))
         self.ids = [f"n{i}" for i in range(n)]
         self.checker = Checker(n // 2 + 1)
-        self.storages: dict[str, MemoryStorage] = {}
         self.proposed = self.wiped = 0
         self.calm = False
         self.forces: list[tuple[float, str, list[str], ProposeResult]] = []
-        self.founding = {nid: self._new_uid() for nid in self.ids}
+        self.disks = Disks(self.ids, [], {nid: self._new_uid() for nid in self.ids})
+        self.storages = self.disks.storages
         for nid in self.ids:
-            self.storages[nid] = self._new_disk(self.founding[nid])
+            self.disks.new(nid, self.disks.founding[nid])
             self.sim.add(nid, self._actor(nid))
         self._cut_since: dict[tuple[str, str], float] = {}
         if detector:
@@ -59,12 +61,6 @@ class RaftCluster:
 
     def _new_uid(self) -> str:
         return "%032x" % self.rng.getrandbits(128)
-
-    def _new_disk(self, uid: str | None = None) -> MemoryStorage:
-        """A node's disk as a box first holds it: the founding configuration only."""
-        st = MemoryStorage(uid or self._new_uid())
-        bootstrap(st, self.ids, uids=self.founding)
-        return st
 
     def _actor(self, nid: str) -> RaftActor:
         return RaftActor(nid, self.storages[nid], self.cfg, random.Random(self.rng.random()),
@@ -165,14 +161,13 @@ class RaftCluster:
         if self.sim.nodes[nid].up:
             self.sim.crash(nid)
         self.checker.forget(nid)
-        self.storages[nid] = self._new_disk()
+        self.disks.new(nid, self._new_uid())
         self.wiped += 1
         self.sim.restart(nid, self._actor(nid))
 
     def intact_voters(self, conf_of: str, without: str = "") -> set[str]:
         """Voters of node conf_of's configuration whose store is still the one it names."""
-        conf = self.actor(conf_of).node.membership
-        return {v for v in conf.voters if v != without and self.storages[v].uid == conf.uid_of(v)}
+        return self.disks.intact_voters(self.actor(conf_of).node.membership, without)
 
     def can_wipe(self, nid: str) -> bool:
         """Wiping nid leaves every configuration in force somewhere a quorum of intact voters,

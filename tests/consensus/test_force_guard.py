@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.support.raft_net import CFG
+from raft_net import CFG
 
 from dpeer.consensus import EDGE, LAN, WAN, VotingConfig, force_after
 from dpeer.consensus.force import force_refusal, reach_window, reachable_voters

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.support.raft_net import RaftNet
+from raft_net import RaftNet
 
 from dpeer.consensus import Role
 from dpeer.consensus.messages import VoteRequest, VoteResponse

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from tests.support.raft_net import CFG, RaftNet, kv
+from raft_net import CFG, RaftNet, kv
 
 from dpeer.consensus import Role
 from dpeer.consensus.messages import RaftHeartbeat, VoteRequest, VoteResponse

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tests.support.raft_net import CFG, RaftNet, entry
+from raft_net import CFG, RaftNet, entry
 
 from dpeer.consensus import NotLeader, Proposed, RaftNode, ReadRequested, Refused, Role, force_after
 from dpeer.statemachine.entry import EntryKind

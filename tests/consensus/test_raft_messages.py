@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from tests.support.raft_net import entry, uid_for
+from raft_net import entry, uid_for
 
 from dpeer.consensus.messages import (
     AppendRequest,

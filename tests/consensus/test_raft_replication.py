@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from tests.support.raft_net import CFG, RaftNet
+from raft_net import CFG, RaftNet
 
 from dpeer.consensus import Proposed, Refused, Role
 from dpeer.consensus.messages import AppendRequest, AppendResponse, RaftHeartbeat, SnapshotRequest, VoteRequest

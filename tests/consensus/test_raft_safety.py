@@ -5,7 +5,7 @@ the force guard and the checked acknowledgements (see the commit that added this
 
 from __future__ import annotations
 
-from tests.support.raft_net import CFG, RaftNet, kv, uid_for
+from raft_net import CFG, RaftNet, kv, uid_for
 
 from dpeer.consensus import Peer, Proposed, Refused, Role, force_after
 from dpeer.consensus.messages import AppendRequest, AppendResponse, VoteRequest

@@ -1,5 +1,5 @@
-"""Fixtures for real-process tests: a LocalCluster of daemons on 127.0.0.1, always torn down; or
-`dpeer start` processes one by one (tests/support/daemons.py) with a fresh PKI."""
+"""Fixtures for real-process tests (tests/support/daemons.py): clusters of daemons on 127.0.0.1,
+or `dpeer start` processes one by one, always torn down; a fresh PKI."""
 
 from __future__ import annotations
 
@@ -8,24 +8,24 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from dpeer.launch.cluster import LocalCluster
-from tests.operate.conftest import daemons, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
+from tests.operate.conftest import daemons, failed, pytest_runtest_makereport  # noqa: F401 (fixture, hook)
+from tests.support.daemons import Daemons, tear_down
 from tests.support.pki import Pki, make_pki
 
 
 @pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
-    """Build clusters that are SIGKILLed at the end of the test, printing logs on failure."""
-    made: list[LocalCluster] = []
+def make_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Callable[..., Daemons]]:
+    """Build clusters (Daemons of `size` nodes) that are SIGKILLed at the end of the test,
+    printing logs on failure."""
+    made: list[Daemons] = []
 
-    def make(size: int, **kwargs: Any) -> LocalCluster:
-        cluster = LocalCluster(tmp_path / f"c{len(made)}", size, **kwargs)
+    def make(size: int, **kwargs: Any) -> Daemons:
+        cluster = Daemons(tmp_path / f"c{len(made)}", size, **kwargs)
         made.append(cluster)
         return cluster
 
     yield make
-    for cluster in made:
-        cluster.stop_all()
+    tear_down(made, failed(request))
 
 
 @pytest.fixture

@@ -50,10 +50,10 @@ def original_keeps_its_seat(daemons: Daemons, pki: Pki, n3: Daemon, uid: str, n1
     put = cli("kv", "put", "after-the-clone", "1", "--addr", n3.addr, "--config",
               str(pki.config("client-alice", "operator-alice")), "--timeout", "20")
     assert put.returncode == 0, put.stderr
-    leader = next(d for d in daemons.started if d.node_id == doc["leader"] and d.running)
+    leader = next(d for d in daemons.nodes if d.node_id == doc["leader"] and d.running)
     wait_status(leader.addr, lambda d: d["fault_tolerance"] == FULL and d["strangers"] == [],
                 "full fault tolerance on the leader", security=reader)
-    for daemon in daemons.started:
+    for daemon in daemons.nodes:
         assert "came back on a new disk" not in daemon.log_path.read_text(), daemon.node_id
     assert n1.running
 

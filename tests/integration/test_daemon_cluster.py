@@ -7,8 +7,7 @@ import json
 import signal
 
 from dpeer.transport.client import NodeClient
-from tests.support.cluster import TIMEOUT, force_when_allowed, formed, run, states_by
-from tests.support.daemons import cli
+from tests.support.daemons import WAIT, cli, force_when_allowed, run, states_by
 
 
 def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:
@@ -16,7 +15,7 @@ def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:
     cluster.start_all()
 
     async def scenario() -> None:
-        await formed(cluster, 5)
+        await cluster.formed(5)
         n4, n5 = cluster.node("n4"), cluster.node("n5")
         cluster.kill(n5, signal.SIGKILL)
         cluster.kill(n4, signal.SIGSTOP)
@@ -25,12 +24,12 @@ def test_five_daemons_detect_kill_and_stop(make_cluster) -> None:
         def dead_seen(docs: dict) -> bool:
             return all(docs.get(s) and states_by(docs, s).get("n5") == "dead"
                        and states_by(docs, s).get("n4") == "dead" for s in survivors)
-        await cluster.wait_for(dead_seen, TIMEOUT, "n4 (stopped) and n5 (killed) dead at every survivor")
+        await cluster.wait_for(dead_seen, WAIT, "n4 (stopped) and n5 (killed) dead at every survivor")
         cluster.kill(n4, signal.SIGCONT)
 
         def back(docs: dict) -> bool:
             return all(docs.get(s) and states_by(docs, s).get("n4") == "alive" for s in survivors + ["n4"])
-        docs = await cluster.wait_for(back, TIMEOUT, "n4 alive again after SIGCONT")
+        docs = await cluster.wait_for(back, WAIT, "n4 alive again after SIGCONT")
         assert all(states_by(docs, s)["n5"] == "dead" for s in survivors)
 
     run(scenario())
@@ -43,13 +42,13 @@ def test_an_idle_leader_killed_is_replaced_and_writes_commit_again(make_cluster)
     cluster.start_all()
 
     async def scenario() -> None:
-        docs = await formed(cluster, 3)
+        docs = await cluster.formed(3)
         old = cluster.node(next(iter(docs.values()))["leader"])
         old_term = docs[old.node_id]["term"]
 
         def idle_beats(docs: dict) -> bool:  # a leader idles election_timeout_max after its last entry
             return all(d is not None and d["leader"] == old.node_id for d in docs.values())
-        await cluster.wait_for(idle_beats, TIMEOUT, "an undisturbed leader")
+        await cluster.wait_for(idle_beats, WAIT, "an undisturbed leader")
         await asyncio.sleep(2.0)
         cluster.kill(old, signal.SIGKILL)
 
@@ -57,7 +56,7 @@ def test_an_idle_leader_killed_is_replaced_and_writes_commit_again(make_cluster)
             live = [d for n, d in docs.items() if n != old.node_id and d is not None]
             return len(live) == 2 and all(d["leader"] not in (None, old.node_id) and d["term"] > old_term
                                           for d in live)
-        docs = await cluster.wait_for(successor, TIMEOUT, "a new leader after the idle leader's kill")
+        docs = await cluster.wait_for(successor, WAIT, "a new leader after the idle leader's kill")
         survivor = next(n for n in cluster.nodes if n is not old)
         async with NodeClient(survivor.addr, timeout=20) as client:
             assert (await client.kv_put("after", "kill")).committed
@@ -70,7 +69,7 @@ def test_restarted_node_fetches_only_what_it_missed(make_cluster) -> None:
     cluster.start_all()
 
     async def scenario() -> None:
-        await formed(cluster, 3)
+        await cluster.formed(3)
         n3 = cluster.node("n3")
         before = (await cluster.status(n3))["last_applied"]
         cluster.kill(n3, signal.SIGKILL)
@@ -82,7 +81,7 @@ def test_restarted_node_fetches_only_what_it_missed(make_cluster) -> None:
         def caught_up(docs: dict) -> bool:
             d1, d3 = docs.get("n1"), docs.get("n3")
             return bool(d1 and d3 and d3["last_applied"] >= d1["commit_index"] and d3["group"])
-        docs = await cluster.wait_for(caught_up, TIMEOUT, "n3 caught up after restart")
+        docs = await cluster.wait_for(caught_up, WAIT, "n3 caught up after restart")
         d3 = docs["n3"]
         missed = docs["n1"]["commit_index"] - before
         # every entry n3 wrote since its restart, whether the leader sent it or a resync fetched it
@@ -99,7 +98,7 @@ def test_acknowledged_writes_survive_leader_and_follower_kills(make_cluster) -> 
     cluster.start_all()
 
     async def scenario() -> None:
-        docs = await formed(cluster, 5)
+        docs = await cluster.formed(5)
         leader = cluster.node(next(iter(docs.values()))["leader"])
         acked: dict[str, str] = {}
 
@@ -130,7 +129,7 @@ def test_acknowledged_writes_survive_leader_and_follower_kills(make_cluster) -> 
         await asyncio.sleep(2.0)
         stop.set()
         await task
-        await formed(cluster, 5)
+        await cluster.formed(5)
         assert len(acked) >= 5, acked
         for node in cluster.nodes:
             for key, value in acked.items():
@@ -146,7 +145,7 @@ def test_two_of_five_lost_keeps_working_three_halts_without_damage(make_cluster)
     cluster.start_all()
 
     async def scenario() -> None:
-        docs = await formed(cluster, 5)
+        docs = await cluster.formed(5)
         leader = next(iter(docs.values()))["leader"]
         voters = docs[leader]["voters"]
         assert len(voters) == 5
@@ -161,7 +160,7 @@ def test_two_of_five_lost_keeps_working_three_halts_without_damage(make_cluster)
         assert halted.returncode != 0, halted.stdout
         for node in killed + [third]:
             cluster.start(node)
-        await formed(cluster, 5)
+        await cluster.formed(5)
         for node in cluster.nodes:
             got = cli("kv", "get", "two-down", "--addr", node.addr, "--json")
             assert got.returncode == 0 and json.loads(got.stdout)["value"] == "yes", got
@@ -174,7 +173,7 @@ def test_forced_reconfiguration_recovers_a_lost_majority(make_cluster) -> None:
     cluster.start_all()
 
     async def scenario() -> None:
-        docs = await formed(cluster, 3)
+        docs = await cluster.formed(3)
         survivor = cluster.node(next(iter(docs.values()))["leader"])
         assert cli("kv", "put", "before", "1", "--addr", survivor.addr).returncode == 0
         lost = [n for n in cluster.nodes if n is not survivor]
@@ -196,7 +195,7 @@ def test_forced_reconfiguration_recovers_a_lost_majority(make_cluster) -> None:
             # the old configuration and commit entries the forced cluster never sees.
             node.data_dir.rename(node.data_dir.with_name(node.data_dir.name + ".before-force"))
             cluster.start(node)
-        await formed(cluster, 3)
+        await cluster.formed(3)
         for node in cluster.nodes:
             for key in ("before", "after"):
                 assert cli("kv", "get", key, "--addr", node.addr).returncode == 0, (node.node_id, key)

@@ -11,9 +11,8 @@ import json
 import shutil
 import signal
 
-from dpeer.launch.cluster import LocalCluster, LocalNode, free_port_block
-from tests.support.cluster import TIMEOUT, formed, run
-from tests.support.daemons import cli, wait_until
+from dpeer.launch.cluster import free_port_block
+from tests.support.daemons import WAIT, Daemon, Daemons, cli, run, wait_until
 
 FULL = {"voters": 3, "live_voters": 3, "can_lose": 1, "unheld": []}
 
@@ -26,7 +25,7 @@ def leader_doc(docs: dict) -> dict | None:
     return docs.get(leaders.pop())
 
 
-async def exit_code(node: LocalNode, timeout: float) -> int:
+async def exit_code(node: Daemon, timeout: float) -> int:
     """Wait (without blocking the loop) for the node's process to end on its own; its exit code."""
     deadline = asyncio.get_running_loop().time() + timeout
     while node.proc is not None and node.proc.poll() is None:
@@ -37,21 +36,21 @@ async def exit_code(node: LocalNode, timeout: float) -> int:
 
 
 def test_a_second_box_under_a_live_id_is_refused_and_a_dead_ones_id_is_still_replaced(make_cluster) -> None:
-    cluster: LocalCluster = make_cluster(3)
+    cluster: Daemons = make_cluster(3)
     cluster.start_all()
-    clones: list[LocalNode] = []
+    clones: list[Daemon] = []
 
     async def scenario() -> None:
-        docs = await formed(cluster, 3)
+        docs = await cluster.formed(3)
         # the clone takes a follower's id: the leader tells its holder from the clone by what it hears
         victim = next(n for n in cluster.nodes if n.node_id != docs[n.node_id]["leader"])
         others = [n for n in cluster.nodes if n is not victim]
         uid = docs[victim.node_id]["uid"]
         port = free_port_block(1, start=max(n.port for n in cluster.nodes) + 2)  # past the cluster's block
-        clone = LocalNode(victim.node_id, port, cluster.root / "clone", cluster.root / "clone.log")
+        clone = Daemon(victim.node_id, port, cluster.root / "clone", cluster.root / "clone.log")
         clones.append(clone)
         cluster.start(clone, join=[n.addr for n in others])
-        assert await exit_code(clone, TIMEOUT) == 2, cluster.tail(clone)
+        assert await exit_code(clone, WAIT) == 2, cluster.tail(clone)
         sentence = (f"dpeer: node id {victim.node_id} is held by a live member at {victim.addr} (store {uid[:8]}); "
                     "give this box another --node-id, or stop that one and wait until gossip holds it dead")
         assert sentence in clone.log_path.read_text().splitlines(), cluster.tail(clone)
@@ -61,7 +60,7 @@ def test_a_second_box_under_a_live_id_is_refused_and_a_dead_ones_id_is_still_rep
         docs = await cluster.wait_for(
             lambda d: (lead := leader_doc(d)) is not None and lead["fault_tolerance"] == FULL
             and d[victim.node_id]["uid"] == uid and d[victim.node_id]["leader"] is not None
-            and lead["strangers"] == [], TIMEOUT, f"the original {victim.node_id} in its seat, full fault tolerance")
+            and lead["strangers"] == [], WAIT, f"the original {victim.node_id} in its seat, full fault tolerance")
         assert sorted(leader_doc(docs)["voters"]) == ["n1", "n2", "n3"]
         for node in cluster.nodes:
             assert "came back on a new disk" not in node.log_path.read_text(), node.node_id
@@ -70,16 +69,16 @@ def test_a_second_box_under_a_live_id_is_refused_and_a_dead_ones_id_is_still_rep
         docs = await cluster.wait_for(
             lambda d: (lead := leader_doc(d)) is not None and lead["fault_tolerance"] == {
                 "voters": 3, "live_voters": 2, "can_lose": 0, "unheld": [victim.node_id]},
-            TIMEOUT, f"the leader saying it can lose no more voters while {victim.node_id} is dead")
+            WAIT, f"the leader saying it can lose no more voters while {victim.node_id} is dead")
         leader = cluster.node(leader_doc(docs)["node_id"])
-        wait_until(lambda: "survives 0 more voter failure(s)" in leader.log_path.read_text(), TIMEOUT,
+        wait_until(lambda: "survives 0 more voter failure(s)" in leader.log_path.read_text(), WAIT,
                    f"{leader.node_id}'s warning that the cluster can lose no more voters")
         shutil.rmtree(victim.data_dir)
         cluster.start(victim)
-        docs = await formed(cluster, 3)  # removed under its old store, added back as a learner, promoted
+        docs = await cluster.formed(3)  # removed under its old store, added back as a learner, promoted
         assert docs[victim.node_id]["uid"] != uid
         await cluster.wait_for(lambda d: (lead := leader_doc(d)) is not None and lead["fault_tolerance"] == FULL,
-                               TIMEOUT, "full fault tolerance again")
+                               WAIT, "full fault tolerance again")
         got = cli("kv", "get", "after-the-clone", "--addr", victim.addr, "--json")
         assert got.returncode == 0 and json.loads(got.stdout)["value"] == "1", got
 

@@ -8,8 +8,7 @@ import signal
 
 import torch
 
-from dpeer.launch.cluster import LocalCluster
-from tests.support.cluster import run
+from tests.support.daemons import Daemons, run
 
 STEPS = 600
 KILL_AT = 60  # far enough from the end that the kill lands before it: a demo step takes a few ms
@@ -21,7 +20,7 @@ def job(doc: dict | None) -> dict:
     return (doc or {}).get("job") or {}
 
 
-async def returns_after_the_end(cluster: LocalCluster) -> dict:
+async def returns_after_the_end(cluster: Daemons) -> dict:
     late = cluster.node("n3")
     await cluster.wait_for(lambda d: all(((d.get(n) or {}).get("train") or {}).get("step", 0) >= KILL_AT
                                          for n in ("n1", "n2", "n3")), TIMEOUT, "training under way")

@@ -14,8 +14,7 @@ import asyncio
 import os
 import signal
 
-from tests.support.cluster import run
-from tests.support.daemons import cli
+from tests.support.daemons import cli, run
 from tests.support.training import (
     BATCH, MICRO_BATCH, TIMEOUT, assert_exact, assert_matches_clean_run, finished, steps_of, training,
 )

@@ -11,7 +11,7 @@ import signal
 import time
 
 from dpeer.channel.local import read_reports
-from tests.support.cluster import run
+from tests.support.daemons import run
 from tests.support.training import TIMEOUT, assert_exact, assert_matches_clean_run, finished, training
 
 STEPS, BATCH, EVERY = 500, 16, 50

@@ -9,10 +9,9 @@ import os
 import signal
 from pathlib import Path
 
-from dpeer.launch.cluster import LocalCluster
 from dpeer.trainer.audit import audit, read_records
 from dpeer.trainer.sampler import GlobalBatchSampler
-from tests.support.cluster import run
+from tests.support.daemons import Daemons, run
 
 STEPS, GLOBAL, MICRO, SEED, SAMPLES = 40, 32, 4, 7, 512
 TIMEOUT = 120.0
@@ -74,7 +73,7 @@ def step_of(doc: dict | None) -> int:
     return ((doc or {}).get("train") or {}).get("step") or 0
 
 
-async def finished(cluster: LocalCluster, kill_at: int | None = None) -> dict:
+async def finished(cluster: Daemons, kill_at: int | None = None) -> dict:
     """The job's finished doc; with kill_at, n2's worker is SIGKILLed once the boxes pass that step."""
     names = [n.node_id for n in cluster.nodes]
     if kill_at is not None:
@@ -87,7 +86,7 @@ async def finished(cluster: LocalCluster, kill_at: int | None = None) -> dict:
     return job(done["n1"])
 
 
-def ledgers(cluster: LocalCluster) -> dict:
+def ledgers(cluster: Daemons) -> dict:
     return {n.node_id: read_records(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import signal
 
-from tests.support.cluster import TIMEOUT, formed, run
-from tests.support.daemons import cli
+from tests.support.daemons import WAIT, cli, run
 
 
 def _sites(doc: dict) -> dict[str, str | None]:
@@ -27,8 +26,8 @@ def test_configured_sites_are_committed_in_the_view_and_shown(make_cluster) -> N
                    and _sites(d) == sites for d in docs.values())
 
     async def scenario() -> None:
-        await formed(cluster, 3)
-        docs = await cluster.wait_for(lambda docs: placed(docs, wanted), TIMEOUT, "sites a, a, b in the view")
+        await cluster.formed(3)
+        docs = await cluster.wait_for(lambda docs: placed(docs, wanted), WAIT, "sites a, a, b in the view")
         for node_id, doc in docs.items():
             assert doc["site"] == wanted[node_id]
             assert doc["site_measure"]["configured"] == wanted[node_id] and doc["site_measure"]["near"] == []
@@ -44,7 +43,7 @@ def test_configured_sites_are_committed_in_the_view_and_shown(make_cluster) -> N
         n3.flags = ["--site", "a"]
         cluster.start(n3)
         moved = dict.fromkeys(wanted, "a")
-        docs = await cluster.wait_for(lambda docs: placed(docs, moved), TIMEOUT, "n3 moved to site a")
+        docs = await cluster.wait_for(lambda docs: placed(docs, moved), WAIT, "n3 moved to site a")
         assert docs["n1"]["group"]["generation"] > generation
         as_json = json.loads(cli("status", "--json", "--addr", n3.addr).stdout)
         assert as_json["site"] == "a"
@@ -63,8 +62,8 @@ def test_boxes_that_name_no_site_are_placed_by_their_round_trips(make_cluster) -
                    and set(_sites(d).values()) == {"auto-n1"} and d["site_measure"]["near"] for d in docs.values())
 
     async def scenario() -> None:
-        await formed(cluster, 3)
-        docs = await cluster.wait_for(one_site, TIMEOUT, "one measured site auto-n1")
+        await cluster.formed(3)
+        docs = await cluster.wait_for(one_site, WAIT, "one measured site auto-n1")
         for node_id, doc in docs.items():
             assert doc["site"] == "auto-n1" and doc["site_measure"]["configured"] is None
             assert set(doc["site_measure"]["near"]) <= {"n1", "n2", "n3"} - {node_id}

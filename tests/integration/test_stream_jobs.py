@@ -10,7 +10,7 @@ from pathlib import Path
 from dpeer.trainer.audit import audit
 from dpeer.trainer.sampler import InOrderSampler, StreamsSampler
 from tests.integration.test_script_job import finished, ledgers
-from tests.support.cluster import run
+from tests.support.daemons import run
 
 SEED = 7
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 
-from tests.support.cluster import run
+from tests.support.daemons import run
 from tests.support.training import (
     BATCH,
     MICRO_BATCH,

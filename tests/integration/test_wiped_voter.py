@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import signal
 
-from dpeer.launch.cluster import LocalCluster
-from tests.support.cluster import TIMEOUT, force_when_allowed, formed, run
-from tests.support.daemons import cli
+from tests.support.daemons import WAIT, Daemons, cli, force_when_allowed, run
 
 
 def committed_prefix(addr: str, last: int) -> list[dict]:
@@ -20,12 +18,12 @@ def committed_prefix(addr: str, last: int) -> list[dict]:
 
 
 def test_a_voter_back_on_a_wiped_disk_loses_no_acknowledged_write(make_cluster) -> None:
-    cluster: LocalCluster = make_cluster(3)
+    cluster: Daemons = make_cluster(3)
     cluster.start_all()
     n1, n2, n3 = cluster.nodes
 
     async def scenario() -> None:
-        await formed(cluster, 3)
+        await cluster.formed(3)
         cluster.kill(n3, signal.SIGKILL)
         written = {f"k{i}": str(i) for i in range(5)}
         for key, value in written.items():  # acknowledged by n1 and n2 only
@@ -40,12 +38,12 @@ def test_a_voter_back_on_a_wiped_disk_loses_no_acknowledged_write(make_cluster) 
         cluster.start(n3)
         docs = await cluster.wait_for(
             lambda d: d.get("n3") is not None and d["n3"]["no_leader"] is not None
-            and "n2 lost its data" in d["n3"]["no_leader"]["reason"], TIMEOUT,
+            and "n2 lost its data" in d["n3"]["no_leader"]["reason"], WAIT,
             "n3 saying that n2 lost its data")
         assert docs["n2"]["uid"] != old_uid and docs["n2"]["leader"] is None
         assert docs["n3"]["leader"] is None and "1 of 3 voters can vote" in docs["n3"]["no_leader"]["reason"]
         cluster.start(n1)
-        docs = await formed(cluster, 3)  # n2 removed, added back as a learner, promoted
+        docs = await cluster.formed(3)  # n2 removed, added back as a learner, promoted
         leader = docs["n1"]["leader"]
         assert docs[leader]["strangers"] == [] and docs["n2"]["uid"] != old_uid
         for node in cluster.nodes:
@@ -65,19 +63,19 @@ def test_two_voters_one_wiped_say_why_no_leader_and_force_brings_it_back(make_cl
     can be elected (n1 alone is no majority, the new n2 is not the voter it was); n1's status
     and log say so and name the command; force on n1 (once allowed) brings the cluster back and
     n2 rejoins as a new member."""
-    cluster: LocalCluster = make_cluster(2)
+    cluster: Daemons = make_cluster(2)
     cluster.start_all()
     n1, n2 = cluster.nodes
 
     async def scenario() -> None:
-        await formed(cluster, 2)
+        await cluster.formed(2)
         assert cli("kv", "put", "before", "1", "--addr", n1.addr, "--timeout", "20").returncode == 0
         cluster.kill(n2, signal.SIGKILL)
         n2.data_dir.rename(n2.data_dir.with_name(n2.data_dir.name + ".lost-disk"))
         cluster.start(n2)
         docs = await cluster.wait_for(
             lambda d: d.get("n1") is not None and d["n1"]["no_leader"] is not None
-            and "n2 lost its data" in d["n1"]["no_leader"]["reason"], TIMEOUT, "n1 saying why no leader")
+            and "n2 lost its data" in d["n1"]["no_leader"]["reason"], WAIT, "n1 saying why no leader")
         why = docs["n1"]["no_leader"]
         assert "1 of 2 voters can vote (n1), 2 needed" in why["reason"], why
         assert f"dpeer force --addr {n1.addr} --voters n1 --yes" in why["action"], why
@@ -85,7 +83,7 @@ def test_two_voters_one_wiped_say_why_no_leader_and_force_brings_it_back(make_cl
         assert "no leader for" in human.stdout and "what to do: if n2 will not come back" in human.stdout, human
         forced = await force_when_allowed(n1.addr, "n1")
         assert "cluster epoch 2" in forced.stdout
-        docs = await formed(cluster, 2)  # n2 joins as a learner under its new uid and is promoted
+        docs = await cluster.formed(2)  # n2 joins as a learner under its new uid and is promoted
         assert docs["n1"]["epoch"] == docs["n2"]["epoch"] == 2 and docs["n1"]["forced"] == 1
         got = cli("kv", "get", "before", "--addr", n2.addr, "--json")
         assert got.returncode == 0 and json.loads(got.stdout)["value"] == "1", got

@@ -1,8 +1,8 @@
 """Operating dpeer as a user does: real `dpeer` processes on 127.0.0.1, driven through the CLI
 (the helpers live in tests/support/daemons.py).
 
-Every daemon a test starts is a process of its own session; the fixture SIGKILLs exactly those
-PIDs at the end, whatever happened, and prints their logs when the test failed.
+Every daemon a test starts is a process of its own session; the fixtures SIGKILL exactly those
+at the end, whatever happened, and print their logs when the test failed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.support.daemons import Daemons
+from tests.support.daemons import Daemons, tear_down
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -23,14 +23,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
     return report
 
 
+def failed(request: pytest.FixtureRequest) -> bool:
+    """Whether the test's call phase failed (the hook above records it)."""
+    rep = getattr(request.node, "rep_call", None)
+    return rep is not None and rep.failed
+
+
 @pytest.fixture
 def daemons(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Daemons]:
     """A Daemons whose processes are all SIGKILLed at the end; their logs printed on failure."""
     made = Daemons(tmp_path)
     yield made
-    made.kill_all()
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        for daemon in made.started:
-            print(f"--- log of {daemon.node_id} ({daemon.addr}), exit {daemon.proc.returncode} ---")
-            print(daemon.tail(60))
+    tear_down([made], failed(request))

@@ -10,9 +10,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from dpeer.launch.cluster import LocalCluster
 from tests.integration.conftest import make_cluster  # noqa: F401 - a fixture
-from tests.support.cluster import run
+from tests.support.daemons import Daemons, run
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "jobs.md"
 TIMEOUT = 240.0
@@ -33,9 +32,9 @@ def test_the_guides_module_trains_on_two_boxes_from_outside_the_repository(make_
     (jobs / "myjob.py").write_text(next(b for b in blocks("python") if "def build(" in b))
     config = yaml.safe_load(next(b for b in blocks("yaml") if "myjob:build" in b))
     assert config["job"] == "myjob:build"
-    del config["job"]  # LocalCluster passes it as --job
+    del config["job"]  # the cluster passes it as --job
     config["training"].update(steps=60, checkpoint_every=0)  # short, on a shared machine
-    cluster: LocalCluster = make_cluster(2, job="myjob:build", config=config, env={"PYTHONPATH": str(jobs)})
+    cluster: Daemons = make_cluster(2, job="myjob:build", config=config, env={"PYTHONPATH": str(jobs)})
     cluster.start_all()
 
     def finished(docs: dict) -> bool:

@@ -1,8 +1,10 @@
-"""Real `dpeer` processes on 127.0.0.1 driven through the CLI, as a user drives them: the
-daemons a test starts (Daemons), CLI calls, and waits on their status documents.
+"""The tests' one harness of real `dpeer` processes on 127.0.0.1: the daemons a test starts,
+signals, kills, restarts and reads (Daemons, a LocalCluster with daemons of its own), CLI calls
+as a user makes them, and waits on status documents.
 
-Every daemon a test starts is a process of its own session; tests/operate/conftest.py's
-`daemons` fixture SIGKILLs exactly those PIDs at the end and prints their logs on failure.
+Every daemon is a process of its own session; the `daemons` and `make_cluster` fixtures
+(tests/operate/conftest.py, tests/integration/conftest.py) SIGKILL exactly those at the end and
+print their logs on failure.
 """
 
 from __future__ import annotations
@@ -10,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from dpeer import errors
-from dpeer.launch.cluster import free_port_block
+from dpeer.launch.cluster import LocalCluster, LocalNode, free_port_block
 from dpeer.daemon.config import NodeConfig
 from dpeer.transport.client import NodeClient
 from dpeer.transport.options import Security
@@ -29,19 +30,22 @@ WAIT = 60.0  # bound on any wait for a cluster to form or settle (the machine is
 DEFAULT_MAX_VOTERS = NodeConfig.model_fields["max_voters"].default
 
 
+def clean_env() -> dict[str, str]:
+    """This process's environment without its DPEER_ variables (DPEER_SLOW stays)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DPEER_") or k == "DPEER_SLOW"}
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60.0,
         cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run `dpeer ARGS...` as an operator would and return its exit code, stdout and stderr."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_") or k == "DPEER_SLOW"}
-    full_env.update(env or {})
-    return subprocess.run([*DPEER, *args], capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+    return subprocess.run([*DPEER, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**clean_env(), **(env or {})}, cwd=cwd)
 
 
 def cli_many(commands: Sequence[Sequence[str]], env: dict[str, str] | None = None,
              timeout: float = 90.0) -> list[subprocess.CompletedProcess]:
     """Run several CLI invocations at once (each start pays Python's and grpc's import cost)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_") or k == "DPEER_SLOW"}
-    full_env.update(env or {})
+    full_env = {**clean_env(), **(env or {})}
     procs = [subprocess.Popen([*DPEER, *c], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
              for c in commands]
     out = []
@@ -68,19 +72,12 @@ def one_sentence(stderr: str) -> str:
 
 
 @dataclass
-class Daemon:
-    """One `dpeer start` process."""
+class Daemon(LocalNode):
+    """One `dpeer start` process of a Daemons: a LocalNode with its own config file and
+    environment (kept for its restarts), and its log."""
 
-    node_id: str
-    addr: str
-    data_dir: Path
-    log_path: Path
-    proc: subprocess.Popen
-
-    @property
-    def running(self) -> bool:
-        """True while the process lives."""
-        return self.proc.poll() is None
+    config: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
 
     def log_lines(self) -> list[dict[str, Any]]:
         """The daemon's JSON log lines (lines that are not JSON are skipped)."""
@@ -96,66 +93,125 @@ class Daemon:
 
     def tail(self, lines: int = 40) -> str:
         """The end of its log, for failure messages."""
+        if not self.log_path.exists():
+            return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def wait_exit(self, timeout: float = WAIT) -> int:
         """Wait for the process to end on its own; its exit code."""
+        assert self.proc is not None, f"{self.node_id} was never started"
         return self.proc.wait(timeout=timeout)
 
 
-class Daemons:
-    """Starts `dpeer start` processes and ends exactly those, by PID."""
+class Daemons(LocalCluster):
+    """The tests' real-process harness: starts, signals, kills and restarts `dpeer start` daemons
+    on 127.0.0.1 and reads their status; every process it ends is one it started.
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.started: list[Daemon] = []
-        self._ports = free_port_block(8, start=21000 + (os.getpid() % 200) * 100)
+    Daemons(root, size, job=..., config={...}) lays out a LocalCluster of n1..nSIZE (start_all
+    forms it); start("n4", ...) adds a daemon of its own (config file, environment, flags, port of
+    this test's block) at any time. Daemons run without the runner's DPEER_ variables (but
+    DPEER_SLOW), so only what a test passes configures them.
+    """
+
+    def __init__(self, root: Path, size: int = 0, **kwargs: Any) -> None:
+        super().__init__(root, size, **kwargs)
+        self.nodes: list[Daemon] = [Daemon(n.node_id, n.port, n.data_dir, n.log_path, host=n.host, prefix=n.prefix)
+                                    for n in self.nodes]
+        self._ports: int | None = None
         self._next = 0
 
     def port(self) -> int:
         """A port of this test's free block (gRPC listen ports, metrics ports)."""
+        if self._ports is None:
+            self._ports = free_port_block(8, start=21000 + (os.getpid() % 200) * 100)
         port = self._ports + self._next
         self._next += 1
         if self._next >= 16:
             raise RuntimeError("the test used up its block of ports")
         return port
 
-    def start(self, node_id: str, *, join: Sequence[str] = (), config: Path | None = None,
+    def start(self, node: Daemon | str, join: Sequence[str] | None = None, *, config: Path | None = None,
               env: dict[str, str] | None = None, extra: Sequence[str] = (), listen: str | None = None) -> Daemon:
-        """Start a daemon on 127.0.0.1 (a port of the block unless listen is given)."""
-        addr = listen or f"127.0.0.1:{self.port()}"
-        data_dir = self.root / node_id
-        log_path = self.root / f"{node_id}.log"
-        cmd = [*DPEER, "start", "--node-id", node_id, "--listen", addr, "--data-dir", str(data_dir), *extra]
-        if join:
-            cmd += ["--join", ",".join(join)]
-        if config is not None:
-            cmd += ["--config", str(config)]
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("DPEER_") or k == "DPEER_SLOW"}
-        full_env.update({"PYTHONUNBUFFERED": "1", **(env or {})})
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-        daemon = Daemon(node_id, addr, data_dir, log_path, proc)
-        self.started.append(daemon)
-        return daemon
+        """Start a daemon: one of ours again (as first started), or a new one named `node` on
+        `listen` (default a port of the block) with its config file, environment and flags.
+        join: addresses to join through; default every other node of ours for one of ours, none
+        for a new one."""
+        if isinstance(node, str):
+            host, _, port = (listen or f"127.0.0.1:{self.port()}").rpartition(":")
+            node = Daemon(node, int(port), self.root / node, self.root / f"{node}.log", host=host,
+                          flags=list(extra), config=config, env=dict(env or {}))
+            self.nodes.append(node)
+            join = join or []
+        if node.running:
+            raise RuntimeError(f"{node.node_id} is already running")
+        peers = join if join is not None else [n.addr for n in self.nodes if n is not node]
+        cmd = [*node.prefix, sys.executable, "-m", *self.entry, "--node-id", node.node_id,
+               "--listen", node.addr, "--data-dir", str(node.data_dir), *node.flags]
+        if peers:
+            cmd += ["--join", ",".join(peers)]
+        if self.job:
+            cmd += ["--job", self.job]
+        conf = node.config or self._config_file()
+        if conf is not None:
+            cmd += ["--config", str(conf)]
+        full_env = {**clean_env(), "PYTHONUNBUFFERED": "1", **self.env, **node.env}
+        with open(node.log_path, "ab") as log:
+            node.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                                         start_new_session=True)
+        node.starts += 1
+        return node
 
     def signal(self, daemon: Daemon, sig: int) -> None:
-        """Send sig to the daemon's process (only ever one this fixture started)."""
+        """Send sig to the daemon's process alone (kill() signals its process group, worker too)."""
         if daemon.running:
             os.kill(daemon.proc.pid, sig)
 
-    def kill_all(self) -> None:
-        """SIGKILL every daemon still running, by its PID, and reap it."""
-        for daemon in self.started:
-            if daemon.running:
-                try:
-                    os.kill(daemon.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            try:
-                daemon.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
+    async def formed(self, size: int) -> dict:
+        """Wait until every running daemon sees `size` alive members, one shared leader, a group
+        of `size` and the voters filled up to the default cap (the leader may commit the group
+        first); the statuses."""
+        def ok(docs: dict) -> bool:
+            live = [d for d in docs.values() if d is not None]
+            if len(live) != len([n for n in self.nodes if n.running]):
+                return False
+            leaders = {d["leader"] for d in live}
+            return (len(leaders) == 1 and None not in leaders
+                    and all(sum(m["state"] == "alive" for m in d["members"]) == size for d in live)
+                    and all(d["group"] is not None and d["group"]["world_size"] == size for d in live)
+                    and all(len(d["voters"]) == min(size, DEFAULT_MAX_VOTERS) for d in live))
+        return await self.wait_for(ok, WAIT, f"{size} members with one leader")
+
+
+def tear_down(made: list[Daemons], failed: bool) -> None:
+    """A test's end: SIGKILL every daemon of `made` still running; print their logs if it failed."""
+    for harness in made:
+        harness.stop_all()
+    for daemon in (d for harness in made for d in harness.nodes if failed and d.proc is not None):
+        print(f"--- log of {daemon.node_id} ({daemon.addr}), exit {daemon.proc.returncode} ---")
+        print(daemon.tail(60))
+
+
+def run(coro: Any) -> Any:
+    """Run one coroutine to completion (tests stay plain functions)."""
+    return asyncio.run(coro)
+
+
+def states_by(docs: dict, observer: str) -> dict[str, str]:
+    """Each member's gossip state as `observer`'s status document shows it."""
+    return {m["node_id"]: m["state"] for m in docs[observer]["members"]}
+
+
+async def force_when_allowed(addr: str, voters: str, timeout: float = 90.0) -> subprocess.CompletedProcess:
+    """Run `dpeer force` until the guard lets it through (no leader for 2 x the longest election
+    timeout: 24 s on lan); every refusal on the way must be that wait, nothing else."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        forced = cli("force", "--addr", addr, "--voters", voters, "--yes")
+        if forced.returncode == 0:
+            return forced
+        assert forced.returncode == 1 and "a leader was known" in forced.stderr, forced.stderr
+        assert asyncio.get_running_loop().time() < deadline, forced.stderr
+        await asyncio.sleep(2.0)
 
 
 async def status_of(addr: str, security: Security | None = None, timeout: float = 3.0) -> dict[str, Any] | None:

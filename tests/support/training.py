@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from dpeer.launch.cluster import LocalCluster
 from dpeer.trainer.audit import audit, read_records
 from dpeer.trainer.demo import DEFAULTS
 from dpeer.trainer.sampler import GlobalBatchSampler
-from tests.support.cluster import run
+from tests.support.daemons import Daemons, run
 
 BATCH, MICRO_BATCH = 16, 8  # the global batch and micro-batch of the training tests' configs
 TIMEOUT = 120.0
@@ -23,7 +22,7 @@ def world(doc: dict | None) -> int:
     return doc["group"]["world_size"] if doc and doc.get("group") else 0
 
 
-async def training(cluster: LocalCluster, nodes: list[str], size: int, past: int = 0) -> dict:
+async def training(cluster: Daemons, nodes: list[str], size: int, past: int = 0) -> dict:
     """Wait until `nodes` train in a group of `size`, each beyond step `past`."""
     def ok(docs: dict) -> bool:
         return all(world(docs.get(n)) == size and (docs[n].get("train") or {}).get("step", -1) > past
@@ -31,13 +30,13 @@ async def training(cluster: LocalCluster, nodes: list[str], size: int, past: int
     return await cluster.wait_for(ok, TIMEOUT, f"{nodes} training in a group of {size} past step {past}")
 
 
-async def finished(cluster: LocalCluster) -> None:
+async def finished(cluster: Daemons) -> None:
     def ok(docs: dict) -> bool:
         return all(d and d["worker"] and d["worker"]["done"] for d in docs.values())
     await cluster.wait_for(ok, 3 * TIMEOUT, "every worker done", interval=0.5)
 
 
-def final_params(cluster: LocalCluster, node: str) -> dict[str, torch.Tensor]:
+def final_params(cluster: Daemons, node: str) -> dict[str, torch.Tensor]:
     return torch.load(cluster.node(node).data_dir / "worker" / "final.pt", weights_only=True)
 
 
@@ -45,7 +44,7 @@ def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
     return max(float((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)) for k in a)
 
 
-def assert_exact(cluster: LocalCluster, steps: int, finishers: list[str]) -> dict[str, torch.Tensor]:
+def assert_exact(cluster: Daemons, steps: int, finishers: list[str]) -> dict[str, torch.Tensor]:
     """Ledgers audit clean over `steps` and the finishers end identical; returns one final model."""
     sampler = GlobalBatchSampler(DEFAULTS["dataset_len"], BATCH, DEFAULTS["seed"])
     ledgers = {n.node_id: read_records(str(n.data_dir / "worker" / "ledger.jsonl")) for n in cluster.nodes}
@@ -56,9 +55,9 @@ def assert_exact(cluster: LocalCluster, steps: int, finishers: list[str]) -> dic
     return finals[finishers[0]]
 
 
-def assert_matches_clean_run(cluster: LocalCluster, config: dict, final: dict[str, torch.Tensor]) -> None:
+def assert_matches_clean_run(cluster: Daemons, config: dict, final: dict[str, torch.Tensor]) -> None:
     """Train the same job on one box without failures; the final models agree within 1e-4."""
-    reference = LocalCluster(cluster.root.parent / "reference", 1, job="demo", config=config)
+    reference = Daemons(cluster.root.parent / "reference", 1, job="demo", config=config)
     try:
         reference.start_all()
         run(finished(reference))

@@ -1,12 +1,19 @@
-"""A hand-driven network of RaftNodes for step-by-step tests: nothing moves unless told to."""
+"""The simulated-Raft harness, driven by hand: Raft nodes on disks that carry store uids, and a
+wire on which nothing moves unless told to, for step-by-step tests. raft_sim.RaftCluster runs
+nodes on the same disks (Disks), checked the same way (raft_checker.Checker at every persisted
+Ready), on dpeer.sim's Simulator under seeded chaos instead.
+"""
 
 from __future__ import annotations
 
 import random
 from typing import Any, Callable
 
+from raft_checker import Checker
+
 from dpeer.consensus import MemoryStorage, Peer, RaftConfig, RaftNode, Ready, Role, bootstrap
 from dpeer.consensus.ready import drive, persist
+from dpeer.consensus.voting import VotingConfig
 from dpeer.statemachine.entry import Entry, EntryKind
 
 CFG = RaftConfig(heartbeat_interval=0.1, election_timeout_min=1.0, election_timeout_max=2.0)
@@ -27,13 +34,37 @@ def uid_for(nid: str, disk: int = 0) -> str:
     return "%032x" % random.Random(f"{nid}/{disk}").getrandbits(128)
 
 
+class Disks:
+    """Each node's current disk, a MemoryStorage under its store uid, and the founding
+    configuration a box's own config names: what a new disk holds (a joiner's holds nothing)."""
+
+    def __init__(self, voters: list[str], learners: list[str], uids: dict[str, str]) -> None:
+        self.voters, self.learners, self.founding = voters, learners, uids
+        self.storages: dict[str, MemoryStorage] = {}
+
+    def new(self, nid: str, uid: str, founded: bool = True) -> MemoryStorage:
+        """Give nid a new disk under uid (founded: holding the founding configuration)."""
+        st = MemoryStorage(uid)
+        if founded:
+            bootstrap(st, self.voters, self.learners, uids=self.founding)
+        self.storages[nid] = st
+        return st
+
+    def intact_voters(self, conf: VotingConfig, without: str = "") -> set[str]:
+        """Voters of conf whose store is still the one it names."""
+        return {v for v in conf.voters if v != without and self.storages[v].uid == conf.uid_of(v)}
+
+
 class RaftNet:
-    """Nodes over MemoryStorage; messages queue until deliver() and may be cut or filtered."""
+    """Nodes over Disks whose messages queue until deliver() and may be cut or filtered; a
+    Checker checks Raft's invariants at every persisted Ready and applied entry."""
 
     def __init__(self, ids: list[str], voters: list[str] | None = None,
                  learners: list[str] = (), joiners: list[str] = (), cfg: RaftConfig = CFG) -> None:
         self.now, self.cfg = 0.0, cfg
-        self.storages: dict[str, MemoryStorage] = {}
+        self.disks = Disks(list(voters or ids), list(learners), {n: uid_for(n) for n in ids})
+        self.storages = self.disks.storages
+        self.checker = Checker(len(self.disks.voters) // 2 + 1)
         self.nodes: dict[str, RaftNode] = {}
         self.applied: dict[str, list[Entry]] = {}
         self.readies: dict[str, list[Ready]] = {}
@@ -41,18 +72,14 @@ class RaftNet:
         self.cut: set[tuple[str, str]] = set()
         self.drop: Callable[[str, str, Any], bool] = lambda s, d, m: False
         self.rewrite: Callable[[str, str, Any], Any] = lambda s, d, m: m
-        self.founding = (list(voters or ids), list(learners), {n: uid_for(n) for n in ids})
-        self.disks: dict[str, int] = {}
+        self.wipes: dict[str, int] = {}
         for i, nid in enumerate(list(ids) + list(joiners)):
-            st = MemoryStorage(uid_for(nid))
-            if nid not in joiners:
-                self._bootstrap(st)
-            self.storages[nid], self.applied[nid], self.readies[nid] = st, [], []
-            self.nodes[nid] = RaftNode(nid, st, cfg, random.Random(i), self.now)
+            self.disks.new(nid, uid_for(nid), founded=nid not in joiners)
+            self.applied[nid], self.readies[nid] = [], []
+            self._boot(nid, random.Random(i))
 
-    def _bootstrap(self, st: MemoryStorage) -> None:
-        voters, learners, uids = self.founding
-        bootstrap(st, voters, learners, uids=uids)
+    def _boot(self, nid: str, rng: random.Random) -> None:
+        self.nodes[nid] = RaftNode(nid, self.storages[nid], self.cfg, rng, self.now)
 
     def uid(self, nid: str) -> str:
         """The store uid of node nid's current disk."""
@@ -124,17 +151,17 @@ class RaftNet:
     def restart(self, nid: str) -> None:
         """Crash nid (losing unpersisted state and queued messages to it) and rebuild it."""
         self.queue = [q for q in self.queue if nid not in (q[0].node_id, q[1])]
-        self.nodes[nid] = RaftNode(nid, self.storages[nid], self.cfg, random.Random(99), self.now)
+        self._boot(nid, random.Random(99))
 
     def wipe(self, nid: str) -> None:
         """Crash nid and restart it on a new disk under the same node id: a new store uid, and
         only the founding configuration (what the box's own config names) in its log."""
         self.queue = [q for q in self.queue if nid not in (q[0].node_id, q[1])]
-        self.disks[nid] = self.disks.get(nid, 0) + 1
-        st = MemoryStorage(uid_for(nid, self.disks[nid]))
-        self._bootstrap(st)
-        self.storages[nid], self.applied[nid] = st, []
-        self.nodes[nid] = RaftNode(nid, st, self.cfg, random.Random(98), self.now)
+        self.wipes[nid] = self.wipes.get(nid, 0) + 1
+        self.disks.new(nid, uid_for(nid, self.wipes[nid]))
+        self.applied[nid] = []
+        self.checker.forget(nid)
+        self._boot(nid, random.Random(98))
 
     def leaders(self) -> list[str]:
         """Nodes that believe they lead."""
@@ -152,7 +179,7 @@ class RaftNet:
 
 
 class _Flush:
-    """The RaftNet's ReadyHandler for one node: its MemoryStorage, its applied list, the queue."""
+    """The RaftNet's ReadyHandler for one node: its disk, its applied list, the queue, the checker."""
 
     def __init__(self, net: RaftNet, nid: str) -> None:
         self.net, self.nid, self.st = net, nid, net.storages[nid]
@@ -164,6 +191,7 @@ class _Flush:
         for e in entries:
             self.st.apply_to(e.index)
             self.net.applied[self.nid].append(e)
+            self.net.checker.on_apply(self.nid, e, False)
 
     def send(self, messages: tuple) -> None:
         me = self.net.nodes[self.nid].identity
@@ -171,3 +199,4 @@ class _Flush:
 
     def observe(self, rd: Ready) -> None:
         self.net.readies[self.nid].append(rd)
+        self.net.checker.on_ready(self.nid, self.net.nodes[self.nid], rd)
