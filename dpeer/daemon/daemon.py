@@ -23,7 +23,7 @@ from dpeer.consensus import bootstrap
 from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.node.leader_chores import LeaderChores
-from dpeer.daemon.node.member_record import MemberRecordSync
+from dpeer.daemon.node.record_sync import MemberRecordSync
 from dpeer.daemon.node.resyncer import Resyncer
 from dpeer.daemon.node.storage_adapter import StoreStorage
 from dpeer.daemon.node.this_box import ThisBox

@@ -5,11 +5,11 @@ from dpeer.membership.core import Datagram, Membership
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
-    MemberAlive,
+    SeenAlive,
     MemberChanged,
-    MemberDead,
-    MemberLeft,
-    MemberSuspect,
+    SeenDead,
+    SeenLeft,
+    SeenSuspect,
 )
 from dpeer.membership.messages import (
     Ack,
@@ -28,8 +28,8 @@ from dpeer.membership.messages import (
 )
 
 __all__ = [
-    "Ack", "Datagram", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "MemberAlive",
-    "MemberChanged", "MemberDead", "MemberLeft", "MemberRecord", "MemberState", "MemberSuspect", "Membership",
+    "Ack", "Datagram", "Effect", "Gossip", "Heartbeat", "HeartbeatObserved", "InvalidMessage", "SeenAlive",
+    "MemberChanged", "SeenDead", "SeenLeft", "MemberRecord", "MemberState", "SeenSuspect", "Membership",
     "MembershipConfig", "Message", "Nack", "Ping", "PingReq", "PushPull", "Update",
     "edge", "lan", "preset", "wan", "wire_size",
 ]

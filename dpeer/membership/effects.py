@@ -22,7 +22,7 @@ class MemberChanged:
 
 
 @dataclass(frozen=True, slots=True)
-class MemberAlive(MemberChanged):
+class SeenAlive(MemberChanged):
     """A member joined, or came back with a higher incarnation, at `addr`."""
 
     state: ClassVar[MemberState] = MemberState.ALIVE
@@ -30,7 +30,7 @@ class MemberAlive(MemberChanged):
 
 
 @dataclass(frozen=True, slots=True)
-class MemberSuspect(MemberChanged):
+class SeenSuspect(MemberChanged):
     """A member missed its probes (or refused a connection) and may be dead."""
 
     state: ClassVar[MemberState] = MemberState.SUSPECT
@@ -42,14 +42,14 @@ class MemberSuspect(MemberChanged):
 
 
 @dataclass(frozen=True, slots=True)
-class MemberDead(MemberChanged):
+class SeenDead(MemberChanged):
     """A suspicion expired unrefuted: the member is declared dead."""
 
     state: ClassVar[MemberState] = MemberState.DEAD
 
 
 @dataclass(frozen=True, slots=True)
-class MemberLeft(MemberChanged):
+class SeenLeft(MemberChanged):
     """A member left gracefully."""
 
     state: ClassVar[MemberState] = MemberState.LEFT

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from dpeer.membership.effects import (
     Effect,
     HeartbeatObserved,
-    MemberAlive,
-    MemberDead,
-    MemberLeft,
-    MemberSuspect,
+    SeenAlive,
+    SeenDead,
+    SeenLeft,
+    SeenSuspect,
 )
 from dpeer.membership.messages import Datagram, Gossip, Heartbeat, MemberRecord, MemberState, Update
 from dpeer.membership.state import LIVE, MemberRow, MemberTable, ProbeOrder
@@ -113,7 +113,7 @@ class Roster:
             self.table.set_addr(member, addr)
         if member.state is not ALIVE:
             self.table.set_state(member, ALIVE, now)
-            self.effects.append(MemberAlive(node_id, incarnation, addr))
+            self.effects.append(SeenAlive(node_id, incarnation, addr))
         node.dissemination.push(self.update_about(member))
 
     def suspect(
@@ -143,7 +143,7 @@ class Roster:
         member.suspicion = self._new_suspicion(now, origin, refused)
         member.suspicion.refused_here = here
         node.timers.set(member.suspicion.deadline, Timer.SUSPICION, node_id)
-        self.effects.append(MemberSuspect(node_id, incarnation, here))
+        self.effects.append(SeenSuspect(node_id, incarnation, here))
         update = Update(SUSPECT, node_id, member.addr, incarnation, origin, refused)
         node.dissemination.push(update)
         if origin == node.node_id:
@@ -171,7 +171,7 @@ class Roster:
         member.incarnation = incarnation
         member.suspicion = None
         self.table.set_state(member, state, now)
-        effect = MemberLeft if left else MemberDead
+        effect = SeenLeft if left else SeenDead
         self.effects.append(effect(node_id, incarnation))
         self.node.dissemination.push(Update(state, node_id, member.addr, incarnation, origin))
 
@@ -199,9 +199,9 @@ class Roster:
         if refused:
             changed = suspicion.expedite(now, self.node.config.refused_suspicion_timeout) or changed
         if here and not suspicion.refused_here:
-            # our own refusal backs a suspicion gossip brought first: say so once (see MemberSuspect)
+            # our own refusal backs a suspicion gossip brought first: say so once (see SeenSuspect)
             suspicion.refused_here = True
-            self.effects.append(MemberSuspect(member.node_id, member.incarnation, True))
+            self.effects.append(SeenSuspect(member.node_id, member.incarnation, True))
         if changed:
             self.node.timers.set(suspicion.deadline, Timer.SUSPICION, member.node_id)
             self.node.dissemination.push(
@@ -212,5 +212,5 @@ class Roster:
         self.table.add(member)
         self.order.insert(member.node_id)
         if member.state in LIVE:
-            self.effects.append(MemberAlive(member.node_id, member.incarnation, member.addr))
+            self.effects.append(SeenAlive(member.node_id, member.incarnation, member.addr))
             self.node.dissemination.push(self.update_about(member))

@@ -12,7 +12,7 @@ import pytest
 from dpeer.membership import (
     Effect,
     MemberChanged,
-    MemberDead,
+    SeenDead,
     MemberRecord,
     MemberState,
     MembershipConfig,
@@ -62,10 +62,10 @@ class SwimCluster:
         return self.sim.actor(observer).core.state_of(node_id)
 
     def deaths(self, node_id: str | None = None) -> list[tuple[float, str, str]]:
-        """(time, observer, dead node) for every MemberDead effect, optionally about one node."""
+        """(time, observer, dead node) for every SeenDead effect, optionally about one node."""
         return [
             (t, obs, e.node_id) for t, obs, e in self.log
-            if isinstance(e, MemberDead) and (node_id is None or e.node_id == node_id)
+            if isinstance(e, SeenDead) and (node_id is None or e.node_id == node_id)
         ]
 
     def all_see(self, node_id: str, states: set[MemberState], among: list[str] | None = None) -> bool:

@@ -8,11 +8,11 @@ from dpeer.membership import (
     Ack,
     Gossip,
     HeartbeatObserved,
-    MemberDead,
-    MemberLeft,
+    SeenDead,
+    SeenLeft,
     MemberRecord,
     MemberState,
-    MemberSuspect,
+    SeenSuspect,
     Membership,
     Nack,
     Ping,
@@ -68,14 +68,14 @@ def test_probe_timeout_ping_req_suspect_dead() -> None:
     out = advance(m, t0 + lan().probe_interval)
     assert m.state_of(ping.target) is SUSPECT
     assert any(d == dst and isinstance(msg, Gossip) and msg.updates[0].state is SUSPECT for d, msg in out)
-    assert any(isinstance(e, MemberSuspect) for e in m.drain_effects())
+    assert any(isinstance(e, SeenSuspect) for e in m.drain_effects())
     assert m.health_score == 3  # three relays sent no nack: maybe we are the sick one
     # N=5, no confirmations: the maximum timeout, 3 * 2 * max(1, log10 5) * 0.5 s = 3 s
     advance(m, t0 + lan().probe_interval + 2.9)
     assert m.state_of(ping.target) is SUSPECT
     advance(m, t0 + lan().probe_interval + 3.01)
     assert m.state_of(ping.target) is DEAD
-    assert [e for e in m.drain_effects() if isinstance(e, MemberDead)][0].node_id == ping.target
+    assert [e for e in m.drain_effects() if isinstance(e, SeenDead)][0].node_id == ping.target
 
 
 def test_ack_keeps_member_alive_and_health_good() -> None:
@@ -206,12 +206,12 @@ def test_only_our_own_refusal_marks_a_suspicion_refused_and_it_is_told_once() ->
     m = core()
     m.drain_effects()
     m.receive(1.0, Gossip(hb("b"), (Update(SUSPECT, "c", addr("c"), 0, "b", refused=True),)))
-    assert [e.refused for e in m.drain_effects() if isinstance(e, MemberSuspect)] == [False]  # relayed
+    assert [e.refused for e in m.drain_effects() if isinstance(e, SeenSuspect)] == [False]  # relayed
     m.receive(1.04, Gossip(hb("d"), (Update(SUSPECT, "c", addr("c"), 0, "a", refused=True),)))
-    assert not [e for e in m.drain_effects() if isinstance(e, MemberSuspect)]  # an echo naming us is still gossip
+    assert not [e for e in m.drain_effects() if isinstance(e, SeenSuspect)]  # an echo naming us is still gossip
     m.unreachable(1.05, addr("c"))
     m.unreachable(1.06, addr("c"))
-    assert [e.refused for e in m.drain_effects() if isinstance(e, MemberSuspect)] == [True]  # ours, once
+    assert [e.refused for e in m.drain_effects() if isinstance(e, SeenSuspect)] == [True]  # ours, once
 
 
 def test_retransmit_limit_bounds_piggybacking() -> None:
@@ -307,7 +307,7 @@ def test_graceful_leave_is_gossiped_and_stops_probing() -> None:
     assert out and all(isinstance(msg, Gossip) and msg.updates[0].state is LEFT for _, msg in out)
     peer.receive(1.01, out[0][1])
     assert peer.state_of("a") is LEFT
-    assert any(isinstance(e, MemberLeft) for e in peer.drain_effects())
+    assert any(isinstance(e, SeenLeft) for e in peer.drain_effects())
     later = advance(leaver, 10.0)
     assert not any(isinstance(msg, (Ping, PushPull)) for _, msg in later)
     # a leaving node does not refute its own departure

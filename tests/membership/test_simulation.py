@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from dpeer.membership import MemberDead, MemberState
+from dpeer.membership import SeenDead, MemberState
 from dpeer.sim.simulator import Simulator
 
 from .cluster import SwimCluster, first_time, make_cluster, slow
@@ -26,7 +26,7 @@ def no_false_death(cluster: SwimCluster, allowed: frozenset[str] = frozenset()) 
         log = cluster.log
         for i in range(seen[0], len(log)):
             t, observer, effect = log[i]
-            if isinstance(effect, MemberDead) and effect.node_id not in allowed:
+            if isinstance(effect, SeenDead) and effect.node_id not in allowed:
                 raise AssertionError(f"seed {sim.seed}: {observer} declared live {effect.node_id} dead at t={t:.3f}")
         seen[0] = len(log)
 

@@ -27,12 +27,12 @@ from dpeer.membership import (
     Ack,
     Gossip,
     HeartbeatObserved,
-    MemberAlive,
-    MemberDead,
-    MemberLeft,
+    SeenAlive,
+    SeenDead,
+    SeenLeft,
     MemberRecord,
     MemberState,
-    MemberSuspect,
+    SeenSuspect,
     Membership,
     Nack,
     Ping,
@@ -298,13 +298,13 @@ class Node:
             if not (state is MemberState.SUSPECT and self.since.get(effect.node_id, (None,))[0] is state):
                 self.since[effect.node_id] = (state, now)  # a suspicion told again keeps its start
             self.timers.poke()
-            refused = isinstance(effect, MemberSuspect) and effect.refused
-            if isinstance(effect, (MemberDead, MemberLeft)):
+            refused = isinstance(effect, SeenSuspect) and effect.refused
+            if isinstance(effect, (SeenDead, SeenLeft)):
                 self.sightings.declared_dead(effect.node_id, now)
-            if isinstance(effect, MemberAlive):
+            if isinstance(effect, SeenAlive):
                 self.addrs[effect.node_id] = effect.addr
                 self.raft.peer_alive(now, effect.node_id)
-            elif isinstance(effect, (MemberDead, MemberLeft)) or refused:
+            elif isinstance(effect, (SeenDead, SeenLeft)) or refused:
                 # a refused connection is near proof the process is gone: the successors need not
                 # wait out the suspicion (a wrong verdict costs a pre-vote the lease refuses)
                 self.raft.leader_lost(now, effect.node_id)

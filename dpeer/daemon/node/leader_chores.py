@@ -20,7 +20,7 @@ from dpeer.ids import Ids
 from dpeer.daemon.decide.failures import (
     REPEAT_LIMIT, FailurePhase, FailureReport, Streak, judge_build, judge_failure, reform_delay,
 )
-from dpeer.daemon.node.member_record import Box
+from dpeer.daemon.node.record_sync import Box
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.decide.sites import committed_sites
 from dpeer.daemon.timing import LeaderTiming

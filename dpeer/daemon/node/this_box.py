@@ -1,5 +1,5 @@
 """This box as its member record should say it now: its worker's store port and readiness, its
-site, and whether the daemon is leaving (node/member_record.py Box, read by the record's sync and
+site, and whether the daemon is leaving (node/record_sync.py Box, read by the record's sync and
 the leader's chores)."""
 
 from __future__ import annotations

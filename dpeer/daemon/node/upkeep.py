@@ -1,5 +1,5 @@
 """The node's own upkeep, run from the daemon's chores on every box: keep this box's member record
-current (node/member_record.py), notice when it became an active member (systemd's READY=1), say
+current (node/record_sync.py), notice when it became an active member (systemd's READY=1), say
 once per reason why no leader can be elected, and push-pull with committed members gossip does
 not know."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from dpeer.daemon.node.driver import Node
-from dpeer.daemon.node.member_record import MemberRecordSync
+from dpeer.daemon.node.record_sync import MemberRecordSync
 from dpeer.daemon.notify import Notifier
 from dpeer.daemon.serve.status import identity
 from dpeer.statemachine.state import MemberStatus

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 from dpeer import errors
 from dpeer.consensus import Role
-from dpeer.daemon.node import member_record
-from dpeer.daemon.node.member_record import MemberRecordSync
+from dpeer.daemon.node import record_sync
+from dpeer.daemon.node.record_sync import MemberRecordSync
 from dpeer.transport.calls import JoinReply
 from tests.house.loop import VirtualLoop
 
@@ -89,14 +89,14 @@ def test_a_refused_seed_is_tried_again_while_another_holds_the_request() -> None
     node, transport, took = _round({"n1": ("refuse_until", 0.3), "n3": ("hold",)})
     assert node.admitted_by == "n1" and node.nudged == 1
     assert transport.calls[:2] == [(0.0, "n1"), (0.0, "n3")]
-    assert transport.calls[-1] == (member_record.JOIN_RETRY, "n1")
-    assert took == member_record.JOIN_RETRY  # not the 5 s the held request would have cost
+    assert transport.calls[-1] == (record_sync.JOIN_RETRY, "n1")
+    assert took == record_sync.JOIN_RETRY  # not the 5 s the held request would have cost
 
 
 def test_a_seed_that_holds_the_request_does_not_hold_up_the_next() -> None:
     node, transport, took = _round({"n3": ("hold",), "n1": ("refuse_until", 0.0)})
-    assert transport.calls == [(0.0, "n3"), (member_record.HEDGE, "n1")] and node.admitted_by == "n1"
-    assert took == member_record.HEDGE
+    assert transport.calls == [(0.0, "n3"), (record_sync.HEDGE, "n1")] and node.admitted_by == "n1"
+    assert took == record_sync.HEDGE
 
 
 def test_a_known_leader_is_asked_alone_while_it_commits() -> None:
@@ -108,9 +108,9 @@ def test_a_known_leader_is_asked_alone_while_it_commits() -> None:
 def test_a_round_that_finds_no_one_ends_within_its_bound() -> None:
     node, transport, took = _round({"n1": ("refuse_until", 1e9), "n3": ("hold",)})
     assert node.admitted_by is None and node.nudged == 0
-    assert took <= member_record.ROUND + 1e-9
+    assert took <= record_sync.ROUND + 1e-9
     assert [a for _, a in transport.calls].count("n3") == 1  # never two requests to one address at once
-    assert [a for _, a in transport.calls].count("n1") >= member_record.ROUND / member_record.JOIN_RETRY - 1
+    assert [a for _, a in transport.calls].count("n1") >= record_sync.ROUND / record_sync.JOIN_RETRY - 1
 
 
 HELD = "node id n2 is held by a live member at 127.0.0.1:9 (store 3fa2b0c1); give this box another --node-id, ..."
@@ -125,7 +125,7 @@ def _rounds(peers: dict[str, tuple], rounds: int) -> tuple[_Node, MemberRecordSy
 
         async def main() -> None:
             for _ in range(rounds):
-                await asyncio.sleep(member_record.JOIN_RETRY)
+                await asyncio.sleep(record_sync.JOIN_RETRY)
                 sync(loop.time())
                 if sync.task is not None:
                     await sync.task
@@ -138,13 +138,13 @@ def _rounds(peers: dict[str, tuple], rounds: int) -> tuple[_Node, MemberRecordSy
 def test_a_refusal_told_again_and_again_stops_the_daemon_with_its_sentence() -> None:
     node, sync, transport = _rounds({"n1": ("deny", HELD)}, rounds=6)
     assert sync.refusal == HELD and node.stopped
-    assert len(transport.calls) == member_record.REFUSALS_TO_STOP  # and no update after it stopped
+    assert len(transport.calls) == record_sync.REFUSALS_TO_STOP  # and no update after it stopped
 
 
 def test_a_leader_that_cannot_tell_yet_is_asked_again_without_stopping() -> None:
     node, sync, transport = _rounds({"n1": ("busy",)}, rounds=2)
     assert sync.refusal is None and not node.stopped
-    assert len(transport.calls) > member_record.REFUSALS_TO_STOP
+    assert len(transport.calls) > record_sync.REFUSALS_TO_STOP
 
 
 def test_refusals_that_differ_do_not_add_up() -> None:
@@ -170,7 +170,7 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
                 sync(loop.time())
                 if sync.task is not None:
                     await sync.task
-                await asyncio.sleep(member_record.JOIN_RETRY)
+                await asyncio.sleep(record_sync.JOIN_RETRY)
         loop.run_until_complete(main())
     finally:
         loop.close()
