@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dpeer.membership import (  # noqa: E402
-    Effect, MemberAlive, MemberDead, MemberLeft, MemberRecord, MemberState, MembershipConfig, lan, wire_size,
+    Effect, SeenAlive, SeenDead, SeenLeft, MemberRecord, MemberState, MembershipConfig, lan, wire_size,
 )
 from dpeer.membership.sim_adapter import SimMember, sim_addr  # noqa: E402
 from dpeer.sim.network import LinkPolicy, SimNetwork  # noqa: E402
@@ -49,9 +49,9 @@ class SimRun:
 
     def sink(self, now: float, observer: str, effect: Effect) -> None:
         """Keep the first time each observer saw each (kind, node) change."""
-        if isinstance(effect, (MemberAlive, MemberDead, MemberLeft)):
+        if isinstance(effect, (SeenAlive, SeenDead, SeenLeft)):
             self.seen.setdefault((type(effect), effect.node_id), {}).setdefault(observer, now)
-            self.deaths += isinstance(effect, MemberDead)
+            self.deaths += isinstance(effect, SeenDead)
 
     def count(self, kind: type, node_id: str) -> int:
         """How many observers have seen this change."""
@@ -93,8 +93,8 @@ def fig_crash_detection(n: int, seed: int) -> tuple[float, float]:
     run.sim.run_until(WARMUP)
     victim = run.ids[n // 2]
     run.sim.crash(victim)
-    run.run_until_seen(MemberDead, victim, n - 1, 30.0)
-    delays = run.times(MemberDead, victim, WARMUP)
+    run.run_until_seen(SeenDead, victim, n - 1, 30.0)
+    delays = run.times(SeenDead, victim, WARMUP)
     return delays[0], quantile_time(delays, 1.0, n - 1)
 
 
@@ -104,8 +104,8 @@ def fig_pause_detection(n: int, seed: int) -> tuple[float, float]:
     run.sim.run_until(WARMUP)
     victim = run.ids[n // 2]
     run.sim.pause(victim)
-    run.run_until_seen(MemberDead, victim, n - 1, 30.0)
-    delays = run.times(MemberDead, victim, WARMUP)
+    run.run_until_seen(SeenDead, victim, n - 1, 30.0)
+    delays = run.times(SeenDead, victim, WARMUP)
     return delays[0], quantile_time(delays, 1.0, n - 1)
 
 
@@ -114,8 +114,8 @@ def fig_join_dissemination(n: int, seed: int) -> float:
     run = build(n, seed)
     run.sim.run_until(WARMUP)
     run.sim.add("joiner", SimMember("joiner", run.config, seed, run.sim.now, seeds=[run.ids[0]], sink=run.sink))
-    run.run_until_seen(MemberAlive, "joiner", math.ceil(0.9999 * n), 30.0)
-    return quantile_time(run.times(MemberAlive, "joiner", WARMUP), 0.9999, n)
+    run.run_until_seen(SeenAlive, "joiner", math.ceil(0.9999 * n), 30.0)
+    return quantile_time(run.times(SeenAlive, "joiner", WARMUP), 0.9999, n)
 
 
 def fig_leave_dissemination(n: int, seed: int) -> float:
@@ -124,9 +124,9 @@ def fig_leave_dissemination(n: int, seed: int) -> float:
     run.sim.run_until(WARMUP)
     leaver = run.sim.actor(run.ids[1])
     leaver.request_leave()
-    run.run_until_seen(MemberLeft, run.ids[1], math.ceil(0.9999 * (n - 1)), 30.0)
+    run.run_until_seen(SeenLeft, run.ids[1], math.ceil(0.9999 * (n - 1)), 30.0)
     assert leaver.left_at is not None
-    return quantile_time(run.times(MemberLeft, run.ids[1], leaver.left_at), 0.9999, n - 1)
+    return quantile_time(run.times(SeenLeft, run.ids[1], leaver.left_at), 0.9999, n - 1)
 
 
 def fig_steady_load(n: int, seed: int, window: float) -> tuple[float, float]:

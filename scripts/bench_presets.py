@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_membership as bench  # noqa: E402
-from dpeer.membership import MemberDead, preset  # noqa: E402
+from dpeer.membership import SeenDead, preset  # noqa: E402
 
 NODES, SEEDS = 10, (1, 2, 3)
 
@@ -26,8 +26,8 @@ def all_dead(name: str, seed: int, how: str) -> float:
     run.sim.run_until(bench.WARMUP)
     victim = run.ids[NODES // 2]
     getattr(run.sim, how)(victim)
-    run.run_until_seen(MemberDead, victim, NODES - 1, 300.0)
-    return bench.quantile_time(run.times(MemberDead, victim, bench.WARMUP), 1.0, NODES - 1)
+    run.run_until_seen(SeenDead, victim, NODES - 1, 300.0)
+    return bench.quantile_time(run.times(SeenDead, victim, bench.WARMUP), 1.0, NODES - 1)
 
 
 def main() -> None:
