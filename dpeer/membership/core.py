@@ -29,7 +29,7 @@ from dpeer.membership.messages import (
 from dpeer.membership.probing import Prober
 from dpeer.membership.refutation import Refuter
 from dpeer.membership.roster import Roster
-from dpeer.membership.state import LIVE
+from dpeer.membership.table import LIVE
 from dpeer.membership.timers import NEVER, Timer, Timers
 
 ALIVE, LEFT = MemberState.ALIVE, MemberState.LEFT

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from dpeer.membership.broadcast import BroadcastQueue, retransmit_limit
 from dpeer.membership.messages import Datagram, Gossip, MemberState, PushPull, Update
-from dpeer.membership.state import LIVE, MemberRow
+from dpeer.membership.table import LIVE, MemberRow
 from dpeer.membership.timers import NEVER
 
 if TYPE_CHECKING:

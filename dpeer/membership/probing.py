@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from dpeer.membership.awareness import Awareness
 from dpeer.membership.messages import Ack, Datagram, MemberState, Nack, Ping, PingReq
-from dpeer.membership.state import LIVE
+from dpeer.membership.table import LIVE
 from dpeer.membership.timers import NEVER, Timer
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import math
 from typing import TYPE_CHECKING
 
 from dpeer.membership.messages import Datagram, Gossip
-from dpeer.membership.state import LIVE
+from dpeer.membership.table import LIVE
 from dpeer.membership.timers import Timer
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from dpeer.membership.effects import (
     SeenSuspect,
 )
 from dpeer.membership.messages import Datagram, Gossip, Heartbeat, MemberRecord, MemberState, Update
-from dpeer.membership.state import LIVE, MemberRow, MemberTable, ProbeOrder
+from dpeer.membership.table import LIVE, MemberRow, MemberTable, ProbeOrder
 from dpeer.membership.suspicion import Suspicion, suspicion_timeout
 from dpeer.membership.timers import Timer
 
