@@ -287,8 +287,11 @@ def _check_env(env: lmdb.Environment, path: Path, node_id: str | None, salvaged:
     fields = _read_meta_fields(env)
     if fields is None:
         return _create(env, path, node_id, salvaged, ids)
-    check_version(fields)
+    # A missing or malformed format_version is damage like any bad field (also an empty meta
+    # sub-db: power lost in _create between _open_dbs and the meta record); a newer one raises
+    # StoreFormatError, refused and left untouched.
     try:
+        check_version(fields)
         meta = parse_meta(fields)
     except BadMeta as exc:
         raise _Unusable(str(exc), fields) from exc
