@@ -12,7 +12,7 @@ from dpeer.daemon.config import NodeConfig
 from dpeer.daemon.daemon import Daemon
 from dpeer.daemon.serve import tcp_diag
 from dpeer.daemon.worker.supervisor import WorkerSupervisor
-from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError
+from dpeer.statemachine.errors import NodeIdMismatch, StoreError, StoreFormatError, StoreWriteFailed
 from dpeer.statemachine.store import Store
 from dpeer.transport.api import Transport
 from dpeer.transport.grpc_transport import GrpcTransport
@@ -88,6 +88,12 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
     except OSError as exc:  # a port in use, an unwritable file: the config is fine, so exit 4 and let the unit restart
         print(f"dpeer: {exc}", file=sys.stderr)
         return 4
+    except StoreWriteFailed as exc:  # the disk refused a write (full, failing): stopped, nothing committed lost
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return 1  # a store that fails while running (operations.md, exit codes)
+    if daemon.node.write_failure is not None:  # refused in a peer's call: the node stopped all the same
+        print(f"dpeer: {daemon.node.write_failure}", file=sys.stderr)
+        return 1
     if daemon.record.refusal is not None:  # the cluster kept refusing this box (its node id held by a live box)
         print(f"dpeer: {daemon.record.refusal}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ from dpeer.consensus.errors import (
 __all__ = [
     "CommittedEntryError", "Compacted", "CorruptEntry", "CorruptState", "HardStateError", "LogGapError",
     "NodeIdMismatch", "StaleSnapshot", "StoreClosed", "StoreError", "StoreForkedError", "StoreFormatError",
+    "StoreWriteFailed",
 ]
 
 StoreError = StorageError
@@ -46,3 +47,10 @@ class StoreForkedError(StoreError):
 
 class StoreClosed(StoreError):
     """The store was used after close()."""
+
+
+class StoreWriteFailed(StoreError):
+    """A write transaction failed (the disk full, an I/O error): it was rolled back, so what was
+    committed before stays on disk, but this process's memory may now be ahead of its disk. The
+    store refuses every later write, and its owner must stop (a node that went on could send a
+    vote or an acknowledgement its disk never kept)."""

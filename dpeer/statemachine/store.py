@@ -35,6 +35,7 @@ from dpeer.statemachine.errors import (
     StoreClosed,
     StoreError,
     StoreForkedError,
+    StoreWriteFailed,
 )
 from dpeer.statemachine.meta import (
     BadMeta,
@@ -64,6 +65,15 @@ class _Unusable(Exception):
         self.fields = fields or {}
 
 
+def _free(path: Path) -> str:
+    """What the filesystem under path has left, in words (a full disk is the usual cause)."""
+    try:
+        stat = os.statvfs(path)
+    except OSError as exc:
+        return f"its free space is unknown: {exc.strerror}"
+    return f"its filesystem has {stat.f_bavail * stat.f_frsize // 1024} KiB free"
+
+
 class Disk:
     """The open LMDB environment of one store and its sub-databases (dbs): synced write
     transactions, growing a full map, and save()'s one batch transaction. Refused after close or
@@ -75,6 +85,7 @@ class Disk:
         self._pid = os.getpid()
         self._closed = False
         self._txn: lmdb.Transaction | None = None
+        self.failure: StoreWriteFailed | None = None  # a write the disk refused: every later one is refused
 
     def live(self) -> None:
         """Refuse use after close or from a forked child."""
@@ -85,20 +96,25 @@ class Disk:
                                    "open a new Store after fork instead")
 
     def write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
-        """Run fn in one synced write transaction (or in batch()'s), growing a full map and retrying."""
+        """Run fn in one synced write transaction (or in batch()'s), growing a full map and
+        retrying; StoreWriteFailed when the disk refuses it, and for every write after that."""
         if self._txn is not None:
             return fn(self._txn)
+        self._refuse_after_failure()
         while True:
             try:
                 with self.env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
                 self._grow()
+            except lmdb.Error as exc:
+                raise self._failed(exc) from exc
 
     def batch(self, fn: Callable[[], _T], undo: Callable[[], None]) -> _T:
         """Run fn with every write() and reading() in ONE synced write transaction, committed when
         fn returns. On any error it is aborted, so nothing is written, and undo() restores the
-        caches fn changed; a full map grows and fn runs again."""
+        caches fn changed; a full map grows and fn runs again; StoreWriteFailed as write()."""
+        self._refuse_after_failure()
         while True:
             self._txn = self.env.begin(write=True)
             try:
@@ -108,11 +124,26 @@ class Disk:
             except BaseException as exc:
                 self._txn.abort()
                 undo()
-                if not isinstance(exc, lmdb.MapFullError):
+                if isinstance(exc, lmdb.MapFullError):
+                    self._grow()
+                elif isinstance(exc, lmdb.Error):
+                    raise self._failed(exc) from exc
+                else:
                     raise
-                self._grow()
             finally:
                 self._txn = None
+
+    def _failed(self, exc: lmdb.Error) -> StoreWriteFailed:
+        """The failure of a write, kept: every later write is refused with it."""
+        self.failure = StoreWriteFailed(
+            f"cannot write the state store {self.path}: {exc} ({_free(self.path)}; the write was rolled back: what "
+            "was committed before is on disk); free space on the data dir's filesystem or replace the failing "
+            "disk, then start the daemon again")
+        return self.failure
+
+    def _refuse_after_failure(self) -> None:
+        if self.failure is not None:
+            raise StoreWriteFailed(str(self.failure))
 
     def _grow(self) -> None:
         self._map_size *= 2

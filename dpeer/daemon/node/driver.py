@@ -51,7 +51,7 @@ from dpeer.daemon.timing import Timing, resolve
 from dpeer.transport.api import Envelope
 from dpeer.daemon.decide.proposals import Observed
 from dpeer.statemachine.entry import Entry, EntryKind
-from dpeer.statemachine.errors import CommittedEntryError, CorruptState
+from dpeer.statemachine.errors import CommittedEntryError, CorruptState, StoreWriteFailed
 from dpeer.statemachine.payloads import decode
 from dpeer.statemachine.snapshot import decode_snapshot
 from dpeer.statemachine.state import ApplyResult, MemberStatus
@@ -102,6 +102,7 @@ class Node:
         self.leader_id: str | None = None
         self._last_leader: str | None = None  # the newest leader this node has known (kept while none is)
         self.invalid_messages = 0
+        self.write_failure: StoreWriteFailed | None = None  # the store refused a write: the node stopped
         self.admitted_by: str | None = None
         self.entries_written = 0
         self.commands = NodeCommands(self)
@@ -210,10 +211,19 @@ class Node:
     def drain(self) -> None:
         """Handle every pending Ready in the documented order (consensus.ready.drive): persist,
         apply, send. Hard state, new entries and the commit index go to disk in one synced
-        transaction; the messages (votes, acknowledgements) leave only after that."""
-        drive(self.raft, _NodeReady(self))
-        if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
-            log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
+        transaction; the messages (votes, acknowledgements) leave only after that. A write the
+        disk refuses stops the node (fail-stop, as etcd does on a failed WAL write): its memory
+        may be ahead of its disk, so it must not send another message."""
+        try:
+            drive(self.raft, _NodeReady(self))
+            if self.store.maybe_snapshot(self.snapshot_every, self.snapshot_keep):
+                log.info("snapshot at index %d; log compacted", self.store.snapshot_index)
+        except StoreWriteFailed as exc:
+            if self.write_failure is None:
+                self.write_failure = exc
+                log.error("%s; stopping this node now", exc)
+                self.timers.stop()
+            raise
         self.swim.set_local_version(self.store.current_term, self.store.last_applied, self.store.commit_index)
         self.timers.wake_if_sooner()
 
