@@ -80,7 +80,7 @@ class Node:
         self.reads = StateReads(store)
         self.clock, self.wall = clock.now, clock.wall
         self.storage = StoreStorage(store)
-        self._send = sender
+        self._sender = sender
         rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "big"))
         now = clock.now()
         timing = timing or resolve(preset, {}, max_voters)  # the config's timing overrides, else the preset's
@@ -287,6 +287,12 @@ class Node:
             if isinstance(msg, Ping):
                 self.probes.sent(msg.target, msg.seq, self.clock())
             self._send(addr, self.envelope(msg))
+
+    def _send(self, addr: str, envelope: Envelope) -> None:
+        """Hand one Envelope to the network, unless a write failed: a stopped node sends nothing,
+        Raft or SWIM (an ack from it would keep it alive in its peers' eyes until it exits)."""
+        if self.write_failure is None:
+            self._sender(addr, envelope)
 
     def envelope(self, msg: Any, to_uid: str = "") -> Envelope:
         """A core message in an Envelope from this node (its identity, address and boot)."""
