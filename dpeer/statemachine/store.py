@@ -116,7 +116,10 @@ class Disk:
         caches fn changed; a full map grows and fn runs again; StoreWriteFailed as write()."""
         self._refuse_after_failure()
         while True:
-            self._txn = self.env.begin(write=True)
+            try:
+                self._txn = self.env.begin(write=True)
+            except lmdb.Error as exc:
+                raise self._failed(exc) from exc
             try:
                 result = fn()
                 self._txn.commit()
@@ -146,8 +149,13 @@ class Disk:
             raise StoreWriteFailed(str(self.failure))
 
     def _grow(self) -> None:
+        """Double the map; StoreWriteFailed when the OS refuses that too (the write that needed it
+        is lost, as any refused write)."""
+        try:
+            self.env.set_mapsize(self._map_size * 2)
+        except lmdb.Error as exc:
+            raise self._failed(exc) from exc
         self._map_size *= 2
-        self.env.set_mapsize(self._map_size)
         log.info("state store %s map grown to %d MiB", self.path, self._map_size >> 20)
 
     @contextmanager

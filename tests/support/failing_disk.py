@@ -41,15 +41,18 @@ class _Txn:
 
 class FailingEnv:
     """env's stand-in: reads as env; write transactions fail with `error` once `failing` is set;
-    set_mapsize raises `resize_error` when that is set."""
+    set_mapsize raises `resize_error`, and begin(write=True) `begin_error`, when set."""
 
     def __init__(self, env: lmdb.Environment, error: lmdb.Error | None = None) -> None:
         self._env = env
         self.error = error or lmdb.DiskError("mdb_txn_commit", "No space left on device")
         self.failing = False
         self.resize_error: lmdb.Error | None = None
+        self.begin_error: lmdb.Error | None = None
 
     def begin(self, *a: Any, write: bool = False, **k: Any) -> Any:
+        if write and self.begin_error is not None:
+            raise self.begin_error
         txn = self._env.begin(*a, write=write, **k)
         return _Txn(txn, self.error) if write and self.failing else txn
 
