@@ -73,7 +73,12 @@ def _run_daemon(config: NodeConfig, worker: WorkerSupervisor | None,
         store.close()
         return 2
     transport = None if wrap is None else (lambda refused: wrap(GrpcTransport(security, refused)))
-    daemon = Daemon(config, store, security, worker, transport=transport, connections=tcp_diag.connections)
+    try:  # a new store's founding entry is its first write: the disk may refuse it
+        daemon = Daemon(config, store, security, worker, transport=transport, connections=tcp_diag.connections)
+    except StoreWriteFailed as exc:
+        store.close()
+        print(f"dpeer: {exc}", file=sys.stderr)
+        return 1
 
     def context() -> dict[str, Any]:
         try:
