@@ -304,15 +304,27 @@ def _open_checked(path: Path, node_id: str | None, map_size: int, salvaged: dict
         env = lmdb.open(str(path), map_size=max(map_size, size or 0), max_dbs=8, subdir=True,
                         sync=True, metasync=True, readahead=False, meminit=False, lock=True)
     except lmdb.Error as exc:
+        _refuse_if_the_disk(exc, path)
         raise _Unusable(f"LMDB refused to open it: {exc}") from exc
     try:
         return _check_env(env, path, node_id, salvaged, ids)
     except lmdb.Error as exc:
         env.close()
+        _refuse_if_the_disk(exc, path)
         raise _Unusable(f"LMDB error while checking it: {exc}") from exc
     except BaseException:
         env.close()
         raise
+
+
+def _refuse_if_the_disk(exc: lmdb.Error, path: Path) -> None:
+    """StoreWriteFailed when the error is the disk's, not the store's: full (ENOSPC), read-only,
+    out of memory, or an OS error LMDB has no name for (EIO). Such a store is not damaged, so it
+    is left where it is: moved aside, a good store would be lost to a full disk."""
+    if type(exc) is lmdb.Error or isinstance(exc, (lmdb.DiskError, lmdb.ReadonlyError, lmdb.MemoryError)):
+        raise StoreWriteFailed(
+            f"cannot open the state store {path}: {exc} ({_free(path)}; nothing was changed on disk); free space "
+            "on the data dir's filesystem or replace the failing disk, then start the daemon again") from exc
 
 
 def _check_env(env: lmdb.Environment, path: Path, node_id: str | None, salvaged: dict[str, Any],

@@ -12,7 +12,7 @@ import pytest
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.errors import StoreWriteFailed
 from dpeer.statemachine.store import Store
-from tests.support.failing_disk import failing
+from tests.support.failing_disk import FailingEnv, failing
 
 
 def entry(index: int) -> Entry:
@@ -54,3 +54,24 @@ def test_a_write_transaction_that_cannot_begin_fails_the_write_for_good(tmp_path
         assert store.current_term == 0 and store.last_index == 0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("error", [lmdb.DiskError("mdb_txn_commit", "No space left on device"),
+                                   lmdb.Error("mdb_txn_commit", "Input/output error")])
+def test_a_disk_that_refuses_a_write_at_open_leaves_the_store_where_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         error: lmdb.Error) -> None:
+    """Opening writes (a new store's meta record; a torn tail dropped): refused by the disk, the
+    open fails with the reason; nothing is moved aside as corrupt (a full disk is no damage)."""
+    import dpeer.statemachine.store as store_mod
+
+    real_open = lmdb.open
+
+    def open_failing(*a: object, **k: object) -> FailingEnv:
+        env = FailingEnv(real_open(*a, **k), error)
+        env.failing = True
+        return env
+
+    monkeypatch.setattr(store_mod.lmdb, "open", open_failing)
+    with pytest.raises(StoreWriteFailed, match="cannot open the state store"):
+        Store.open(tmp_path / "s", node_id="n1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"], "nothing moved aside"

@@ -56,6 +56,9 @@ class FailingEnv:
         txn = self._env.begin(*a, write=write, **k)
         return _Txn(txn, self.error) if write and self.failing else txn
 
+    def open_db(self, *a: Any, txn: Any = None, **k: Any) -> Any:
+        return self._env.open_db(*a, txn=txn._txn if isinstance(txn, _Txn) else txn, **k)
+
     def set_mapsize(self, size: int) -> None:
         if self.resize_error is not None:
             raise self.resize_error
