@@ -296,6 +296,7 @@ def _open_checked(path: Path, node_id: str | None, map_size: int, salvaged: dict
                   ids: Ids) -> Store:
     """Open the environment at path and check it; a torn data.mdb or one LMDB refuses is _Unusable."""
     path.mkdir(parents=True, exist_ok=True)
+    _reserve_lock_file(path)
     data = path / "data.mdb"
     size = data.stat().st_size if data.exists() else None
     if size is not None and size < 2 * resource.getpagesize():
@@ -315,6 +316,31 @@ def _open_checked(path: Path, node_id: str | None, map_size: int, salvaged: dict
     except BaseException:
         env.close()
         raise
+
+
+LOCK_BYTES = 64 << 10  # the lock file's room, allocated before LMDB maps it (LMDB needs about 8 KiB for 126 readers)
+
+
+def _reserve_lock_file(path: Path) -> None:
+    """Allocate a missing lock.mdb on the disk before LMDB maps it: LMDB writes it through a
+    memory map, so on a disk with no room left the process would die of SIGBUS, saying nothing.
+    StoreWriteFailed when the disk cannot hold it (LMDB takes a bigger file as more readers)."""
+    lock = path / "lock.mdb"
+    if lock.exists():
+        return
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, LOCK_BYTES)
+    except OSError as exc:
+        os.close(fd)
+        fd = -1
+        lock.unlink(missing_ok=True)
+        raise StoreWriteFailed(
+            f"cannot create the state store {path}: its lock file does not fit ({exc.strerror}; {_free(path)}); "
+            "free space on the data dir's filesystem, then start the daemon again") from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _refuse_if_the_disk(exc: lmdb.Error, path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -56,3 +57,22 @@ def test_a_full_disk_fails_the_write_and_every_later_one_and_loses_nothing_writt
         assert [e.payload["key"] for e in again.entries(1, written + 1)] == [f"k{i}" for i in range(1, written + 1)]
     finally:
         again.close()
+
+
+def test_a_new_store_on_a_disk_with_no_room_is_refused_not_killed_by_sigbus(small_disk: Path) -> None:
+    """LMDB writes its lock file through a memory map: on a disk with no room left, a new store
+    would die of SIGBUS, saying nothing. The lock file is allocated first, and refused with a reason."""
+    with open(small_disk / "filler", "wb") as filler:
+        with pytest.raises(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+                filler.flush()
+    code = ("from pathlib import Path\nfrom dpeer.statemachine.store import Store\n"
+            "from dpeer.statemachine.errors import StoreWriteFailed\n"
+            f"try:\n    Store.open(Path({str(small_disk / 'store')!r}), node_id='n1')\n"
+            "except StoreWriteFailed as exc:\n    print('REFUSED', exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])  # -7 was SIGBUS
+    assert out.stdout.startswith("REFUSED") and "lock file does not fit" in out.stdout, out.stdout
+    assert not (small_disk / "store" / "lock.mdb").exists()
