@@ -32,6 +32,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+# torch._dynamo's first import (torch.optim makes it when the first optimizer is built) keeps the
+# group alive then in C++ past destroy_process_group (torch 2.13): its Gloo threads run on, and it
+# is destroyed only during the interpreter's finalization, where a Gloo thread can abort the
+# process ("terminate called without an active exception", exit -6). Imported with this module,
+# it comes before any group, so every group is released when destroyed.
+import torch._dynamo  # noqa: F401
 import torch.distributed as dist
 
 from dpeer.trainer import gloo_cut

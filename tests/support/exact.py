@@ -15,13 +15,14 @@ from dpeer.trainer.feed import InlineFeed
 from dpeer.trainer.loop import JobContext, TrainSpec, default_collate
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.stepping import FastStep
+from tests.support.gloo import init_gloo
 
 CPU = torch.device("cpu")
 
 
 @pytest.fixture
 def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    init_gloo(0, 1, store=dist.HashStore())
     try:
         yield
     finally:

@@ -11,6 +11,7 @@ from dpeer.trainer.allreduce import (
     flatten_grads,
     unflatten_into_grads,
 )
+from tests.support.gloo import init_gloo
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def world1():
     def form():
         if dist.is_initialized():
             dist.destroy_process_group()
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=dt.timedelta(seconds=30))
+        init_gloo(0, 1, store=dist.HashStore(), timeout=dt.timedelta(seconds=30))
 
     form()
     yield form

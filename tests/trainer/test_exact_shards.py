@@ -23,6 +23,7 @@ from dpeer.trainer.exact import ExactStep, NonFiniteGradient
 from dpeer.trainer.exact_shards import SLOTS, ShardedSum
 from dpeer.trainer.state import tensor_bytes
 from tests.support.exact import demo, run_step, stepper
+from tests.support.gloo import init_gloo
 
 MICRO = 2  # micro-batches a step
 STEPS = 4
@@ -68,7 +69,7 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
     torch.set_num_threads(1)
     if bucket_bytes:
         exact_sums.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=bucket_bytes, bucket_bytes=bucket_bytes)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    init_gloo(rank, world, init_method=f"file://{store}")
     spec = demo(global_batch=4 * MICRO, **options)
     step = stepper(spec)
     rows, sharded = [], []

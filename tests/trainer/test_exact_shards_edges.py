@@ -32,6 +32,7 @@ from dpeer.trainer.group import GroupError
 from dpeer.trainer.job_api import TrainSpec
 from dpeer.trainer.sampler import GlobalBatchSampler
 from dpeer.trainer.state import tensor_bytes
+from tests.support.gloo import init_gloo
 
 CPU = torch.device("cpu")
 MICRO = 2  # micro-batches a step: at 3 ranks one rank has none
@@ -134,8 +135,7 @@ def _train(step: ExactStep, spec: TrainSpec, scale: list[float], steps: range, r
 
 
 def _init(store: str, rank: int, world: int) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=dt.timedelta(seconds=60))
+    init_gloo(rank, world, init_method=f"file://{store}", timeout=dt.timedelta(seconds=60))
     dist.distributed_c10d._set_pg_timeout(dt.timedelta(seconds=3))  # a lost peer's collective raises soon
 
 

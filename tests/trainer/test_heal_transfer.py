@@ -12,6 +12,7 @@ import torch
 
 from dpeer.trainer import heal_transfer as ht
 from dpeer.trainer.decisions import plan_heal
+from tests.support.gloo import init_gloo
 from tests.support.heal_state import State
 
 CTX = mp.get_context("spawn")
@@ -75,7 +76,7 @@ def join(port: int, rank: int, world: int) -> None:
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=dt.timedelta(seconds=60))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=dt.timedelta(seconds=60))
+    init_gloo(rank, world, store=store, timeout=dt.timedelta(seconds=60))
 
 
 def heal_rank(rank: int, world: int, port: int, mode: str, out: Any) -> None:

@@ -18,6 +18,7 @@ from dpeer.trainer.carry import Carried, CarryUsageError
 from dpeer.trainer.feed import FeedError, LoaderFeed
 from dpeer.trainer.sampler import InOrderSampler, StreamsSampler, micro_batch_slice, shard_bounds
 from dpeer.trainer.stream import ShardedStream, StreamReader
+from tests.support.gloo import init_gloo
 
 B, MB = 8, 2
 
@@ -163,7 +164,7 @@ def group():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    init_gloo(0, 1)
     yield
     dist.destroy_process_group()
 
