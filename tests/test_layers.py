@@ -169,6 +169,8 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(), "proto": set(), "security": set(), "sim": set(),
     # the Clock seam: read by the daemon's loops and the worker channel, imports nothing of ours
     "clock": set(),
+    # what a process holds, read from /proc (its sockets): the daemon's byte counts, the worker's cut
+    "procfs": set(),
     # (host, port) values, parsed and written in one place
     "address": set(),
     # the Ids seam: where a node draws its random ids (secrets, or a simulation's seeded source)
@@ -183,8 +185,8 @@ ALLOWED: dict[str, set[str]] = {
     # sim: the in-memory transport routes through the seeded SimNetwork's link policies
     "transport": {"proto", "errors", "statemachine", "membership", "consensus", "security", "sim"},
     "daemon": {"errors", "statemachine", "membership", "consensus", "transport", "security", "channel",
-               "clock", "address", "view", "ids"},
-    "trainer": {"channel", "address", "view"},
+               "clock", "address", "view", "ids", "procfs"},
+    "trainer": {"channel", "address", "view", "procfs"},
     # the public API a user's training script imports (dpeer.job.connect)
     "job": {"trainer"},
     "launch": {"errors", "transport", "security"},

@@ -44,6 +44,18 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _crossed(field: object) -> dict[str, tuple[int, int]]:
+    """The status field ``cross_site_bytes`` ({process: {sent, received}}) as (sent, received) by
+    process; what is not of that shape (a daemon of another version) is left out, not raised on."""
+    if not isinstance(field, dict):
+        return {}
+    out = {}
+    for process, counts in field.items():
+        if isinstance(counts, dict) and all(isinstance(counts.get(k), int) for k in ("sent", "received")):
+            out[str(process)] = (counts["sent"], counts["received"])
+    return out
+
+
 def _size(count: int) -> str:
     """A byte count for people: 512 B, 1.5 KiB, 3.2 GiB."""
     size, unit = float(count), "B"
@@ -98,10 +110,10 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
     if train:
         lines.append(f"digest at step {train['step']}  samples {train['samples']}  loss {train['loss']}  "
                      f"params {str(train['params_digest'])[:16]}")
-    crossed = doc.get("cross_site_bytes") or {}
-    if any(n for counts in crossed.values() for n in counts.values()):
-        lines.append("across sites: " + "  ".join(f"{p} sent {_size(c['sent'])} received {_size(c['received'])}"
-                                                  for p, c in sorted(crossed.items())))
+    crossed = _crossed(doc.get("cross_site_bytes"))
+    if any(sent or received for sent, received in crossed.values()):
+        lines.append("across sites: " + "  ".join(f"{p} sent {_size(sent)} received {_size(received)}"
+                                                  for p, (sent, received) in sorted(crossed.items())))
     if doc.get("control") == "paused":
         lines.append("training is paused (an operator's `dpeer job pause`); `dpeer job resume` trains on")
     no_leader = doc.get("no_leader")

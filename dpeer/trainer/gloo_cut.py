@@ -16,25 +16,10 @@ import os
 import socket
 from dataclasses import dataclass
 
+from dpeer import procfs
+
 _ESTABLISHED = "01"
 _LISTEN = "0A"
-
-
-def socket_inodes() -> dict[int, int]:
-    """Every socket this process holds: inode -> file descriptor."""
-    out = {}
-    try:
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out[int(link[8:-1])] = int(fd)
-    return out
 
 
 def tcp_sockets() -> dict[int, tuple[int, int, str]]:
@@ -62,9 +47,9 @@ class GroupSockets:
 
     @classmethod
     def established(cls, before: set[int], store_ports: set[int]) -> GroupSockets:
-        """The connections established since ``before`` (socket_inodes' keys taken just before the
+        """The connections established since ``before`` (procfs.sockets' keys taken just before the
         group's init), less any to or from one of ``store_ports``."""
-        tcp, held = tcp_sockets(), socket_inodes()
+        tcp, held = tcp_sockets(), procfs.sockets()
         mine = {inode: fd for inode, fd in held.items() if inode not in before and inode in tcp
                 and tcp[inode][2] == _ESTABLISHED and not {tcp[inode][0], tcp[inode][1]} & store_ports}
         return cls(mine)
@@ -101,7 +86,7 @@ def foreign_connections(own: set[int], skip_ports: set[int], seen: dict[int, boo
     Gloo's listener keeps every connection it accepts until the group is destroyed, so they add up.
     ``seen`` keeps each socket's verdict for the caller's group (an inode names one socket for its
     life), so the TCP tables, long on a busy host, are read only when a socket not judged yet is held."""
-    held = socket_inodes()
+    held = procfs.sockets()
     if not held.keys() <= seen.keys():
         tcp = tcp_sockets()
         listening = {tcp[inode][0] for inode in held if inode in tcp and tcp[inode][2] == _LISTEN} - skip_ports

@@ -40,6 +40,7 @@ import torch
 import torch._dynamo  # noqa: F401
 import torch.distributed as dist
 
+from dpeer import procfs
 from dpeer.trainer import gloo_cut
 from dpeer.trainer.pair_auth import authenticate_pairs
 from dpeer.trainer.rendezvous import GenerationStore, RendezvousClient, RendezvousError
@@ -244,7 +245,7 @@ class GroupManager:
         try:
             self._rendezvous(store, view, superseded, deadline)
             store.give_up = lambda: None  # sealed "go": every member goes on to init, none may leave now
-            before = set(gloo_cut.socket_inodes()) if self.backend == "gloo" else set()
+            before = set(procfs.sockets()) if self.backend == "gloo" else set()
             dist.init_process_group(
                 backend, store=store, rank=rank, world_size=len(view.members),
                 timeout=dt.timedelta(seconds=self.init_timeout),

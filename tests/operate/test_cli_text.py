@@ -133,3 +133,11 @@ def test_bytes_across_sites_show_once_some_crossed() -> None:
     moved = {"daemon": {"sent": 800, "received": 2048}, "worker": {"sent": 3 * 2**30 + 2**29, "received": 1}}
     assert ("across sites: daemon sent 800 B received 2.0 KiB  worker sent 3.5 GiB received 1 B"
             in status_lines(doc(TRAINING, cross_site_bytes=moved)))
+
+
+def test_bytes_across_sites_of_another_shape_are_left_out_not_raised_on() -> None:
+    """A daemon of another version may write the field otherwise: the status text still renders."""
+    odd = {"daemon": {"sent": "lots"}, "worker": [1, 2], "gloo": {"sent": 5, "received": 7}}
+    assert "across sites: gloo sent 5 B received 7 B" in status_lines(doc(TRAINING, cross_site_bytes=odd))
+    for field in ([1, 2], "x", 3, {"daemon": None}):
+        assert not any(line.startswith("across sites") for line in status_lines(doc(TRAINING, cross_site_bytes=field)))

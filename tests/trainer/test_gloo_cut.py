@@ -8,8 +8,9 @@ import socket
 
 import pytest
 
+from dpeer import procfs
 from dpeer.trainer import gloo_cut
-from dpeer.trainer.gloo_cut import GroupSockets, foreign_connections, socket_inodes
+from dpeer.trainer.gloo_cut import GroupSockets, foreign_connections
 
 
 def connected_pair(server: socket.socket) -> tuple[socket.socket, socket.socket]:
@@ -20,7 +21,7 @@ def connected_pair(server: socket.socket) -> tuple[socket.socket, socket.socket]
 
 def test_new_established_connections_are_found_and_cut_but_not_listeners_or_store_ones() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_server(("127.0.0.1", 0)) as store:
-        before = set(socket_inodes())
+        before = set(procfs.sockets())
         client, accepted = connected_pair(server)
         store_client, store_accepted = connected_pair(store)
         listener = socket.create_server(("127.0.0.1", 0))
@@ -36,7 +37,7 @@ def test_new_established_connections_are_found_and_cut_but_not_listeners_or_stor
 
 def test_a_descriptor_reused_by_another_socket_is_left_alone() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server:
-        before = set(socket_inodes())
+        before = set(procfs.sockets())
         old, old_peer = connected_pair(server)
         found = GroupSockets.established(before, set())
         fd = old.fileno()
@@ -60,7 +61,7 @@ def test_strangers_connections_are_counted_and_the_tcp_tables_read_only_for_new_
     port does not; a second look with no new socket reads no TCP table (long on a busy host), and a
     new stranger is counted at the next."""
     with socket.create_server(("127.0.0.1", 0)) as gloo, socket.create_server(("127.0.0.1", 0)) as store:
-        before = set(socket_inodes())
+        before = set(procfs.sockets())
         mine, mine_accepted = connected_pair(gloo)
         own = set(GroupSockets.established(before, {store.getsockname()[1]}).sockets)
         stranger, stranger_accepted = connected_pair(gloo)

@@ -1,14 +1,13 @@
 """The bytes each TCP connection of this network namespace has moved, from the kernel (Linux's
-sock_diag netlink interface, as `ss -ti` reads them), and which connections a process holds.
+sock_diag netlink interface, as `ss -ti` reads them).
 
 Read-only and unprivileged: the kernel answers for every socket of the namespace; a process's
-own are told apart by their inodes (/proc/PID/fd). Elsewhere than Linux both read nothing.
+own are told apart by their inodes (dpeer.procfs). Elsewhere than Linux it reads nothing.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import struct
 from typing import Collection
@@ -44,23 +43,6 @@ def connections(inodes: Collection[int] | None = None) -> dict[int, Reading]:
         except OSError:
             continue
     return found
-
-
-def process_sockets(pid: int) -> set[int]:
-    """The socket inodes process pid holds ({} when it is gone or its fds are not ours to read)."""
-    inodes = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return inodes
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(int(link[8:-1]))
-    return inodes
 
 
 def _dump(family: int, wanted: frozenset[int] | None = None) -> dict[int, Reading]:

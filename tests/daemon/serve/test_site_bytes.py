@@ -21,6 +21,14 @@ def node(sites: dict[str, str], addrs: dict[str, str]) -> SimpleNamespace:
     return SimpleNamespace(id="a", reads=SimpleNamespace(state=SimpleNamespace(view=None, members=members)))
 
 
+def beat(counter: SiteBytes) -> None:
+    """One metrics beat: the last reading added, the next taken (its thread waited for, so the next
+    beat adds it)."""
+    counter.read()
+    if counter._reading is not None:
+        counter._reading.exception(timeout=30)
+
+
 def test_a_reading_that_fails_is_skipped_not_raised(caplog) -> None:
     """The metrics' beat runs in the chores: an exception there would end the daemon's loop."""
     calls = []
@@ -30,9 +38,9 @@ def test_a_reading_that_fails_is_skipped_not_raised(caplog) -> None:
         raise struct.error("unpack_from requires a buffer of at least 140 bytes")
 
     counter = SiteBytes(node({"a": "lab", "b": "cloud"}, {"a": "10.0.0.1:7100", "b": "10.1.0.1:7100"}), None, broken)
-    counter.read()
-    counter.read()
-    assert len(calls) == 2 and counter.counts.document()["daemon"] == {"sent": 0, "received": 0}
+    for _ in range(3):
+        beat(counter)
+    assert len(calls) == 3 and counter.counts.document()["daemon"] == {"sent": 0, "received": 0}
     assert sum("cannot count the bytes crossing sites" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -47,6 +55,7 @@ def test_only_the_processes_own_sockets_are_asked_for() -> None:
                         None, connections)
     held = socket.socketpair()
     with held[0], held[1]:
+        beat(counter)
         counter.read()
         assert asked and {os.fstat(s.fileno()).st_ino for s in held} <= asked[0]
     assert counter.counts.document()["daemon"]["sent"] >= 2  # the v4-mapped peer's address is far

@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
+from dpeer import procfs
 from dpeer.daemon.decide.cross_site import Reading
 from dpeer.daemon.serve import tcp_diag
-from dpeer.daemon.serve.tcp_diag import connections, process_sockets
+from dpeer.daemon.serve.tcp_diag import connections
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sock_diag is Linux's")
 
@@ -28,9 +29,10 @@ def test_a_connections_bytes_and_owner_are_read() -> None:
                 got += len(accepted.recv(1 << 16))
             accepted.sendall(b"y" * 1000)
             assert client.recv(1000)
-            mine = process_sockets(os.getpid())
+            mine, by_pid = procfs.sockets(), procfs.sockets(os.getpid())
             ours = {os.fstat(s.fileno()).st_ino: s for s in (client, accepted)}
-            assert ours.keys() <= mine
+            assert ours.keys() <= mine.keys() and ours.keys() <= by_pid.keys()
+            assert {mine[i] for i in ours} == {s.fileno() for s in ours.values()}
             seen = connections()
             out, back = seen[os.fstat(client.fileno()).st_ino], seen[os.fstat(accepted.fileno()).st_ino]
     assert out.remote == back.remote == "127.0.0.1"
@@ -39,7 +41,7 @@ def test_a_connections_bytes_and_owner_are_read() -> None:
 
 
 def test_a_process_that_is_gone_holds_no_sockets() -> None:
-    assert process_sockets(2**22 + 12345) == set()
+    assert procfs.sockets(2**22 + 12345) == {}
 
 
 def _message(inode: int, info: int = 232, family: int = socket.AF_INET, cut: int | None = None) -> bytes:
