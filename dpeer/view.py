@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from dpeer.address import Address
 
+MAX_SHARE = 64  # the largest weight a view gives a member's share of a step (the smallest is 1)
 _SITE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
+
+
+def valid_shares(shares: tuple[int, ...], members: int) -> bool:
+    """Whether `shares` may stand as a view's shares for `members` members: none (even shares), or
+    one integer weight from 1 to MAX_SHARE a member."""
+    return shares == () or (len(shares) == members and all(type(s) is int and 1 <= s <= MAX_SHARE for s in shares))
 
 
 def valid_site(name: str) -> bool:
@@ -26,14 +33,16 @@ def valid_site(name: str) -> bool:
 class View:
     """One generation's group: its members in rank order, the rendezvous store that the worker of
     ``members[0]`` hosts, the random secret the leader drew for the generation's rendezvous
-    and heal keys ("" when none was drawn), and each member's site in rank order (empty when the
-    leader named none: an older leader)."""
+    and heal keys ("" when none was drawn), each member's site in rank order (empty when the
+    leader named none: an older leader), and each member's share of a step's work in rank order
+    (positive weights, MAX_SHARE at most; empty: even shares, as before shares existed)."""
 
     generation: int
     members: tuple[str, ...]
     store: Address
     secret: str = ""
     sites: tuple[str, ...] = ()
+    shares: tuple[int, ...] = ()
 
     def rank_of(self, node_id: str) -> int | None:
         """This node's rank in the view, or None when it is not a member."""

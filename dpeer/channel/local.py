@@ -92,6 +92,7 @@ class Assignment:
         v = self.view
         return json.dumps({"generation": v.generation, "members": list(v.members), "store_host": v.store.host,
                            "store_port": v.store.port, "secret": v.secret, "sites": list(v.sites),
+                           "shares": list(v.shares),
                            "checkpoint_step": self.checkpoint_step,
                            "checkpoint_digest": self.checkpoint_digest, "bind_host": self.bind_host}, sort_keys=True)
 
@@ -100,7 +101,7 @@ class Assignment:
         d = json.loads(text)
         view = View(int(d["generation"]), tuple(str(m) for m in d["members"]),
                     Address(str(d["store_host"]), int(d["store_port"])), str(d.get("secret", "")),
-                    tuple(str(s) for s in d.get("sites", ())))
+                    tuple(str(s) for s in d.get("sites", ())), tuple(int(s) for s in d.get("shares", ())))
         return cls(view, int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")),
                    str(d.get("bind_host", "")))
 
@@ -401,6 +402,11 @@ class DirViewSource:
     def report_progress(self, step: int, samples: int, loss: float, params_digest: str) -> None:
         self._append({"kind": "progress", "step": step, "samples": samples, "loss": loss, "digest": params_digest},
                      ring=False)
+
+    def report_speed(self, micro_batches_per_s: float) -> None:
+        """This box's measured compute speed (micro-batches of the job a second, forward and
+        backward alone), sent when it moved by more than the trainer's tolerance."""
+        self._append({"kind": "speed", "micro_batches_per_s": micro_batches_per_s}, ring=False)
 
     def report_event(self, kind: str, **fields: object) -> None:
         """Extra diagnostics (joined, healed, switched) for tests; not part of the protocol."""

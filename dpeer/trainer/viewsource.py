@@ -33,6 +33,10 @@ class ViewSource(Protocol):
         """Tell the daemon a step was committed (``step`` steps done, ``samples`` consumed); the
         digest of the parameters at that step, or "" on steps that are not digested."""
 
+    def report_speed(self, micro_batches_per_s: float) -> None:
+        """Tell the daemon this box's measured compute speed (micro-batches a second), from which
+        the leader weighs each member's share of a step (View.shares)."""
+
 
 def make_view_source(spec: str, node_id: str) -> ViewSource:
     """Build a source from a spec: ``dir:PATH`` or ``py:MODULE:FACTORY[:ARG]`` (FACTORY(ARG, node_id))."""
