@@ -60,12 +60,14 @@ def step_digests(records: Sequence[dict]) -> dict[int, str]:
     return out
 
 
-def seeded_share(expected: list[int], rank: int, world: int, micro_batch: int | None) -> tuple[list[int] | None, list[int]]:
-    """What rank of world trains of a step whose seeded samples are ``expected``: (its micro-batches,
-    their samples) in exact mode (``micro_batch`` given), (None, its contiguous share) in fast mode."""
+def seeded_share(expected: list[int], rank: int, world: int, micro_batch: int | None,
+                 shares: Sequence[int] = ()) -> tuple[list[int] | None, list[int]]:
+    """What rank of world (weighted by ``shares``) trains of a step whose seeded samples are
+    ``expected``: (its micro-batches, their samples) in exact mode (``micro_batch`` given), (None,
+    its contiguous share) in fast mode."""
     if micro_batch is None:
-        return None, shard(expected, rank, world)
-    mine = list(range(*shard_bounds(len(expected) // micro_batch, rank, world)))
+        return None, shard(expected, rank, world, shares)
+    mine = list(range(*shard_bounds(len(expected) // micro_batch, rank, world, shares)))
     return mine, [i for j in mine for i in micro_batch_slice(expected, micro_batch, j)]
 
 
@@ -190,7 +192,7 @@ def _check_range(r: dict, seeded: Callable[[int], list[int]], micro_batch: int |
     """A range's fingerprint against its rank's seeded share of each of its steps, in order."""
     chain = ""
     for s in range(r["first"], r["last"] + 1):
-        chain = share_print(chain, s, *seeded_share(seeded(s), r["rank"], r["world"], micro_batch))
+        chain = share_print(chain, s, *seeded_share(seeded(s), r["rank"], r["world"], micro_batch, _shares(r)))
     if chain != r["trained"]:
         result.problems.append(f"steps {r['first']}..{r['last']} generation {r['gen']}: rank {r['rank']}'s folded "
                                f"records are not its seeded {'micro-batches' if micro_batch else 'share'} of each step")
@@ -232,8 +234,16 @@ def _as_trained(record: dict, expected: list[int], micro_batch: int | None) -> d
     """A rank's trained record of a step; for a range (its fingerprint checked apart), the seeded share."""
     if record.get("kind") != RANGE:
         return record
-    micro_batches, indices = seeded_share(expected, record["rank"], record["world"], micro_batch)
+    micro_batches, indices = seeded_share(expected, record["rank"], record["world"], micro_batch, _shares(record))
     return {"rank": record["rank"], "micro_batches": micro_batches, "indices": indices}
+
+
+def _shares(record: dict) -> tuple[int, ...]:
+    """A record's generation's shares (none: even); what is not a list of positive integers reads as
+    even, so a forged or torn record fails the check instead of raising."""
+    shares = record.get("shares", ())
+    ok = isinstance(shares, list) and all(type(s) is int and s > 0 for s in shares) and len(shares) == record["world"]
+    return tuple(shares) if ok else ()
 
 
 def _check_digests(digests: Mapping[tuple[int, int], Mapping[str, str]], result: Audit) -> None:

@@ -52,7 +52,7 @@ exact_control.py the agreed exponents and the control slots, exact_sums.py the p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -63,7 +63,7 @@ from dpeer.trainer.exact_control import Exponents, Pass
 from dpeer.trainer.exact_rules import ExactModeError, NonFiniteGradient, check_spec, configure_process
 from dpeer.trainer.exact_sums import GroupSums
 from dpeer.trainer.overlap import GradViews
-from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds
+from dpeer.trainer.sampler import GlobalBatchSampler, micro_batch_seed, micro_batch_slice, shard_bounds, share_counts
 from dpeer.trainer.stepping import Trained
 
 if TYPE_CHECKING:
@@ -117,18 +117,20 @@ class ExactStep:
         self._pass = Pass(None, None, False, self._amaxes, 0, 0, -1, -1)
         self._redo: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float, list[int]] | None = None
 
-    def keys(self, step: int, rank: int, world: int) -> list[tuple[int, list[int]]]:
+    def keys(self, step: int, rank: int, world: int, shares: Sequence[int] = ()) -> list[tuple[int, list[int]]]:
         """This rank's micro-batches of ``step`` in order, each ``(j, dataset indices)``: the whole
-        micro-batches ``shard_bounds(M, rank, world)`` of the step's fixed sequence."""
-        first, end = shard_bounds(self.micro, rank, world)
+        micro-batches ``shard_bounds(M, rank, world, shares)`` of the step's fixed sequence."""
+        first, end = shard_bounds(self.micro, rank, world, shares)
         indices, mb = self.sampler.indices_for_step(step), self.spec.micro_batch
         return [(j, micro_batch_slice(indices, mb, j)) for j in range(first, end)]
 
-    def plan(self, step: int, rank: int, world: int) -> Trained:
-        """What this rank trains of ``step`` (recorded before any of its sums can leave)."""
-        self._keys = self.keys(step, rank, world)
+    def plan(self, step: int, rank: int, world: int, shares: Sequence[int] = ()) -> Trained:
+        """What this rank trains of ``step`` (recorded before any of its sums can leave); the group
+        sums by shard owners when no rank runs more than one micro-batch."""
+        self._keys = self.keys(step, rank, world, shares)
         self._mine = [j for j, _ in self._keys]
-        self._sharded = 1 < world and self.micro <= world and self.dtype == torch.float32
+        most = max(share_counts(self.micro, shares)) if shares else -(-self.micro // world)
+        self._sharded = 1 < world and most <= 1 and self.dtype == torch.float32
         self._step, self._rank, self._world_planned = step, rank, world
         return Trained(step, self._mine, [i for _, mb in self._keys for i in mb])
 

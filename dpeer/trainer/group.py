@@ -64,13 +64,14 @@ class Superseded(GroupError):
 @dataclass(frozen=True)
 class GroupSeat:
     """This process's place in the formed group; heal_key authenticates the heal stream (b"" when the
-    view carried no secret)."""
+    view carried no secret); shares weigh each rank's part of a step (View.shares; empty: even)."""
 
     generation: int
     rank: int
     world: int
     members: tuple[str, ...]
     heal_key: bytes = b""
+    shares: tuple[int, ...] = ()
 
 
 def derive(secret: str, purpose: str, generation: int) -> bytes:
@@ -265,7 +266,7 @@ class GroupManager:
             self._pairs = gloo_cut.GroupSockets.established(before, ports)
             self._judged = {}
         heal_key = derive(view.secret, "heal", view.generation) if view.secret else b""
-        self.membership = GroupSeat(view.generation, rank, len(view.members), view.members, heal_key)
+        self.membership = GroupSeat(view.generation, rank, len(view.members), view.members, heal_key, view.shares)
         self.set_timeout(self._collective_timeout)
         return self.membership
 

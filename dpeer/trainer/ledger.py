@@ -10,6 +10,8 @@ this rank both trained and committed into one ``range`` record per run of consec
     {"kind": "range", "gen", "world", "rank", "first", "last", "trained": FINGERPRINT,
      "digest_steps": [STEP, ...], "digests": [DIGEST, ...]}
 
+with the generation's "shares" too when they are not even (as in its trained records).
+
 ``trained`` chains a sha256 over each step's ``[step, micro_batches, indices]`` as recorded, so the
 audit still proves, from the sampler, that the rank fed exactly its seeded share of every step.
 ``digests`` (of the steps ``digest_steps``: two flat lists, quick to rewrite) keeps the digests of
@@ -114,6 +116,8 @@ def _fold(key: _Key, kinds: dict[str, list[tuple[int, dict[str, Any]]]], slots: 
     if run is None or run["last"] != step - 1:
         run = {"kind": RANGE, "gen": gen, "world": world, "rank": rank, "first": step, "last": step - 1,
                "trained": "", "digest_steps": [], "digests": []}
+        if trained.get("shares"):  # a generation's shares are one (its view's)
+            run["shares"] = trained["shares"]
         open_ranges[(gen, world, rank)] = run
         slots[at] = run
     else:

@@ -185,7 +185,7 @@ class Generations:
                           committed=(given.checkpoint_step, given.checkpoint_digest))
         t.pace.restart()
         t.records.digest_next = True  # a replica that healed wrong differs from its first step on
-        t.feed.replan(lambda s: t.stepper.keys(s, m.rank, m.world))
+        t.feed.replan(lambda s: t.stepper.keys(s, m.rank, m.world, m.shares))
         t.records.event(
             "formed", gen=view.generation, rank=m.rank, world=m.world, step=t.step,
             healed=result.received, heal_bytes=result.received_bytes, heal_resumed_bytes=result.resumed_bytes,
@@ -273,7 +273,7 @@ class Trainer:
         """Plan the next step in the group ``m`` and record what this rank trains of it, before any of
         its sums can leave."""
         self.pace.begin()
-        self.records.trained(self.stepper.plan(self.step, m.rank, m.world), m)
+        self.records.trained(self.stepper.plan(self.step, m.rank, m.world, m.shares), m)
         return Step(self, m, self.step, self._mean_loss)
 
     def reduce(self, m: GroupSeat) -> StepReduction | None:

@@ -1,4 +1,6 @@
-"""The pace of the step loop: how long its steps take, and the collective timeout that follows.
+"""The pace of the step loop: how long its steps take, and the collective timeout that follows;
+how fast this box computes a micro-batch, reported to the daemon (the leader weighs each member's
+share of a step by it, View.shares).
 
 The group's collective timeout adapts to the recent step times (decisions.collective_timeout): a
 hung peer is given up after a few typical steps, not after the long initial timeout, which holds
@@ -18,6 +20,9 @@ if TYPE_CHECKING:
 
 STEP_TIME_WINDOW = 200
 ADAPT_EVERY = 8  # steps between re-computations of the adaptive timeout (a sort of the window: ~5 us)
+SPEED_SMOOTHING = 0.2  # the weight of a pass's speed in the running speed
+SPEED_WARMUP = 3  # passes measured before the first report (the first runs slow: allocations, the measuring pass)
+SPEED_MOVE = 0.10  # a speed is reported again once it moved by more than this since the last report
 
 
 class Pace:
@@ -29,6 +34,9 @@ class Pace:
         self.times: list[float] = []
         self.began = 0.0
         self.timeout = trainer.cfg.init_timeout
+        self.speed = 0.0  # micro-batches a second, smoothed (0: none measured yet)
+        self.reported = 0.0  # the speed last reported
+        self._passes = 0
 
     def begin(self) -> None:
         """A step begins now."""
@@ -57,6 +65,18 @@ class Pace:
         if abs(seconds - self.timeout) > 0.1 * self.timeout:
             self.timeout = seconds
             self.trainer.group.set_timeout(seconds)
+
+    def computed(self, seconds: float, micro_batches: int) -> None:
+        """A pass ran ``micro_batches`` micro-batches in ``seconds`` (forward, backward and the data
+        fetch; not the wait for the sums): fold it into the speed and report the speed when it moved."""
+        if micro_batches < 1 or seconds <= 0.0:
+            return  # a rank with nothing to run measures nothing
+        rate = micro_batches / seconds
+        self.speed = rate if self.speed == 0.0 else self.speed + SPEED_SMOOTHING * (rate - self.speed)
+        self._passes += 1
+        if self._passes >= SPEED_WARMUP and abs(self.speed - self.reported) > SPEED_MOVE * self.reported:
+            self.reported = self.speed
+            self.trainer.source.report_speed(self.speed)
 
     def patience(self) -> float:
         """How long a collective may run before a newer view makes the watch cut it."""

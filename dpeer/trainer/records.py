@@ -68,9 +68,11 @@ class Records:
 
     def trained(self, trained: Trained, membership: GroupSeat) -> None:
         """Before the step's allreduce, record what this rank trained (its micro-batches and their
-        samples), so the audit sees it even when the rank dies right after the step commits."""
+        samples, and the generation's shares when they are not even), so the audit sees it even when
+        the rank dies right after the step commits."""
+        shares = {"shares": list(membership.shares)} if membership.shares else {}
         self.write({"kind": "trained", "step": trained.step, "gen": membership.generation,
-                    "world": membership.world, "rank": membership.rank,
+                    "world": membership.world, "rank": membership.rank, **shares,
                     "micro_batches": trained.micro_batches, "indices": trained.indices})
 
     def committed(self, m: GroupSeat) -> str:

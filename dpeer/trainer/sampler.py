@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
@@ -112,18 +113,39 @@ def _epoch_permutation(n: int, seed: int, epoch: int) -> FeistelPermutation:
     return FeistelPermutation(n, _mix64(seed * 0x100000001B3 + epoch))
 
 
-def shard_bounds(total: int, rank: int, world: int) -> tuple[int, int]:
-    """Contiguous ``[start, end)`` of rank's share of ``total`` items; the first ranks get the remainder."""
+def shard_bounds(total: int, rank: int, world: int, shares: Sequence[int] = ()) -> tuple[int, int]:
+    """Contiguous ``[start, end)`` of rank's share of ``total`` items: even (the first ranks get the
+    remainder), or weighted by ``shares`` (one positive weight a rank, View.shares)."""
     if world <= 0 or not 0 <= rank < world:
         raise ValueError(f"bad rank {rank} for world {world}")
+    if shares:
+        counts = share_counts(total, shares)
+        if len(counts) != world:
+            raise ValueError(f"{len(shares)} shares for world {world}")
+        start = sum(counts[:rank])
+        return start, start + counts[rank]
     base, extra = divmod(total, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
 
 
-def shard(indices: list[int], rank: int, world: int) -> list[int]:
-    """This rank's contiguous, deterministic slice of a step's global indices."""
-    start, end = shard_bounds(len(indices), rank, world)
+def share_counts(total: int, shares: Sequence[int]) -> list[int]:
+    """How many of ``total`` items each rank gets by its weight in ``shares``: the floors of the exact
+    shares, the rest one each to the largest remainders (the lower rank first on a tie), so equal
+    weights split as evenly as shard_bounds does."""
+    if not shares or any(type(s) is not int or s < 1 for s in shares):
+        raise ValueError(f"shares must be positive integers, got {list(shares)}")
+    weight = sum(shares)
+    counts = [total * s // weight for s in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda r: (-(total * shares[r] % weight), r))
+    for r in by_remainder[: total - sum(counts)]:
+        counts[r] += 1
+    return counts
+
+
+def shard(indices: list[int], rank: int, world: int, shares: Sequence[int] = ()) -> list[int]:
+    """This rank's contiguous, deterministic slice of a step's global indices (weighted by ``shares``)."""
+    start, end = shard_bounds(len(indices), rank, world, shares)
     return indices[start:end]
 
 

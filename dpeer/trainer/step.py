@@ -22,6 +22,7 @@ be the forward and the backward only.
 from __future__ import annotations
 
 import sys
+import time
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -133,6 +134,7 @@ class Step:
         t, planned = self._trainer, self._trainer.stepper.planned()
         t.stepper.begin(t.peek_newest())
         while True:
+            began = time.monotonic()
             for n, (j, indices) in enumerate(planned):
                 t.stepper.enter(n)
                 batch = t.feed.get(self.number, j, indices)
@@ -142,6 +144,7 @@ class Step:
                     raise StepUsageError(f"step {self.number}: micro-batch {j} got no step.backward(loss)")
                 t.stepper.leave(n)
             t.stepper.end_pass()
+            t.pace.computed(time.monotonic() - began, len(planned))
             reduction = t.reduce(self.seat)
             if reduction is not None:
                 self.reduction = reduction

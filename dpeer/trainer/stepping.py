@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -84,15 +84,15 @@ class FastStep:
     def _launch(self, _k: int, bucket: Bucket) -> None:
         self._works.append(dist.all_reduce(self._buf[bucket.lo:bucket.hi], async_op=True))
 
-    def keys(self, step: int, rank: int, world: int) -> list[tuple[int, list[int]]]:
+    def keys(self, step: int, rank: int, world: int, shares: Sequence[int] = ()) -> list[tuple[int, list[int]]]:
         """This rank's micro-batches of ``step`` in order, each ``(id, dataset indices)``: its contiguous
-        share of the step's samples cut into micro-batches of at most ``micro_batch``."""
-        mine = shard(self.sampler.indices_for_step(step), rank, world)
+        share of the step's samples (weighted by ``shares``) cut into micro-batches of at most ``micro_batch``."""
+        mine = shard(self.sampler.indices_for_step(step), rank, world, shares)
         return list(enumerate(micro_batches(mine, self.spec.micro_batch)))
 
-    def plan(self, step: int, rank: int, world: int) -> Trained:
+    def plan(self, step: int, rank: int, world: int, shares: Sequence[int] = ()) -> Trained:
         """What this rank trains of ``step`` (recorded before any of its sums can leave)."""
-        keys = self.keys(step, rank, world)
+        keys = self.keys(step, rank, world, shares)
         self._planned = (step, rank, world, keys)
         return Trained(step, None, [i for _, mb in keys for i in mb])
 

@@ -11,19 +11,22 @@ MICRO = 2  # 4 micro-batches per step
 STEPS = 7  # 56 samples: almost three passes over 20
 
 
-def records(steps: range, world: int, exact: bool = True, gen: int = 1, digest: str = "d") -> dict[str, list[dict]]:
-    """The ledgers a fault-free group of `world` writes, one node per rank, as the loop writes them."""
+def records(steps: range, world: int, exact: bool = True, gen: int = 1, digest: str = "d",
+            shares: tuple[int, ...] = ()) -> dict[str, list[dict]]:
+    """The ledgers a fault-free group of `world` (its steps split by `shares`) writes, one node per
+    rank, as the loop writes them."""
     out: dict[str, list[dict]] = {f"n{r}": [] for r in range(world)}
     for s in steps:
         indices = SAMPLER.indices_for_step(s)
         for r in range(world):
             if exact:
-                mbs = list(range(*shard_bounds(len(indices) // MICRO, r, world)))
+                mbs = list(range(*shard_bounds(len(indices) // MICRO, r, world, shares)))
                 fed = [i for j in mbs for i in micro_batch_slice(indices, MICRO, j)]
             else:
-                mbs, fed = None, shard(indices, r, world)
+                mbs, fed = None, shard(indices, r, world, shares)
             base = {"step": s, "gen": gen, "world": world, "rank": r}
-            out[f"n{r}"].append({**base, "kind": "trained", "micro_batches": mbs, "indices": fed})
+            split = {"shares": list(shares)} if shares else {}
+            out[f"n{r}"].append({**base, "kind": "trained", **split, "micro_batches": mbs, "indices": fed})
             out[f"n{r}"].append({**base, "kind": "committed", "digest": f"{digest}{s}", "loss": 1.0})
     return out
 
@@ -36,6 +39,12 @@ def test_an_exact_run_over_several_epochs_passes_in_any_world_size() -> None:
     for world in (1, 2, 3, 5):  # world 5 > 4 micro-batches: one rank trains none
         assert run_audit(records(range(STEPS), world)) == [], world
         assert run_audit(records(range(STEPS), world, exact=False), exact=False) == [], world
+
+
+def test_a_run_split_by_uneven_shares_passes() -> None:
+    for shares in ((8, 4), (8, 1), (1, 8)):  # 4 micro-batches: 3/1, 4/0, 0/4
+        assert run_audit(records(range(STEPS), 2, shares=shares)) == [], shares
+        assert run_audit(records(range(STEPS), 2, exact=False, shares=shares), exact=False) == [], shares
 
 
 def test_the_figures_say_what_was_compared() -> None:

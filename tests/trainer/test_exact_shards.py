@@ -21,6 +21,7 @@ import torch.distributed as dist
 from dpeer.trainer import exact_sums, overlap
 from dpeer.trainer.exact import ExactStep, NonFiniteGradient
 from dpeer.trainer.exact_shards import SLOTS, ShardedSum
+from dpeer.trainer.sampler import share_counts
 from dpeer.trainer.state import tensor_bytes
 from tests.support.exact import demo, run_step, stepper
 from tests.support.gloo import init_gloo
@@ -63,14 +64,16 @@ def _held_bytes(step: ExactStep) -> int:
     return sum(seen.values())
 
 
-def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: int, bucket_bytes: int) -> None:
-    """One rank: STEPS steps of the demo (in overlap buckets of ``bucket_bytes``, 0: the default),
-    each step's gradient and parameter digests, and the owners' buffer bytes, to ``out``."""
+def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: int, bucket_bytes: int,
+           shares: tuple[int, ...] = (), micro: int = MICRO) -> None:
+    """One rank: STEPS steps of the demo (``micro`` micro-batches a step, split by ``shares``; in
+    overlap buckets of ``bucket_bytes``, 0: the default), each step's gradient and parameter digests,
+    and the owners' buffer bytes, to ``out``."""
     torch.set_num_threads(1)
     if bucket_bytes:
         exact_sums.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=bucket_bytes, bucket_bytes=bucket_bytes)
     init_gloo(rank, world, init_method=f"file://{store}")
-    spec = demo(global_batch=4 * MICRO, **options)
+    spec = demo(global_batch=4 * micro, **options)
     step = stepper(spec)
     rows, sharded = [], []
     try:
@@ -78,7 +81,7 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
             if s == nan_at:
                 with torch.no_grad():
                     next(spec.model.parameters())[0].fill_(float("nan"))
-            step.plan(s, rank, world)
+            step.plan(s, rank, world, shares)
             sharded.append(step._sharded)
             try:
                 run_step(step, rank, world)
@@ -92,16 +95,18 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
             rows.append({"params": _digest(params)})
         held = _held_bytes(step) if _owners(step) is not None else 0
         Path(out).write_text(json.dumps({"rows": rows, "sharded": sharded, "redos": step.redos, "held": held,
-                                         "row": step.row.nbytes, "buckets": len(step._sums.plan)}))
+                                         "row": step.row.nbytes, "buckets": len(step._sums.plan), "mine": step._mine}))
     finally:
         dist.destroy_process_group()
 
 
-def _run(tmp_path: Path, world: int, options: dict, nan_at: int = -1, bucket_bytes: int = 0) -> list[dict]:
+def _run(tmp_path: Path, world: int, options: dict, nan_at: int = -1, bucket_bytes: int = 0,
+         shares: tuple[int, ...] = (), micro: int = MICRO) -> list[dict]:
     ctx = multiprocessing.get_context("spawn")
-    store = tmp_path / f"store-{world}"
-    outs = [tmp_path / f"w{world}-r{r}.json" for r in range(world)]
-    procs = [ctx.Process(target=_train, args=(r, world, str(store), str(outs[r]), options, nan_at, bucket_bytes))
+    store = tmp_path / f"store-{world}-{len(shares)}"
+    outs = [tmp_path / f"w{world}-{'-'.join(map(str, shares))}-r{r}.json" for r in range(world)]
+    procs = [ctx.Process(target=_train, args=(r, world, str(store), str(outs[r]), options, nan_at, bucket_bytes,
+                                              shares, micro))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -137,3 +142,19 @@ def test_a_nan_gradient_raises_on_every_rank_of_a_sharded_step(tmp_path: Path) -
     for r in ranks:
         assert "error" in r["rows"][-1], r["rows"][-1]
         assert "is NaN or Inf" in r["rows"][-1]["error"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("micro", "shares", "sharded"), [(6, (8, 4, 2), False), (2, (1, 8, 8), True)],
+                         ids=["allreduce-3-2-1", "owners-0-1-1"])
+def test_uneven_shares_give_the_1_rank_runs_bits(tmp_path: Path, micro: int, shares: tuple[int, ...],
+                                                 sharded: bool) -> None:
+    """A view's shares (a slow box's smaller part of a step) change who runs which micro-batch, not
+    the sums: each step ends with the 1-rank run's bits."""
+    options = {"dropout": 0.3, "norm": "batch"}
+    solo = _run(tmp_path, 1, options, micro=micro)[0]
+    ranks = _run(tmp_path, 3, options, shares=shares, micro=micro)
+    for r in ranks:
+        assert r["sharded"] == [sharded] * STEPS
+        assert len(r["mine"]) == share_counts(micro, shares)[ranks.index(r)]
+        assert r["rows"] == solo["rows"], f"shares {shares} differ from the 1-rank run"

@@ -84,6 +84,9 @@ class Views:
     def report_progress(self, *args) -> None:
         pass
 
+    def report_speed(self, micro_batches_per_s: float) -> None:
+        pass
+
 
 def run_stuck_heal(monkeypatch: pytest.MonkeyPatch, views: Views, give_up_s: float) -> FakeGroup:
     """Run the loop over a heal that blocks until the group is cut (then fails as a cut Gloo receive

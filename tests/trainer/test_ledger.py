@@ -59,6 +59,16 @@ def test_a_folded_run_audits_clean_with_every_step_and_group_checked(exact: bool
     assert compacted[0]["first"] == 0 and compacted[0]["last"] == 29
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_folded_run_of_uneven_shares_is_checked_against_its_shares(exact: bool) -> None:
+    ledgers = records(range(STEPS), 3, exact=exact, shares=(1, 2, 8))  # not the even split
+    compacted = folded(ledgers, 30)
+    assert compacted["n1"][0]["kind"] == "range" and compacted["n1"][0]["shares"] == [1, 2, 8]
+    assert audit(compacted, STEPS, SAMPLER, MICRO if exact else None) == []
+    evened = {n: [{k: v for k, v in r.items() if k != "shares"} for r in recs] for n, recs in compacted.items()}
+    assert any("folded records are not its seeded" in p for p in audit(evened, STEPS, SAMPLER, MICRO if exact else None))
+
+
 def test_folding_twice_extends_the_range_and_equals_folding_once() -> None:
     ledgers = records(range(STEPS), 2)
     once = compact(as_lines(ledgers["n0"]), 35)

@@ -41,6 +41,9 @@ class ScriptedViews:
     def report_progress(self, *args) -> None:
         self.events.append("progress")
 
+    def report_speed(self, micro_batches_per_s: float) -> None:
+        pass
+
     def report_event(self, kind: str, **fields) -> None:
         self.events.append(kind)
 

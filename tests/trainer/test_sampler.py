@@ -6,6 +6,7 @@ from dpeer.trainer.sampler import (
     micro_batches,
     shard,
     shard_bounds,
+    share_counts,
 )
 
 
@@ -89,3 +90,30 @@ def test_micro_batches(n, mb, expected_sizes):
     parts = micro_batches(items, mb)
     assert [len(p) for p in parts] == expected_sizes
     assert [i for p in parts for i in p] == items
+
+
+def test_shares_split_a_step_by_weight_and_equal_weights_split_evenly() -> None:
+    for total in range(0, 50):
+        for world in range(1, 6):
+            for weights in ([3] * world, [1 + r % 3 for r in range(world)], [64] + [1] * (world - 1)):
+                counts = share_counts(total, weights)
+                assert sum(counts) == total and len(counts) == world
+                for c, w in zip(counts, weights):
+                    assert abs(c - total * w / sum(weights)) < 1, (total, weights, counts)
+                bounds = [shard_bounds(total, r, world, weights) for r in range(world)]
+                assert bounds[0][0] == 0 and bounds[-1][1] == total
+                assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:])), "contiguous, in rank order"
+            assert [shard_bounds(total, r, world, [3] * world) for r in range(world)] == \
+                   [shard_bounds(total, r, world) for r in range(world)]
+    assert share_counts(8, [8, 4]) == [5, 3] and share_counts(2, [1, 8, 8]) == [0, 1, 1]
+
+
+@pytest.mark.parametrize("shares", [[0, 1], [1, -2], [1.5, 1], [], [True, 1]])
+def test_shares_that_are_not_positive_integers_are_refused(shares: list) -> None:
+    with pytest.raises(ValueError):
+        share_counts(8, shares)
+
+
+def test_shares_of_another_world_are_refused() -> None:
+    with pytest.raises(ValueError):
+        shard_bounds(8, 0, 3, [1, 2])
