@@ -28,6 +28,7 @@ from dpeer.security.exposure import is_loopback
 
 PresetName = Literal["lan", "wan", "edge"]
 ReductionName = Literal["exact", "fast"]
+SplitName = Literal["speed", "even"]
 _HOSTPORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 NODE_ID_RULE = "1-64 letters, digits, '.', '_' or '-', starting alphanumeric"
@@ -95,6 +96,10 @@ class TrainingConfig(Strict):
                                      "with failures ends with the same bits as a fault-free run and a 1-box run "
                                      "(global_batch a multiple of micro_batch); fast: float32 sums, equal only to "
                                      "rounding across world sizes")
+    split: SplitName = Field("speed", description="how a step's micro-batches are shared among the boxes: speed, "
+                             "by each box's measured speed (the leader's views weigh them, View.shares; a box twice "
+                             "as slow gets about half; in exact mode the result is the same bits, only the time "
+                             "changes); even: the same share each")
     threads: int = Field(0, ge=0, description="intra-op CPU threads of the worker; 0 keeps torch's default (the "
                          "core count); exact reduction needs the same count on every box")
     spare_worker: bool = Field(True, description="keep a warm spare worker process (torch imported, about 200 MB) "

@@ -187,7 +187,7 @@ class Generations:
         t.records.digest_next = True  # a replica that healed wrong differs from its first step on
         t.feed.replan(lambda s: t.stepper.keys(s, m.rank, m.world, m.shares))
         t.records.event(
-            "formed", gen=view.generation, rank=m.rank, world=m.world, step=t.step,
+            "formed", gen=view.generation, rank=m.rank, world=m.world, shares=list(m.shares), step=t.step,
             healed=result.received, heal_bytes=result.received_bytes, heal_resumed_bytes=result.resumed_bytes,
             seconds=time.monotonic() - t0,
             form_s=t_formed - t0, heal_s=result.seconds,
