@@ -17,8 +17,16 @@ from typing import Any, ClassVar, Mapping, Union
 
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.meta import valid_uid
-from dpeer.view import valid_site
+from dpeer.view import MAX_SHARE, valid_shares, valid_site
 
+# The speed classes a member record may carry (daemon/decide/speeds.py): quarter octaves of a
+# box's micro-batches a second, so 2**-20 to 2**20 of them.
+MIN_SPEED_CLASS, MAX_SPEED_CLASS = -80, 80
+
+
+def valid_speed_class(value: object) -> bool:
+    """Whether `value` may stand as a member's speed class: None (unknown) or an int in range."""
+    return value is None or (type(value) is int and MIN_SPEED_CLASS <= value <= MAX_SPEED_CLASS)
 
 
 class JobState(enum.StrEnum):
@@ -95,7 +103,8 @@ class _Record:
 class MemberJoined(_Record):
     """A node is (again) an active member: where its daemon listens, its worker's store port (0: not
     announced), whether its worker has built the job, the store identity it joined with, its
-    configured site ("" when none) and the peers it measured near (daemon/decide/sites.py)."""
+    configured site ("" when none), the peers it measured near (daemon/decide/sites.py) and its
+    speed class (None until its worker reported a speed; daemon/decide/speeds.py)."""
 
     KIND: ClassVar[EntryKind] = EntryKind.MEMBER_JOINED
     node_id: str
@@ -105,6 +114,7 @@ class MemberJoined(_Record):
     uid: str = ""
     site: str = ""
     near: tuple[str, ...] = ()
+    speed_class: int | None = None
 
     def __post_init__(self) -> None:
         k = self.KIND
@@ -115,6 +125,8 @@ class MemberJoined(_Record):
         _need(self.uid == "" or valid_uid(self.uid), k, "uid must be empty or 32 lowercase hex digits")
         _need(self.site == "" or valid_site(self.site), k, "site must be empty or a site name")
         _need(_is_ids(self.near) and self.node_id not in self.near, k, "near must be distinct other node ids")
+        _need(valid_speed_class(self.speed_class), k,
+              f"speed_class must be None (unknown) or an int from {MIN_SPEED_CLASS} to {MAX_SPEED_CLASS}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +156,10 @@ class MemberDead(_MemberEnded):
 @dataclass(frozen=True, slots=True)
 class ViewChange(_Record):
     """The next training view: its generation, members in rank order, the rank-0 store's host:port
-    text, the secret the group derives its rendezvous and heal keys from, and each member's site in
-    rank order (empty: none named). A view with no members (only while training is paused) ends the
-    current group at its next step boundary."""
+    text, the secret the group derives its rendezvous and heal keys from, each member's site in rank
+    order (empty: none named) and each member's share of a step in rank order (empty: even shares).
+    A view with no members (only while training is paused) ends the current group at its next step
+    boundary."""
 
     KIND: ClassVar[EntryKind] = EntryKind.VIEW
     generation: int
@@ -154,6 +167,7 @@ class ViewChange(_Record):
     store_host: str
     secret: str = ""
     sites: tuple[str, ...] = ()
+    shares: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         k = self.KIND
@@ -163,6 +177,8 @@ class ViewChange(_Record):
         _need(_is_str(self.secret), k, "secret must be a string")
         _need(type(self.sites) is tuple and len(self.sites) in (0, len(self.members))
               and all(valid_site(x) for x in self.sites), k, "sites must name a site for every member, or none")
+        _need(type(self.shares) is tuple and valid_shares(self.shares, len(self.members)), k,
+              f"shares must give every member a weight from 1 to {MAX_SHARE}, or none")
 
 
 @dataclass(frozen=True, slots=True)

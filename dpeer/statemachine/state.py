@@ -20,9 +20,9 @@ from dpeer.statemachine.errors import CorruptState
 from dpeer.statemachine.meta import valid_uid
 from dpeer.statemachine.payloads import (
     BadPayload, CheckpointTaken, ConfigChange, ControlChange, ControlMode, JobChange, JobState, KvDelete, KvPut, MemberDead,
-    MemberJoined, MemberLeft, ViewChange, decode,
+    MemberJoined, MemberLeft, ViewChange, decode, valid_speed_class,
 )
-from dpeer.view import View, valid_site
+from dpeer.view import View, valid_shares, valid_site
 
 STATE_VERSION = 1
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -42,7 +42,8 @@ class Member:
     the port its worker's rendezvous store listens on when it is rank 0 (0: not announced),
     whether its worker has built the job and waits for a view (only ready members train), and
     the identity (store uid) it joined with: a new uid under a known node id is a lost disk; its
-    configured site ("" when none) and the peers it measured near (daemon/decide/sites.py)."""
+    configured site ("" when none), the peers it measured near (daemon/decide/sites.py) and its
+    speed class (None: unknown; daemon/decide/speeds.py)."""
 
     addr: str
     status: MemberStatus
@@ -52,6 +53,7 @@ class Member:
     uid: str = ""
     site: str = ""
     near: tuple[str, ...] = ()
+    speed_class: int | None = None
 
     def __post_init__(self) -> None:
         """Take a status by its value too ("active"); an unknown one raises ValueError."""
@@ -173,7 +175,8 @@ def apply_many(
 def _joined(w: _Work, p: MemberJoined, index: int) -> str:
     old = w.members.get(p.node_id)
     joined = old.joined_index if old is not None and old.status is MemberStatus.ACTIVE else index
-    w.members[p.node_id] = Member(p.addr, MemberStatus.ACTIVE, joined, p.store_port, p.ready, p.uid, p.site, p.near)
+    w.members[p.node_id] = Member(p.addr, MemberStatus.ACTIVE, joined, p.store_port, p.ready, p.uid, p.site, p.near,
+                                  p.speed_class)
     return ""
 
 
@@ -202,7 +205,7 @@ def _view(w: _Work, p: ViewChange, index: int) -> str:
         return "training is paused: a view may only end the group (name no members)"
     if not paused and not p.members:
         return "a view without members only ends a group while training is paused"
-    w.view = View(p.generation, p.members, Address.read(p.store_host), p.secret, p.sites)
+    w.view = View(p.generation, p.members, Address.read(p.store_host), p.secret, p.sites, p.shares)
     return ""
 
 
@@ -283,6 +286,8 @@ def state_to_dict(s: ClusterState) -> dict[str, Any]:
         # Apart from "members" and "view", whose lists an older build reads at a fixed length.
         "sites": {"members": {k: [m.site, list(m.near)] for k, m in s.members.items() if m.site or m.near},
                   "view": list(s.view.sites) if s.view is not None else []},
+        "speeds": {"members": {k: m.speed_class for k, m in s.members.items() if m.speed_class is not None},
+                   "view": list(s.view.shares) if s.view is not None else []},
         "voters": list(s.voters),
         "learners": list(s.learners),
         "view": None if s.view is None else [s.view.generation, list(s.view.members), str(s.view.store),
@@ -335,13 +340,20 @@ def _from_dict(d: Any) -> ClusterState:
     for nid, (site, near) in sites["members"].items():
         _need(nid in members and (site == "" or valid_site(site)), "member site")
         members[nid] = replace(members[nid], site=site, near=_ids(near))
+    speeds = d.get("speeds", {"members": {}, "view": []})  # absent: written before speeds
+    _need(type(speeds) is dict and type(speeds.get("members")) is dict and type(speeds.get("view")) is list, "speeds")
+    for nid, speed_class in speeds["members"].items():
+        _need(nid in members and speed_class is not None and valid_speed_class(speed_class), "member speed class")
+        members[nid] = replace(members[nid], speed_class=speed_class)
     view = None
     if d["view"] is not None:
         gen, vmembers, host, secret = d["view"]
         _need(type(gen) is int and gen >= 1 and type(host) is str and type(secret) is str, "view")
         vsites = tuple(sites["view"])
         _need(len(vsites) in (0, len(vmembers)) and all(valid_site(x) for x in vsites), "view sites")
-        view = View(gen, _ids(vmembers), Address.read(host), secret, vsites)
+        vshares = tuple(speeds["view"])
+        _need(valid_shares(vshares, len(vmembers)), "view shares")
+        view = View(gen, _ids(vmembers), Address.read(host), secret, vsites, vshares)
     ckpt = None
     if d["checkpoint"] is not None:
         step, digest, holders, final = d["checkpoint"]

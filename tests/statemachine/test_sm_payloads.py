@@ -7,8 +7,10 @@ import pytest
 
 from dpeer.statemachine.entry import EntryKind, pack_payload, unpack_payload
 from dpeer.statemachine.payloads import (
-    BadPayload, CheckpointTaken, ConfigChange, ControlChange, ControlMode, JobChange, JobState, KvPut, MemberJoined, Noop, ViewChange, decode,
+    MAX_SPEED_CLASS, MIN_SPEED_CLASS, BadPayload, CheckpointTaken, ConfigChange, ControlChange, ControlMode, JobChange,
+    JobState, KvPut, MemberJoined, Noop, ViewChange, decode,
 )
+from dpeer.view import MAX_SHARE
 
 U1, U2 = "1" * 32, "2" * 32
 
@@ -63,7 +65,7 @@ def test_every_kind_but_noop_refuses_an_empty_dict() -> None:
 def test_the_dict_form_lists_every_field_and_survives_msgpack() -> None:
     view = ViewChange(3, ("a", "b"), "h:1", "s", ("lab-2", "auto-b"))
     assert view.to_payload() == {"generation": 3, "members": ["a", "b"], "store_host": "h:1", "secret": "s",
-                                 "sites": ["lab-2", "auto-b"]}
+                                 "sites": ["lab-2", "auto-b"], "shares": []}
     assert decode(EntryKind.VIEW, unpack_payload(pack_payload(view.to_payload()))) == view
     conf = ConfigChange(("a",), ("b",), {"a": U1, "b": U2}, 2, 1.5)
     assert decode(EntryKind.CONFIG_CHANGE, unpack_payload(pack_payload(conf.to_payload()))) == conf
@@ -81,6 +83,23 @@ def test_sites_are_checked_and_absent_from_an_older_build_means_none() -> None:
     for bad, what in (({"site": "a b"}, "site"), ({"near": ["a"]}, "near"), ({"near": ["b", "b"]}, "near")):
         with pytest.raises(BadPayload, match=what):
             decode(EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", **bad})
+
+
+def test_speed_classes_and_shares_are_checked_and_absent_from_an_older_build_mean_unknown_and_even() -> None:
+    old_view = {"generation": 1, "members": ["a", "b"], "store_host": "h:1", "secret": "s"}
+    assert decode(EntryKind.VIEW, old_view).shares == ()
+    assert decode(EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1"}).speed_class is None
+    view = ViewChange(2, ("a", "b"), "h:1", shares=(8, 4))
+    assert decode(EntryKind.VIEW, unpack_payload(pack_payload(view.to_payload()))) == view
+    for klass in (MIN_SPEED_CLASS, 0, MAX_SPEED_CLASS):
+        joined = MemberJoined("a", "h:1", speed_class=klass)
+        assert decode(EntryKind.MEMBER_JOINED, unpack_payload(pack_payload(joined.to_payload()))) == joined
+    for bad in ([8], [8, 0], [8, MAX_SHARE + 1], [8, 4.0], [8, True], "84"):
+        with pytest.raises(BadPayload, match="shares must give every member a weight"):
+            decode(EntryKind.VIEW, {**old_view, "shares": bad})
+    for bad in (MIN_SPEED_CLASS - 1, MAX_SPEED_CLASS + 1, 1.5, "3", True):
+        with pytest.raises(BadPayload, match="speed_class must be None"):
+            decode(EntryKind.MEMBER_JOINED, {"node_id": "a", "addr": "h:1", "speed_class": bad})
 
 
 def test_absent_optional_fields_take_defaults_and_extra_keys_are_ignored() -> None:

@@ -236,3 +236,23 @@ def test_a_state_written_before_sites_reads_with_none_and_an_older_reader_ignore
         state_from_dict({**d, "sites": {"members": {"a": ["bad site", []]}, "view": []}})
     with pytest.raises(CorruptState, match="view sites"):
         state_from_dict({**d, "sites": {"members": {}, "view": ["x", "y"]}})
+
+
+def test_speed_classes_and_shares_survive_a_snapshot_and_a_state_before_them_reads_as_unknown_and_even() -> None:
+    s, res = run((K.MEMBER_JOINED, {"node_id": "a", "addr": "a:1", "speed_class": 12}), join("b"),
+                 (K.VIEW, {"generation": 1, "members": ["a", "b"], "store_host": "h:9", "shares": [8, 4]}),
+                 (K.MEMBER_DEAD, {"node_id": "a"}))
+    assert all(r.accepted for r in res), [r.reason for r in res]
+    assert s.members["a"].speed_class == 12 and s.members["a"].status == "dead" and s.members["b"].speed_class is None
+    assert s.view.shares == (8, 4)
+    d = state_to_dict(s)
+    assert state_from_dict(d) == s and decode_state(encode_state(s)) == s
+    assert len(d["members"]["a"]) == 6 and len(d["view"]) == 4, "the lists an older build unpacks keep their length"
+    read = state_from_dict({k: v for k, v in d.items() if k != "speeds"})
+    assert read.members["a"].speed_class is None and read.view.shares == ()
+    for bad, what in (({"members": {"a": 81}, "view": []}, "member speed class"),
+                      ({"members": {"zz": 1}, "view": []}, "member speed class"),
+                      ({"members": {}, "view": [8]}, "view shares"),
+                      ({"members": {}, "view": [8, 0]}, "view shares")):
+        with pytest.raises(CorruptState, match=what):
+            state_from_dict({**d, "speeds": bad})
