@@ -44,6 +44,7 @@ class SimWorker:
         self.train: TrainStatus | None = None
         self.last_failure: LastFailure | None = None  # the modelled job never raises: group failures only
         self.latest_step = self.reforms = self.restarts = self.starts = 0
+        self.speed: float | None = None  # not modelled: no box reports a speed, so views keep even shares
         self.gen = 0  # the generation it is in (handed and not failed), 0: none
         self.members: tuple[str, ...] = ()
         self.formed = False

@@ -54,6 +54,17 @@ def failure_of(record: dict[str, Any], default: FailurePhase, node_id: str, star
     return FailureReport(node_id, phase, step if type(step) is int and step >= 0 else 0, error, attempt)
 
 
+def speed_of(record: dict[str, Any], current: float | None) -> float | None:
+    """The speed a "speed" record reports (micro-batches a second); `current`, with a warning, when
+    it is not a finite number above 0 (its member record carries a class of it: decide/speeds.py)."""
+    rate = record.get("micro_batches_per_s")
+    if type(rate) in (int, float) and math.isfinite(rate) and rate > 0:
+        return float(rate)
+    log.warning("a speed report of the worker names %.40r micro-batches a second, not a finite number above 0: "
+                "ignored", rate)
+    return current
+
+
 def train_of(record: dict[str, Any], current: TrainStatus | None) -> TrainStatus | None:
     """The status's train fields from a record that carries a digest (the status pairs a step with
     the digest of that very step); `current` for any other record."""

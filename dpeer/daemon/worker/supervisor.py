@@ -22,7 +22,7 @@ from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.decide.failures import FailurePhase, FailureReport, LastFailure, note_failure
 from dpeer.daemon.worker.command import worker_command, worker_env
 from dpeer.daemon.worker.job_log import JOB_LOG, JobLog
-from dpeer.daemon.worker.report_fields import TrainStatus, failure_of, generation_of, train_of
+from dpeer.daemon.worker.report_fields import TrainStatus, failure_of, generation_of, speed_of, train_of
 from dpeer.daemon.worker.spare import WarmSpare
 from dpeer.channel.local import Assignment, ReportTail, publish_checkpoint, publish_view
 from dpeer.daemon.decide.worker_health import judge_worker
@@ -64,6 +64,7 @@ class Worker(Protocol):
     last_failure: LastFailure | None
     latest_step: int
     reforms: int
+    speed: float | None  # the worker's latest measured micro-batches a second (None: not reported)
 
     def attach(self, events: WorkerEvents) -> None:
         """Tell `events` of failures and checkpoints from now on (the worker starts before its daemon)."""
@@ -119,9 +120,7 @@ class WorkerSupervisor:
         self.halted = ""  # why the job was halted (the worker is stopped and not restarted), or ""
         self.events: WorkerEvents | None = None  # the daemon, once it attached
         self.proc: subprocess.Popen | None = None
-        self.ready = False
-        self.done = False
-        self.restarts = 0
+        self.ready, self.done, self.restarts = False, False, 0
         self.train: TrainStatus | None = None
         self.latest_step = 0
         self.failures = 0
@@ -142,6 +141,7 @@ class WorkerSupervisor:
         self.spare_takeovers = 0
         self.heal: dict[str, Any] | None = None  # the newest progress of a heal under way (long ones only)
         self.paused_at: int | None = None  # the step the worker holds at while training is paused
+        self.speed: float | None = None  # the latest measured micro-batches a second (kept across restarts: same box)
         self._crashes = 0  # worker exits in a row without a committed step between them
         self._trained_at: float | None = None  # when the current worker first reported a committed step
 
@@ -153,7 +153,7 @@ class WorkerSupervisor:
                 "fenced": self.fenced, "last_formed": self.last_formed,
                 "spare_pid": self.spare.proc.pid if self.spare is not None and self.spare.proc is not None else None,
                 "spare_takeovers": self.spare_takeovers, "heal": self.heal, "paused_at": self.paused_at,
-                "job_log": str(self.job_log.path)}
+                "job_log": str(self.job_log.path), "micro_batches_per_s": self.speed}
 
     @property
     def running(self) -> bool:
@@ -306,6 +306,8 @@ class WorkerSupervisor:
                 self._failed_at = None
         elif kind == "digest":  # a step's digest, hashed beside the next step (trainer/digests.py)
             self.train = train_of(record, self.train)
+        elif kind == "speed":
+            self.speed = speed_of(record, self.speed)
         elif kind == "heal_progress":
             self.heal = {k: record.get(k) for k in ("gen", "done_bytes", "total_bytes", "seconds", "donors")}
         elif kind == "formed":

@@ -174,3 +174,24 @@ def test_a_report_whose_fields_do_not_parse_is_dropped_with_a_warning(
 def test_the_status_names_the_job_log(tmp_path: Path) -> None:
     sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
     assert sup.status()["job_log"] == str(tmp_path / "worker" / "job.log")
+
+
+def test_a_speed_report_sets_the_workers_speed_and_a_bad_one_is_ignored_with_a_warning(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(WorkerEventLog())
+    assert sup.speed is None and sup.status()["micro_batches_per_s"] is None
+    write(tmp_path, {"kind": "speed", "micro_batches_per_s": 12.5})
+    sup.poll(0.0)
+    assert sup.speed == 12.5 and sup.status()["micro_batches_per_s"] == 12.5
+    write(tmp_path, *({"kind": "speed", "micro_batches_per_s": bad} for bad in (0, -3.0, "fast", None, True, [1.0])),
+          {"kind": "speed"})
+    with (tmp_path / "worker" / "reports" / "n1.jsonl").open("a") as f:
+        f.write('{"kind": "speed", "micro_batches_per_s": NaN}\n{"kind": "speed", "micro_batches_per_s": Infinity}\n')
+    sup.poll(1.0)
+    assert sup.speed == 12.5
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 9 and all(m.startswith("a speed report of the worker names") for m in warned), warned
+    write(tmp_path, {"kind": "speed", "micro_batches_per_s": 3})
+    sup.poll(2.0)
+    assert sup.speed == 3.0
