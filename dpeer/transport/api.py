@@ -55,7 +55,7 @@ class PeerClient(Protocol):
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True,
                    uid: str = "", boot: str = "", up: float = 0.0, site: str = "",
-                   near: Sequence[str] = ()) -> JoinReply:
+                   near: Sequence[str] = (), speed_class: int | None = None) -> JoinReply:
         """Ask the node to admit node_id (its store uid, its daemon's boot and that daemon's age)."""
 
     async def group_failed(self, request: GroupFailedRequest) -> GroupFailedReply:

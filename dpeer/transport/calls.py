@@ -47,6 +47,7 @@ class JoinRequest:
     up: float = 0.0
     site: str = ""
     near: tuple[str, ...] = ()
+    speed_class: int | None = None  # None: unknown (an optional field on the wire)
 
 
 @dataclass(frozen=True)

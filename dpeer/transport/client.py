@@ -319,11 +319,12 @@ class NodeClient:
         return await self._call("KvList", pb.KvListRequest(prefix=prefix))
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
-                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> calls.JoinReply:
+                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = (),
+                   speed_class: int | None = None) -> calls.JoinReply:
         """Ask the node to admit node_id at addr (its worker's store on store_port, ready or not; its
         store uid, its daemon's boot and that daemon's age)."""
         request = pb.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
-                                 up=up, site=site, near=list(near))
+                                 up=up, site=site, near=list(near), speed_class=speed_class)
         return await self._call("Join", request)
 
     async def force(self, voters: list[str]) -> calls.ForceReply:

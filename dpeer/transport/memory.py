@@ -255,10 +255,11 @@ class MemoryClient:
         return await self._call("kv_get", calls.KvGetRequest(key=key))
 
     async def join(self, node_id: str, addr: str, store_port: int = 0, ready: bool = True, uid: str = "",
-                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = ()) -> calls.JoinReply:
+                   boot: str = "", up: float = 0.0, site: str = "", near: Sequence[str] = (),
+                   speed_class: int | None = None) -> calls.JoinReply:
         """Ask the node to admit node_id at addr."""
         request = calls.JoinRequest(node_id=node_id, addr=addr, store_port=store_port, ready=ready, uid=uid, boot=boot,
-                                 up=up, site=site, near=tuple(near))
+                                 up=up, site=site, near=tuple(near), speed_class=speed_class)
         return await self._call("join", request)
 
     async def force(self, voters: list[str]) -> calls.ForceReply:

@@ -1,7 +1,8 @@
 """Converts the Peer service's calls (transport/calls.py) to the wire's protobuf messages and back.
 
-Each dataclass in calls.py has a protobuf message of the same name and fields; log entries and
-membership rows go through codec.py (decoding validates them and raises BadRequest).
+Each dataclass in calls.py has a protobuf message of the same name and fields; a field whose
+default is None is an optional one there (None: unset). Log entries and membership rows go through
+codec.py (decoding validates them and raises BadRequest).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def to_wire(call: Any) -> Any:
     fields = {}
     for f in dataclasses.fields(kind):
         value = getattr(call, f.name)
+        if value is None:
+            continue  # an optional field left unset
         items = _ITEMS.get((kind, f.name))
         fields[f.name] = [items[0](v) for v in value] if items else list(value) if isinstance(value, tuple) else value
     return getattr(pb, kind.__name__)(**fields)
@@ -38,7 +41,9 @@ def from_wire(kind: type, message: Any) -> Any:
     for f in dataclasses.fields(kind):
         value = getattr(message, f.name)
         items = _ITEMS.get((kind, f.name))
-        if items:
+        if f.default is None and not message.HasField(f.name):
+            value = None
+        elif items:
             value = tuple(items[1](v) for v in value)
         elif not isinstance(value, (str, bytes, bool, int, float)):
             value = tuple(value)  # a repeated scalar field

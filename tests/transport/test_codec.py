@@ -42,8 +42,17 @@ def test_calls_cross_the_wire_unchanged() -> None:
     for call in (calls.EntryChunk((entry,), 3, 2, UID, 1), calls.JoinReply(True, "n1", "127.0.0.1:1", (row,)),
                  calls.KvListReply((calls.KvPair("a", "1"), calls.KvPair("b", "2")), 7),
                  calls.JoinRequest("n3", "127.0.0.1:3", 29500, True, UID, COPY, 1.5, "rack-a", ("n1", "n2")),
+                 calls.JoinRequest("n3", "127.0.0.1:3", 29500, True, UID, COPY, 1.5, "rack-a", (), 0),
+                 calls.JoinRequest("n3", "127.0.0.1:3", speed_class=-7),
                  calls.ForceRequest(("n1",), True), calls.CheckpointChunk(4, 0, b"model", 5, True)):
         assert wire.parsed(wire.to_wire(call)) == call
+
+
+def test_an_unset_speed_class_crosses_the_wire_as_unknown_and_a_set_zero_as_class_0() -> None:
+    unset, zero = wire.to_wire(calls.JoinRequest("n3")), wire.to_wire(calls.JoinRequest("n3", speed_class=0))
+    assert not unset.HasField("speed_class") and zero.HasField("speed_class")
+    assert wire.from_wire(calls.JoinRequest, unset).speed_class is None  # an older peer's join: unknown
+    assert wire.from_wire(calls.JoinRequest, zero).speed_class == 0
 
 
 def test_an_invalid_message_is_refused_under_its_wire_name() -> None:

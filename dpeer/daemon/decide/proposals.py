@@ -91,7 +91,8 @@ def _back_alive(node_id: str, addr: str, member: Member) -> MemberJoined:
     and not ready, since the box may have restarted and its worker may not have built the job
     yet (its daemon updates the record once it has). A record marked ready here would put a
     box without a worker in the next view, and the whole group would wait on it."""
-    return MemberJoined(node_id, addr, member.store_port, False, member.uid, member.site, member.near)
+    return MemberJoined(node_id, addr, member.store_port, False, member.uid, member.site, member.near,
+                        member.speed_class)
 
 
 class Holding(StrEnum):

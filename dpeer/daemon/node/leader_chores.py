@@ -96,8 +96,10 @@ class LeaderChores:
         node, state = self.node, self.node.reads.state
         me = state.members.get(node.id)
         box = self.box
-        wanted = (MemberStatus.ACTIVE, node.addr, box.store_port(), box.ready(), node.reads.uid, *box.site())
-        if ((me is None or (me.status, me.addr, me.store_port, me.ready, me.uid, me.site, me.near) != wanted)
+        wanted = (MemberStatus.ACTIVE, node.addr, box.store_port(), box.ready(), node.reads.uid, *box.site(),
+                  box.speed_class())
+        if ((me is None or (me.status, me.addr, me.store_port, me.ready, me.uid, me.site, me.near,
+                            me.speed_class) != wanted)
                 and not box.leaving):
             record = MemberJoined(node.id, node.addr, *wanted[2:])
             return Decision(record, "the leader's own membership record is out of date")

@@ -1,5 +1,5 @@
 """Keep this box's own committed member record (address, store port, readiness, store identity,
-site and near peers) in line with what it is now, through the leader or the seeds; the first such
+site, near peers and speed class) in line with what it is now, through the leader or the seeds; the first such
 update is the join.
 
 One update in flight at a time (its requests go to a known leader alone, else to the seeds and
@@ -33,8 +33,8 @@ JOIN_RETRY = 0.5
 ROUND = 5.0  # one update's bound, as one client timeout was
 HEDGE = 0.25  # seconds without an answer before the next address is tried too
 REFUSALS_TO_STOP = 3
-# status, address, store port, ready, store uid, configured site, near peers
-Record = tuple[str, str, int, bool, str, str, tuple[str, ...]]
+# status, address, store port, ready, store uid, configured site, near peers, speed class
+Record = tuple[str, str, int, bool, str, str, tuple[str, ...], int | None]
 
 
 class Box(Protocol):
@@ -52,6 +52,9 @@ class Box(Protocol):
     def site(self) -> tuple[str, tuple[str, ...]]:
         """This box's configured site, or ("", the peers it measures near) (daemon/decide/sites.py)."""
 
+    def speed_class(self) -> int | None:
+        """This box's speed class from its worker's latest speed (None: unknown; daemon/decide/speeds.py)."""
+
 
 class MemberRecordSync:
     """Called from the daemon's chores; see the module docstring."""
@@ -68,7 +71,8 @@ class MemberRecordSync:
     def wanted(self) -> Record:
         """Our member record as it should read now."""
         box = self.box
-        return (MemberStatus.ACTIVE, self.node.addr, box.store_port(), box.ready(), self.node.reads.uid, *box.site())
+        return (MemberStatus.ACTIVE, self.node.addr, box.store_port(), box.ready(), self.node.reads.uid, *box.site(),
+                box.speed_class())
 
     def __call__(self, now: float) -> None:
         """Start an update if our record is out of date and we do not lead (nor leave)."""
@@ -78,7 +82,7 @@ class MemberRecordSync:
         member = self.node.reads.state.members.get(self.node.id)
         wanted = self.wanted()
         current = member is not None and (member.status, member.addr, member.store_port, member.ready,
-                                          member.uid, member.site, member.near) == wanted
+                                          member.uid, member.site, member.near, member.speed_class) == wanted
         if current and self.confirmed:
             return
         if now < self._next and wanted == self._sent:
@@ -138,11 +142,12 @@ class MemberRecordSync:
 
     async def _try(self, addr: str, wanted: Record, timeout: float) -> JoinReply | str | None:
         """The reply, the sentence of a refusal, or None when the update did not get through."""
-        _, addr_, store_port, ready, uid, site, near = wanted
+        _, addr_, store_port, ready, uid, site, near, speed_class = wanted
         node = self.node
         try:
             return await self.transport.client(addr, timeout=timeout).join(
-                node.id, addr_, store_port, ready, uid, node.boot, node.clock() - node.started, site, near)
+                node.id, addr_, store_port, ready, uid, node.boot, node.clock() - node.started, site, near,
+                speed_class)
         except errors.BadRequest as exc:
             log.warning("membership update through %s refused: %s", addr, exc)
             return str(exc)

@@ -1,10 +1,11 @@
 """This box as its member record should say it now: its worker's store port and readiness, its
-site, and whether the daemon is leaving (node/record_sync.py Box, read by the record's sync and
+site, its speed class, and whether the daemon is leaving (node/record_sync.py Box, read by the record's sync and
 the leader's chores)."""
 
 from __future__ import annotations
 
 from dpeer.daemon.decide.sites import near_peers
+from dpeer.daemon.decide.speeds import speed_class
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.worker.supervisor import Worker
 
@@ -32,3 +33,11 @@ class ThisBox:
         me = node.reads.state.members.get(node.id)
         samples = {n: rtts for n, rtts in node.probes.recent_ms().items() if n != node.id}
         return "", near_peers(samples, me.near if me is not None else ())
+
+    def speed_class(self) -> int | None:
+        """This box's speed class from its worker's latest speed, held near its committed class
+        (hysteresis); the committed class while the worker has reported none (a restarted worker)."""
+        me = self.node.reads.state.members.get(self.node.id)
+        committed = me.speed_class if me is not None else None
+        speed = self.worker.speed if self.worker is not None else None
+        return committed if speed is None else speed_class(speed, committed)

@@ -16,7 +16,9 @@ from dpeer.daemon.decide.sites import site_problem
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.serve.forward import COMMAND_TIMEOUT
 from dpeer.errors import BadRequest, PeerError, Unavailable, Unreachable
-from dpeer.statemachine.payloads import BadPayload, MemberJoined, Payload
+from dpeer.statemachine.payloads import (
+    MAX_SPEED_CLASS, MIN_SPEED_CLASS, BadPayload, MemberJoined, Payload, valid_speed_class,
+)
 from dpeer.statemachine.state import MemberStatus
 from dpeer.transport import calls
 from dpeer.transport.api import Transport
@@ -56,6 +58,13 @@ def check_site(request: calls.JoinRequest) -> None:
         raise BadRequest("near must name distinct peers, not the joining node")
 
 
+def check_speed_class(request: calls.JoinRequest) -> None:
+    """A join's speed class is unknown (unset) or within the records' range (decide/speeds.py)."""
+    if not valid_speed_class(request.speed_class):
+        raise BadRequest(f"speed_class {request.speed_class} is not a speed class: "
+                         f"{MIN_SPEED_CLASS} to {MAX_SPEED_CLASS}, or unset while unknown")
+
+
 class Admission:
     """The leader's side of a join; see the module docstring."""
 
@@ -68,14 +77,15 @@ class Admission:
         (views.claim_verdict), so a copy of a member's disk is told even when its record is current."""
         member = self.node.reads.state.members.get(request.node_id)
         wanted = (MemberStatus.ACTIVE, request.addr, request.store_port, request.ready, request.uid, request.site,
-                  tuple(request.near))
+                  tuple(request.near), request.speed_class)
         current = member is not None and (member.status, member.addr, member.store_port, member.ready,
-                                          member.uid, member.site, member.near) == wanted
+                                          member.uid, member.site, member.near, member.speed_class) == wanted
         if (not current or request.boot) and member is not None and member.uid:
             await self._judge_claim(request)
         if not current:
             record = built(lambda: MemberJoined(request.node_id, request.addr, request.store_port, request.ready,
-                                                request.uid, request.site, tuple(request.near)))
+                                                request.uid, request.site, tuple(request.near),
+                                                request.speed_class))
             await self.node.commands.propose(record, COMMAND_TIMEOUT)
         records = tuple(self.node.swim.members())
         return calls.JoinReply(accepted=True, leader_id=self.node.id, leader_addr=self.node.addr, members=records)

@@ -19,7 +19,7 @@ from dpeer.consensus import Refused
 from dpeer.daemon.decide.checkpoints import Held, valid_digest
 from dpeer.daemon.decide.failures import FailurePhase, FailureReport, one_line
 from dpeer.daemon.node.driver import Node
-from dpeer.daemon.serve.admission import Admission, check_id, check_site
+from dpeer.daemon.serve.admission import Admission, check_id, check_site, check_speed_class
 from dpeer.daemon.serve.backing import Backing
 from dpeer.daemon.serve.forward import COMMAND_TIMEOUT, Forwarder
 from dpeer.daemon.serve.job_control import JobControl
@@ -102,10 +102,11 @@ class Service:
         if not (math.isfinite(request.up) and 0 <= request.up <= MAX_UP):
             raise BadRequest(f"up must be the joining daemon's age in seconds, 0 to {MAX_UP:g}")
         check_site(request)
+        check_speed_class(request)
         return await self.forward.via_leader(
             lambda: self.admission.admit(request),
             lambda c: c.join(request.node_id, request.addr, request.store_port, request.ready, request.uid,
-                             request.boot, request.up, request.site, request.near))
+                             request.boot, request.up, request.site, request.near, request.speed_class))
 
     async def leave(self, request: calls.LeaveRequest) -> calls.LeaveReply:
         """Leave gracefully: this node (node_id empty or ours) commits member_left and exits."""

@@ -336,7 +336,7 @@ class EntryChunk(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., commit_index: _Optional[int] = ..., term: _Optional[int] = ..., uid: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("node_id", "addr", "store_port", "ready", "uid", "boot", "up", "site", "near")
+    __slots__ = ("node_id", "addr", "store_port", "ready", "uid", "boot", "up", "site", "near", "speed_class")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDR_FIELD_NUMBER: _ClassVar[int]
     STORE_PORT_FIELD_NUMBER: _ClassVar[int]
@@ -346,6 +346,7 @@ class JoinRequest(_message.Message):
     UP_FIELD_NUMBER: _ClassVar[int]
     SITE_FIELD_NUMBER: _ClassVar[int]
     NEAR_FIELD_NUMBER: _ClassVar[int]
+    SPEED_CLASS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     addr: str
     store_port: int
@@ -355,7 +356,8 @@ class JoinRequest(_message.Message):
     up: float
     site: str
     near: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ..., uid: _Optional[str] = ..., boot: _Optional[str] = ..., up: _Optional[float] = ..., site: _Optional[str] = ..., near: _Optional[_Iterable[str]] = ...) -> None: ...
+    speed_class: int
+    def __init__(self, node_id: _Optional[str] = ..., addr: _Optional[str] = ..., store_port: _Optional[int] = ..., ready: _Optional[bool] = ..., uid: _Optional[str] = ..., boot: _Optional[str] = ..., up: _Optional[float] = ..., site: _Optional[str] = ..., near: _Optional[_Iterable[str]] = ..., speed_class: _Optional[int] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "leader_id", "leader_addr", "members", "reason")

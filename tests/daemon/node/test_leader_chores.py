@@ -47,7 +47,8 @@ def chores(b_gossip: str) -> tuple[LeaderChores, FakeNode]:
                     raft_config=LAN, gossip={"a": "alive", "b": b_gossip}, clock=lambda: 11.0,
                     sightings=Sightings("a", 0.0))
     node.timers = node
-    box = SimpleNamespace(leaving=False, store_port=lambda: 7101, ready=lambda: True, site=lambda: ("", ()))
+    box = SimpleNamespace(leaving=False, store_port=lambda: 7101, ready=lambda: True, site=lambda: ("", ()),
+                          speed_class=lambda: None)
     return LeaderChores(node, LEADER_PRESETS["lan"], box), node
 
 

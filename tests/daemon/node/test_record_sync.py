@@ -37,7 +37,8 @@ class _Node:
 
 def _box(site: str = "") -> SimpleNamespace:
     """This box as its record should say it: store port 7, ready, `site` configured."""
-    return SimpleNamespace(leaving=False, store_port=lambda: 7, ready=lambda: True, site=lambda: (site, ()))
+    return SimpleNamespace(leaving=False, store_port=lambda: 7, ready=lambda: True, site=lambda: (site, ()),
+                           speed_class=lambda: None)
 
 
 class _Transport:
@@ -163,7 +164,8 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
         node, transport = _Node(loop), _Transport(loop, {"n1": ("refuse_until", 0.0)})
         sync = MemberRecordSync(node, transport, ["n1"], _box("lab-2"))
         node.reads.state.members["n2"] = SimpleNamespace(status="active", addr=node.addr, store_port=7, ready=True,
-                                                         uid=node.reads.uid, site="lab-2", near=())
+                                                         uid=node.reads.uid, site="lab-2", near=(),
+                                                         speed_class=None)
 
         async def main() -> None:
             for _ in range(3):
@@ -175,4 +177,31 @@ def test_each_boot_sends_one_update_though_its_record_is_current_and_tells_its_b
     finally:
         loop.close()
     assert len(transport.calls) == 1 and sync.confirmed
-    assert transport.sent == ("n2", node.addr, 7, True, node.reads.uid, "b" * 16, 2.5, "lab-2", ())
+    assert transport.sent == ("n2", node.addr, 7, True, node.reads.uid, "b" * 16, 2.5, "lab-2", (), None)
+
+
+def test_a_new_speed_class_is_sent_and_a_record_that_carries_it_sends_nothing_more() -> None:
+    loop = VirtualLoop()
+    try:
+        node, transport = _Node(loop), _Transport(loop, {"n1": ("refuse_until", 0.0)})
+        box = _box()
+        sync = MemberRecordSync(node, transport, ["n1"], box)
+        record = SimpleNamespace(status="active", addr=node.addr, store_port=7, ready=True, uid=node.reads.uid,
+                                 site="", near=(), speed_class=None)
+        node.reads.state.members["n2"] = record
+
+        async def a_pass() -> None:
+            sync(loop.time())
+            if sync.task is not None:
+                await sync.task
+            await asyncio.sleep(record_sync.JOIN_RETRY)
+
+        loop.run_until_complete(a_pass())  # this boot's first update, record current
+        box.speed_class = lambda: 12  # the worker reported its speed: class 12
+        loop.run_until_complete(a_pass())
+        assert transport.sent[-1] == 12 and len(transport.calls) == 2
+        record.speed_class = 12  # committed
+        loop.run_until_complete(a_pass())
+    finally:
+        loop.close()
+    assert len(transport.calls) == 2

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
@@ -201,3 +202,18 @@ def test_a_join_with_a_bad_boot_or_age_is_refused_with_its_sentence(leader, boot
     with pytest.raises(BadRequest) as refused:
         asyncio.run(service.join(_join(HOME, OLD, boot, up)))
     assert str(refused.value) == sentence
+
+
+@pytest.mark.parametrize("speed_class", [-81, 81, 1000])
+def test_a_join_with_a_speed_class_out_of_range_is_refused_with_its_sentence(leader, speed_class) -> None:
+    _, service, _ = leader
+    with pytest.raises(BadRequest) as refused:
+        asyncio.run(service.join(replace(_join(HOME, OLD), speed_class=speed_class)))
+    assert str(refused.value) == f"speed_class {speed_class} is not a speed class: -80 to 80, or unset while unknown"
+
+
+def test_a_join_s_speed_class_reaches_the_committed_record_and_unset_is_unknown(leader) -> None:
+    node, service, _ = leader
+    assert node.reads.state.members["n1"].speed_class is None
+    asyncio.run(service.join(replace(_join(HOME, OLD), speed_class=-3)))
+    assert node.reads.state.members["n1"].speed_class == -3

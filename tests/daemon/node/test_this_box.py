@@ -1,0 +1,26 @@
+"""ThisBox's speed class: from its worker's latest speed, held near the committed class (hysteresis)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from dpeer.daemon.node.this_box import ThisBox
+
+
+def _box(committed: int | None, speed: float | None, worker: bool = True) -> ThisBox:
+    me = SimpleNamespace(speed_class=committed)
+    node = SimpleNamespace(id="n1", reads=SimpleNamespace(state=SimpleNamespace(members={"n1": me})))
+    return ThisBox(node, SimpleNamespace(speed=speed) if worker else None, "")  # type: ignore[arg-type]
+
+
+def test_the_box_s_speed_class_follows_its_worker_and_holds_near_the_committed_one() -> None:
+    assert _box(None, 16.0).speed_class() == 16  # 16 micro-batches a second: 4 * log2(16)
+    assert _box(16, 2 ** (16.55 / 4)).speed_class() == 16  # past the rounding boundary, within the hold
+    assert _box(None, 2 ** (16.55 / 4)).speed_class() == 17
+    assert _box(16, 8.0).speed_class() == 12  # twice as slow: moves at once
+
+
+def test_a_box_whose_worker_reported_no_speed_keeps_its_committed_class() -> None:
+    assert _box(12, None).speed_class() == 12  # a restarted worker has not measured yet
+    assert _box(None, None).speed_class() is None
+    assert _box(None, None, worker=False).speed_class() is None  # no job
