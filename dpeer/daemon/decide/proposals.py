@@ -15,6 +15,7 @@ from typing import ClassVar, Collection, Mapping, Sequence, Union
 from dpeer.address import Address
 from dpeer.consensus.voting import ChangeOp
 from dpeer.daemon.decide.sightings import Sightings, Windows, copy_of, held_by_another
+from dpeer.daemon.decide.speeds import plan_shares
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import ControlMode, MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
@@ -399,6 +400,7 @@ def quiet_window(
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
     store_port_of: Mapping[str, int], failed_generation: int = 0, sites: Mapping[str, str] | None = None,
+    classes: Mapping[str, int | None] | None = None,
 ) -> Decision:
     """Propose the next generation once the wanted members have held still for `quiet` seconds.
 
@@ -407,7 +409,9 @@ def decide_view(
     reported itself failed (failed_generation == current) gets a new generation even with the
     same members, so its workers can re-form. The view names each member's site from `sites`
     (None: it names none); a change of the members' sites alone is a new generation too, unless
-    the current view names no sites (an older leader's: the next view names them).
+    the current view names no sites (an older leader's: the next view names them). It gives each
+    member a share of a step planned from `classes`, their speed classes (None: even shares); a
+    change of the shares alone is a new generation too (the workers re-form in place).
     """
     current = state.view
     failed = _group_failed(state, failed_generation)
@@ -421,7 +425,9 @@ def decide_view(
         return _none("no member is ready to train")
     placed = tuple(sites[m] for m in members) if sites is not None else ()
     moved = current is not None and bool(current.sites) and current.sites != placed
-    if current is not None and list(current.members) == members and not failed and not moved:
+    shares = plan_shares([classes.get(m) for m in members])[0] if classes is not None else ()
+    reshared = current is not None and current.shares != shares
+    if current is not None and list(current.members) == members and not failed and not moved and not reshared:
         return _none(f"generation {current.generation} already has these members")
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
@@ -431,9 +437,12 @@ def decide_view(
     except ValueError as exc:  # a record no admission would take today (an older log): never crash the chores
         return _none(f"rank 0 ({rank0}) has no usable address: {exc}")
     generation = (current.generation if current is not None else 0) + 1
-    view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])), sites=placed)
-    moved = moved and list(current.members) == members and not failed
-    return Decision(view, f"generation {generation}: {len(members)} members" + (", their sites changed" if moved else ""))
+    view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])), sites=placed,
+                      shares=shares)
+    same = current is not None and list(current.members) == members and not failed
+    notes = [note for note, changed in ((", their sites changed", moved), (", their shares changed", reshared))
+             if same and changed]
+    return Decision(view, f"generation {generation}: {len(members)} members" + "".join(notes))
 
 
 def _pause(current: View | None) -> Decision:

@@ -23,6 +23,7 @@ from dpeer.daemon.decide.failures import (
 from dpeer.daemon.node.record_sync import Box
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.decide.sites import committed_sites
+from dpeer.daemon.decide.speeds import plan_shares
 from dpeer.daemon.timing import LeaderTiming
 from dpeer.daemon.decide.sightings import Windows
 from dpeer.daemon.decide.proposals import (
@@ -77,6 +78,7 @@ class LeaderChores:
         self._led_since: float | None = None
         self._tolerance: Tolerance | None = None  # the last one judged while leading (None before)
         self._sites_note = ""  # the last sites' reason logged
+        self._shares_note = ""  # the last shares' reason logged
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
@@ -167,7 +169,12 @@ class LeaderChores:
         if sites.reason != self._sites_note:
             log.info("sites: %s", sites.reason)
             self._sites_note = sites.reason
-        return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of)
+        classes = {n: state.members[n].speed_class for n in members}
+        shares_note = plan_shares([classes[n] for n in members])[1]
+        if shares_note != self._shares_note:
+            log.info("shares of %s: %s", ",".join(members), shares_note)
+            self._shares_note = shares_note
+        return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of, classes)
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:
         """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""

@@ -162,6 +162,25 @@ def test_a_view_names_each_member_s_site_and_a_change_of_sites_alone_is_a_new_ge
     assert joined.proposal.sites == ("auto-b", "lab") and "sites" not in joined.reason
 
 
+def test_a_view_gives_shares_by_speed_class_and_a_change_of_shares_alone_is_a_new_generation() -> None:
+    s = state({"a": "active", "b": "active"}, view=View(3, ("a", "b"), Address.parse("10.0.0.1:8100"), "", (), (8, 4)))
+    ports = {"a": 8100, "b": 8101}
+    same = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 8})
+    assert not same.propose and "already has" in same.reason  # unchanged shares: no new generation
+    faster = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 12})
+    assert faster.proposal == ViewChange(4, ("a", "b"), "10.0.0.1:8100", shares=())  # all equal: even
+    assert "their shares changed" in faster.reason
+    slower = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 4})
+    assert slower.proposal.shares == (8, 2) and "their shares changed" in slower.reason
+    unknown = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": None, "b": 8})
+    assert unknown.proposal.shares == () and "shares" in unknown.reason  # unknown: the full share, so even
+    joined = decide_view(s, ["b", "a"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 8})
+    assert joined.proposal.shares == (4, 8) and "shares" not in joined.reason  # in rank order
+    even = state({"a": "active", "b": "active"}, view=View(3, ("a", "b"), Address.parse("10.0.0.1:8100")))
+    assert not decide_view(even, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 5, "b": 5}).propose
+    assert not decide_view(even, ["a", "b"], 0.0, 100.0, 0.1, ports).propose  # no classes given: even
+
+
 @pytest.mark.parametrize(
     "view, members, control, why",
     [

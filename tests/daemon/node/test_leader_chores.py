@@ -190,3 +190,19 @@ def test_the_leader_s_record_names_its_site_and_its_next_view_names_every_member
     d = leader.decide(11.0 + leader.quiet + 0.01)
     assert d is not None and d.proposal.generation == 5 and d.proposal.sites == ("lab", "auto-b")
     assert "their sites changed" in d.reason
+
+
+def test_the_leader_s_record_carries_its_speed_class_and_its_next_view_shares_by_the_members_classes() -> None:
+    leader, node = chores("alive")
+    leader.box.speed_class = lambda: 12
+    d = leader.decide(10.0)
+    assert d is not None and d.proposal == MemberJoined("a", "10.0.0.1:7100", 7101, True, "a" * 32, speed_class=12)
+    state = node.reads.state
+    members = {"a": replace(state.members["a"], speed_class=12), "b": replace(state.members["b"], speed_class=8)}
+    node.reads.state = replace(state, members=MappingProxyType(members))
+    assert leader.decide(11.0) is None  # the wanted members, first seen: the quiet window starts
+    d = leader.decide(11.0 + leader.quiet + 0.01)
+    assert d is not None and d.proposal.generation == 5 and d.proposal.shares == (8, 4)
+    assert "their shares changed" in d.reason
+    node.reads.state = replace(node.reads.state, view=replace(state.view, generation=5, shares=(8, 4)))
+    assert leader.decide(20.0) is None  # committed: the same shares make no new generation
