@@ -212,12 +212,14 @@ def test_cluster_commands_status_members_kv_and_leave(daemons) -> None:
     assert {m["node_id"] for m in doc["members"]} == {"n1", "n2", "n3"}
     for m in doc["members"]:
         assert {"node_id", "addr", "state", "incarnation", "version"} <= set(m), m
+        assert m["speed_class"] is None, m  # no job: no worker reported a speed
         assert m["state"] in ("alive", "suspect", "dead", "left")
         assert isinstance(m["incarnation"], int) and isinstance(m["version"], int)
     assert {m["node_id"]: m["addr"] for m in doc["members"]} == {"n1": n1.addr, "n2": n2.addr, "n3": n3.addr}
     group = doc["group"]
     assert group is not None and {"generation", "world_size", "rank", "members"} <= set(group)
     assert group["world_size"] == 3 and group["members"][group["rank"]] == "n2"
+    assert group["shares"] == []  # even: no member's speed is known
     assert doc["train"] is None  # no --job
 
     human, members, members_json, absent, absent_json = cli_many([

@@ -29,8 +29,9 @@ def site_measure(node: Node, configured: str) -> dict[str, Any]:
 
 
 def members(node: Node) -> list[dict[str, Any]]:
-    """Gossip's members with their committed status, the last probe's round trip and their
-    committed site: {node_id, addr, state, incarnation, version, committed, rtt_ms, site}."""
+    """Gossip's members with their committed status, the last probe's round trip, their committed
+    site and speed class: {node_id, addr, state, incarnation, version, committed, rtt_ms, site,
+    speed_class} (speed_class null while unknown: decide/speeds.py)."""
     state = node.reads.state
     committed = state.members
     out = []
@@ -41,19 +42,21 @@ def members(node: Node) -> list[dict[str, Any]]:
             "incarnation": rec.incarnation, "version": rec.last_applied,
             "committed": member.status if member is not None else None,
             "rtt_ms": node.probes.rtt_ms(rec.node_id), "site": site_of(state, rec.node_id),
+            "speed_class": member.speed_class if member is not None else None,
         })
     return out
 
 
 def group(node: Node) -> dict[str, Any] | None:
     """The committed view as seen by this node, or None when it is not in it; `sites`: each
-    member's site in rank order (empty when the view names none)."""
+    member's site in rank order (empty when the view names none); `shares`: each member's share of
+    a step in rank order (empty: even shares)."""
     view = node.reads.state.view
     if view is None or node.id not in view.members:
         return None
     return {"generation": view.generation, "world_size": len(view.members),
             "rank": view.members.index(node.id), "members": list(view.members), "store_host": str(view.store),
-            "sites": list(view.sites)}
+            "sites": list(view.sites), "shares": list(view.shares)}
 
 
 def checkpoint(node: Node) -> dict[str, Any] | None:
