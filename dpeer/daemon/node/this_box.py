@@ -1,6 +1,6 @@
 """This box as its member record should say it now: its worker's store port and readiness, its
-site, its speed class, and whether the daemon is leaving (node/record_sync.py Box, read by the record's sync and
-the leader's chores)."""
+site, its speed class, and whether the daemon is leaving (node/record_sync.py Box, read by the
+record's sync and the leader's chores)."""
 
 from __future__ import annotations
 

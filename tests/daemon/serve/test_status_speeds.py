@@ -26,5 +26,6 @@ def test_each_member_shows_its_speed_class_null_while_unknown_beside_its_site() 
 
 
 def test_the_group_shows_its_shares_empty_when_even() -> None:
-    assert group(_node(View(2, ("a", "b"), Address.parse("a:2"), shares=(8, 4))))["shares"] == [8, 4]  # type: ignore[arg-type, index]
-    assert group(_node(View(2, ("a", "b"), Address.parse("a:2"))))["shares"] == []  # type: ignore[arg-type, index]
+    weighted, even = (_node(View(2, ("a", "b"), Address.parse("a:2"), shares=shares)) for shares in ((8, 4), ()))
+    assert group(weighted)["shares"] == [8, 4]  # type: ignore[arg-type, index]
+    assert group(even)["shares"] == []  # type: ignore[arg-type, index]
