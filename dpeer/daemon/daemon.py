@@ -78,7 +78,7 @@ class Daemon:
                                 preset=config.preset, max_voters=config.max_voters, timing=timing, clock=clock,
                                 seed=seed, events=self, ids=ids)
         self.resyncer = Resyncer(node, self.transport)
-        self.box = ThisBox(node, worker, config.site or "")
+        self.box = ThisBox(node, worker, config.site or "", config.training.split == "speed")
         self.leader = LeaderChores(node, timing.leader, self.box, config.training.failure_repeats)
         ckpt_dir = config.data_dir / "checkpoints"
         self.link = None if worker is None else WorkerLink(node, self.transport, worker, self.leader, metrics,

@@ -13,8 +13,9 @@ from dpeer.daemon.worker.supervisor import Worker
 class ThisBox:
     """The daemon's Box: read from its worker, its configuration and the node's probes."""
 
-    def __init__(self, node: Node, worker: Worker | None, configured_site: str) -> None:
-        self.node, self.worker, self.configured_site = node, worker, configured_site
+    def __init__(self, node: Node, worker: Worker | None, configured_site: str, by_speed: bool = True) -> None:
+        """by_speed: config training.split is "speed" (else "even": the box tells no speed class)."""
+        self.node, self.worker, self.configured_site, self.by_speed = node, worker, configured_site, by_speed
         self.leaving = False
 
     def store_port(self) -> int:
@@ -36,7 +37,10 @@ class ThisBox:
 
     def speed_class(self) -> int | None:
         """This box's speed class from its worker's latest speed, held near its committed class
-        (hysteresis); the committed class while the worker has reported none (a restarted worker)."""
+        (hysteresis); the committed class while the worker has reported none (a restarted worker);
+        None (unknown: an even share) when the box's split is even."""
+        if not self.by_speed:
+            return None
         me = self.node.reads.state.members.get(self.node.id)
         committed = me.speed_class if me is not None else None
         speed = self.worker.speed if self.worker is not None else None

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 from dpeer.daemon.node.this_box import ThisBox
 
 
-def _box(committed: int | None, speed: float | None, worker: bool = True) -> ThisBox:
+def _box(committed: int | None, speed: float | None, worker: bool = True, by_speed: bool = True) -> ThisBox:
     me = SimpleNamespace(speed_class=committed)
     node = SimpleNamespace(id="n1", reads=SimpleNamespace(state=SimpleNamespace(members={"n1": me})))
-    return ThisBox(node, SimpleNamespace(speed=speed) if worker else None, "")  # type: ignore[arg-type]
+    return ThisBox(node, SimpleNamespace(speed=speed) if worker else None, "", by_speed)  # type: ignore[arg-type]
 
 
 def test_the_box_s_speed_class_follows_its_worker_and_holds_near_the_committed_one() -> None:
@@ -24,3 +24,7 @@ def test_a_box_whose_worker_reported_no_speed_keeps_its_committed_class() -> Non
     assert _box(12, None).speed_class() == 12  # a restarted worker has not measured yet
     assert _box(None, None).speed_class() is None
     assert _box(None, None, worker=False).speed_class() is None  # no job
+
+
+def test_a_box_whose_split_is_even_tells_no_speed_class() -> None:
+    assert _box(12, 16.0, by_speed=False).speed_class() is None  # training.split: even
