@@ -8,6 +8,7 @@ in the same order everywhere.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar, Collection, Mapping, Sequence, Union
@@ -15,7 +16,7 @@ from typing import ClassVar, Collection, Mapping, Sequence, Union
 from dpeer.address import Address
 from dpeer.consensus.voting import ChangeOp
 from dpeer.daemon.decide.sightings import Sightings, Windows, copy_of, held_by_another
-from dpeer.daemon.decide.speeds import plan_shares
+from dpeer.daemon.decide.speeds import RESHARE_EVERY, plan_shares
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import ControlMode, MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
@@ -400,7 +401,7 @@ def quiet_window(
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
     store_port_of: Mapping[str, int], failed_generation: int = 0, sites: Mapping[str, str] | None = None,
-    classes: Mapping[str, int | None] | None = None,
+    classes: Mapping[str, int | None] | None = None, shares_since: float = -math.inf,
 ) -> Decision:
     """Propose the next generation once the wanted members have held still for `quiet` seconds.
 
@@ -411,7 +412,9 @@ def decide_view(
     (None: it names none); a change of the members' sites alone is a new generation too, unless
     the current view names no sites (an older leader's: the next view names them). It gives each
     member a share of a step planned from `classes`, their speed classes (None: even shares); a
-    change of the shares alone is a new generation too (the workers re-form in place).
+    change of the shares alone is a new generation too (the workers re-form in place), once the
+    committed shares have stood RESHARE_EVERY seconds (since `shares_since`), so speeds that keep
+    moving do not keep re-forming the group.
     """
     current = state.view
     failed = _group_failed(state, failed_generation)
@@ -425,10 +428,14 @@ def decide_view(
         return _none("no member is ready to train")
     placed = tuple(sites[m] for m in members) if sites is not None else ()
     moved = current is not None and bool(current.sites) and current.sites != placed
-    shares = plan_shares([classes.get(m) for m in members])[0] if classes is not None else ()
+    shares, why = plan_shares([classes.get(m) for m in members]) if classes is not None else ((), "even shares")
     reshared = current is not None and current.shares != shares
-    if current is not None and list(current.members) == members and not failed and not moved and not reshared:
-        return _none(f"generation {current.generation} already has these members")
+    if current is not None and list(current.members) == members and not failed and not moved:
+        if not reshared:
+            return _none(f"generation {current.generation} already has these members")
+        if now - shares_since < RESHARE_EVERY:
+            return _none(f"the members' shares changed: they wait {RESHARE_EVERY - (now - shares_since):.1f}s more "
+                         f"(a group re-forms for its shares alone at most every {RESHARE_EVERY:g}s)")
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
     rank0 = members[0]
@@ -440,7 +447,7 @@ def decide_view(
     view = ViewChange(generation, tuple(members), str(Address(host, store_port_of[rank0])), sites=placed,
                       shares=shares)
     same = current is not None and list(current.members) == members and not failed
-    notes = [note for note, changed in ((", their sites changed", moved), (", their shares changed", reshared))
+    notes = [note for note, changed in ((", their sites changed", moved), (f", their shares changed ({why})", reshared))
              if same and changed]
     return Decision(view, f"generation {generation}: {len(members)} members" + "".join(notes))
 

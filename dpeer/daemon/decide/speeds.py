@@ -18,6 +18,7 @@ from dpeer.statemachine.payloads import MAX_SPEED_CLASS, MIN_SPEED_CLASS
 CLASSES_PER_OCTAVE = 4  # a class is a quarter octave: speeds about 19% apart
 HOLD = 0.6  # a box keeps its class while its speed stays within this many classes of it
 FULL_SHARE = 8  # the share of the fastest members (a view's weights run from 1 to this)
+RESHARE_EVERY = 30.0  # seconds a view's shares stand before a change of the shares alone re-forms the group
 
 
 def speed_class(rate: float, current: int | None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 
 from dpeer.consensus import Role
 from dpeer.daemon.decide.checkpoints import Held, decide_checkpoint, still_pending
@@ -23,7 +24,6 @@ from dpeer.daemon.decide.failures import (
 from dpeer.daemon.node.record_sync import Box
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.decide.sites import committed_sites
-from dpeer.daemon.decide.speeds import plan_shares
 from dpeer.daemon.timing import LeaderTiming
 from dpeer.daemon.decide.sightings import Windows
 from dpeer.daemon.decide.proposals import (
@@ -78,12 +78,12 @@ class LeaderChores:
         self._led_since: float | None = None
         self._tolerance: Tolerance | None = None  # the last one judged while leading (None before)
         self._sites_note = ""  # the last sites' reason logged
-        self._shares_note = ""  # the last shares' reason logged
+        self._shares: tuple[tuple[int, ...], float] | None = None  # the committed shares, and since when (seen here)
 
     def __call__(self, now: float) -> None:
         """Decide and start at most one proposal while leading."""
         if self.node.role is not Role.LEADER:
-            self._wanted = self._led_since = self._tolerance = None
+            self._wanted = self._led_since = self._tolerance = self._shares = None
             return
         self._watch_tolerance(now)
         if self._task is not None and not self._task.done():
@@ -169,12 +169,12 @@ class LeaderChores:
         if sites.reason != self._sites_note:
             log.info("sites: %s", sites.reason)
             self._sites_note = sites.reason
+        committed = state.view.shares if state.view is not None else ()
+        if self._shares is None or self._shares[0] != committed:  # a new leader: as if they stood long
+            self._shares = (committed, now if self._shares is not None else -math.inf)
         classes = {n: state.members[n].speed_class for n in members}
-        shares_note = plan_shares([classes[n] for n in members])[1]
-        if shares_note != self._shares_note:
-            log.info("shares of %s: %s", ",".join(members), shares_note)
-            self._shares_note = shares_note
-        return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of, classes)
+        return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of, classes,
+                           self._shares[1])
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:
         """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""

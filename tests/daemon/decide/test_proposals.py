@@ -8,6 +8,7 @@ import pytest
 
 from dpeer.membership import MemberState
 from dpeer.consensus.voting import ChangeOp
+from dpeer.daemon.decide.speeds import RESHARE_EVERY
 from dpeer.daemon.decide.proposals import (
     MembershipChange, Observed, change_began, decide_view, plan_voters, reconcile_members, training_members,
 )
@@ -176,6 +177,12 @@ def test_a_view_gives_shares_by_speed_class_and_a_change_of_shares_alone_is_a_ne
     assert unknown.proposal.shares == () and "shares" in unknown.reason  # unknown: the full share, so even
     joined = decide_view(s, ["b", "a"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 8})
     assert joined.proposal.shares == (4, 8) and "shares" not in joined.reason  # in rank order
+    held = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 4},
+                       shares_since=100.0 - RESHARE_EVERY + 1.0)
+    assert not held.propose and "wait 1.0s more" in held.reason  # the shares stood too short a time
+    regrown = decide_view(s, ["a", "b", "c"], 0.0, 100.0, 0.1, {**ports, "c": 8102},
+                          classes={"a": 12, "b": 4, "c": 12}, shares_since=100.0)
+    assert regrown.proposal.shares == (8, 2, 8)  # a change of members takes the new shares at once
     even = state({"a": "active", "b": "active"}, view=View(3, ("a", "b"), Address.parse("10.0.0.1:8100")))
     assert not decide_view(even, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 5, "b": 5}).propose
     assert not decide_view(even, ["a", "b"], 0.0, 100.0, 0.1, ports).propose  # no classes given: even

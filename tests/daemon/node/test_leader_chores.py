@@ -10,6 +10,7 @@ from dpeer.consensus.config import LAN
 from dpeer.daemon.decide.sightings import Sightings
 from dpeer.membership import MemberState
 from dpeer.daemon.decide.failures import FailurePhase, FailureReport
+from dpeer.daemon.decide.speeds import RESHARE_EVERY
 from dpeer.daemon.node.leader_chores import LeaderChores
 from dpeer.daemon.timing import LEADER_PRESETS
 from dpeer.daemon.decide.proposals import Observed
@@ -206,3 +207,9 @@ def test_the_leader_s_record_carries_its_speed_class_and_its_next_view_shares_by
     assert "their shares changed" in d.reason
     node.reads.state = replace(node.reads.state, view=replace(state.view, generation=5, shares=(8, 4)))
     assert leader.decide(20.0) is None  # committed: the same shares make no new generation
+    members = {**members, "b": replace(members["b"], speed_class=4)}  # b slowed down again
+    node.reads.state = replace(node.reads.state, members=MappingProxyType(members))
+    d = leader.decide(20.0 + RESHARE_EVERY - 1.0)
+    assert d is None  # the shares of generation 5 stand a while first
+    d = leader.decide(20.0 + RESHARE_EVERY)
+    assert d is not None and d.proposal.generation == 6 and d.proposal.shares == (8, 2)
