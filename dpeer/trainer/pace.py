@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 
 STEP_TIME_WINDOW = 200
 ADAPT_EVERY = 8  # steps between re-computations of the adaptive timeout (a sort of the window: ~5 us)
-SPEED_SMOOTHING = 0.2  # the weight of a pass's speed in the running speed
-SPEED_WARMUP = 3  # passes measured before the first report (the first runs slow: allocations, the measuring pass)
-SPEED_MOVE = 0.10  # a speed is reported again once it moved by more than this since the last report
+SPEED_SMOOTHING = 0.1  # the weight of a pass's speed in the running speed
+SPEED_WARMUP = 5  # passes measured before the first report (the first runs slow: allocations, the measuring pass)
+SPEED_MOVE = 0.2  # a speed is reported again once it moved by more than this since the last report (about a
+# speed class, daemon/decide/speeds.py: a report that cannot move the box's class only grows the log)
+SPEED_REPORT_EVERY = 20  # passes at least between two reports
 
 
 class Pace:
@@ -37,6 +39,7 @@ class Pace:
         self.speed = 0.0  # micro-batches a second, smoothed (0: none measured yet)
         self.reported = 0.0  # the speed last reported
         self._passes = 0
+        self._reported_at = -SPEED_REPORT_EVERY  # the pass of the last report
 
     def begin(self) -> None:
         """A step begins now."""
@@ -67,15 +70,17 @@ class Pace:
             self.trainer.group.set_timeout(seconds)
 
     def computed(self, seconds: float, micro_batches: int) -> None:
-        """A pass ran ``micro_batches`` micro-batches in ``seconds`` (forward, backward and the data
-        fetch; not the wait for the sums): fold it into the speed and report the speed when it moved."""
+        """A pass ran ``micro_batches`` micro-batches in ``seconds`` (each one's fetch, forward and
+        backward; not the pass's own costs or the wait for the sums, so a box given fewer micro-batches
+        does not read as slower): fold it into the speed, and report the speed when it moved."""
         if micro_batches < 1 or seconds <= 0.0:
             return  # a rank with nothing to run measures nothing
         rate = micro_batches / seconds
         self.speed = rate if self.speed == 0.0 else self.speed + SPEED_SMOOTHING * (rate - self.speed)
         self._passes += 1
-        if self._passes >= SPEED_WARMUP and abs(self.speed - self.reported) > SPEED_MOVE * self.reported:
-            self.reported = self.speed
+        due = self._passes >= SPEED_WARMUP and self._passes - self._reported_at >= SPEED_REPORT_EVERY
+        if due and abs(self.speed - self.reported) > SPEED_MOVE * self.reported:
+            self.reported, self._reported_at = self.speed, self._passes
             self.trainer.source.report_speed(self.speed)
 
     def patience(self) -> float:

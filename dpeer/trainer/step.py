@@ -134,8 +134,9 @@ class Step:
         t, planned = self._trainer, self._trainer.stepper.planned()
         t.stepper.begin(t.peek_newest())
         while True:
-            began = time.monotonic()
+            computing = 0.0  # the pass's micro-batches alone: fetch, forward, backward (no per-pass cost)
             for n, (j, indices) in enumerate(planned):
+                began = time.monotonic()
                 t.stepper.enter(n)
                 batch = t.feed.get(self.number, j, indices)
                 self._current = (n, len(indices))
@@ -143,8 +144,9 @@ class Step:
                 if self._current is not None:
                     raise StepUsageError(f"step {self.number}: micro-batch {j} got no step.backward(loss)")
                 t.stepper.leave(n)
+                computing += time.monotonic() - began
             t.stepper.end_pass()
-            t.pace.computed(time.monotonic() - began, len(planned))
+            t.pace.computed(computing, len(planned))
             reduction = t.reduce(self.seat)
             if reduction is not None:
                 self.reduction = reduction
