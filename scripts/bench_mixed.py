@@ -55,6 +55,10 @@ class SlowCore:
         return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec taskset -c 1 "$@"', "slow"]
 
     def close(self) -> None:
+        """Remove the cgroup once the processes stopped in it are gone (they take a moment to exit)."""
+        deadline = time.monotonic() + 30
+        while (self.path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.2)
         try:
             self.path.rmdir()
         except OSError as exc:
@@ -103,7 +107,7 @@ def main() -> int:
     p.add_argument("--slow", type=float, default=0.5)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--global-batch", type=int, default=192)
+    p.add_argument("--global-batch", type=int, default=384)
     p.add_argument("--micro-batch", type=int, default=16)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
