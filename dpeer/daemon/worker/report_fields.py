@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,7 +59,7 @@ def speed_of(record: dict[str, Any], current: float | None) -> float | None:
     """The speed a "speed" record reports (micro-batches a second); `current`, with a warning, when
     it is not a finite number above 0 (its member record carries a class of it: decide/speeds.py)."""
     rate = record.get("micro_batches_per_s")
-    if type(rate) in (int, float) and math.isfinite(rate) and rate > 0:
+    if type(rate) in (int, float) and 0 < rate <= sys.float_info.max:  # no NaN, inf, nor int past a float
         return float(rate)
     log.warning("a speed report of the worker names %.40r micro-batches a second, not a finite number above 0: "
                 "ignored", rate)

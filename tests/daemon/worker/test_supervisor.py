@@ -195,3 +195,11 @@ def test_a_speed_report_sets_the_workers_speed_and_a_bad_one_is_ignored_with_a_w
     write(tmp_path, {"kind": "speed", "micro_batches_per_s": 3})
     sup.poll(2.0)
     assert sup.speed == 3.0
+
+
+def test_a_speed_report_of_an_integer_too_large_for_a_float_is_ignored_not_raised(tmp_path: Path) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(WorkerEventLog())
+    write(tmp_path, {"kind": "speed", "micro_batches_per_s": 10**400})
+    sup.poll(0.0)
+    assert sup.speed is None
