@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Protocol, TextIO
 
 from dpeer.address import Address
-from dpeer.view import View
+from dpeer.view import MAX_SHARE, View, valid_shares
 
 POLL_INTERVAL_S = 0.005
 # A training worker peeks for a newer view every step; the folder is scanned only when its mtime
@@ -99,9 +99,12 @@ class Assignment:
     @classmethod
     def from_json(cls, text: str) -> "Assignment":
         d = json.loads(text)
-        view = View(int(d["generation"]), tuple(str(m) for m in d["members"]),
-                    Address(str(d["store_host"]), int(d["store_port"])), str(d.get("secret", "")),
-                    tuple(str(s) for s in d.get("sites", ())), tuple(int(s) for s in d.get("shares", ())))
+        members, shares = tuple(str(m) for m in d["members"]), d.get("shares", [])
+        if type(shares) is not list or not valid_shares(tuple(shares), len(members)):
+            raise ValueError(f"a view file's shares must be one weight from 1 to {MAX_SHARE} a member, or none: "
+                             f"{shares!r:.100}")
+        view = View(int(d["generation"]), members, Address(str(d["store_host"]), int(d["store_port"])),
+                    str(d.get("secret", "")), tuple(str(s) for s in d.get("sites", ())), tuple(shares))
         return cls(view, int(d.get("checkpoint_step", 0)), str(d.get("checkpoint_digest", "")),
                    str(d.get("bind_host", "")))
 

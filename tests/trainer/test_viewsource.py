@@ -1,5 +1,7 @@
 """The worker side of the local channel: views in, reports out, on the OS clock and on a fake one."""
 
+import json
+
 import pytest
 
 from dpeer.channel.local import SYSTEM
@@ -73,3 +75,18 @@ def test_an_assignment_reads_back_as_written_with_an_ipv6_store(tmp_path):
     given = Assignment(View(2, ("a",), Address("::1", 29500), "s" * 32, ("lab-2",)), 400, "d" * 64, "::1")
     publish_view(d, given)
     assert DirViewSource(d, "a", ManualClock(0.0)).wait_view(1, 0.0) == given
+
+
+@pytest.mark.parametrize("shares", [[True, 2], [2.5, 1], ["3", "1"], [1], [0, 1], [-1, 2], [65, 1], "12", {"a": 1}])
+def test_a_view_file_with_bad_shares_is_refused_not_read_as_another_split(shares):
+    """Each member's worker splits a step by its own view file: a forged or torn one's shares are a
+    clear error, never coerced (True as 1, 2.5 as 2) or left for the step to trip on."""
+    text = json.dumps({"generation": 3, "members": ["a", "b"], "store_host": "127.0.0.1", "store_port": 5000,
+                       "shares": shares})
+    with pytest.raises(ValueError, match="shares"):
+        Assignment.from_json(text)
+
+
+def test_a_view_files_shares_read_back_as_written():
+    given = Assignment(View(2, ("a", "b"), Address("127.0.0.1", 29500), shares=(8, 3)))
+    assert Assignment.from_json(given.to_json()) == given
