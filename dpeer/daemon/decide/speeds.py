@@ -34,16 +34,14 @@ def speed_class(rate: float, current: int | None) -> int:
 
 def plan_shares(classes: Sequence[int | None]) -> tuple[tuple[int, ...], str]:
     """Each member's share of a step by its speed class in rank order, with the reason: the fastest
-    known class gets FULL_SHARE, each class below it a quarter octave less (at least 1); a member
-    whose class is unknown gets FULL_SHARE. Equal shares (or no known class) are () (even)."""
-    known = [c for c in classes if c is not None]
-    if not known:
-        return (), "even shares: no member has reported its speed"
-    top = max(known)
-    shares = tuple(FULL_SHARE if c is None else max(1, round(FULL_SHARE * 2 ** ((c - top) / CLASSES_PER_OCTAVE)))
-                   for c in classes)
+    class gets FULL_SHARE, each class below it a quarter octave less (at least 1). Even shares, (),
+    while any member's class is unknown: a box of an older build (or `split: even`) tells none and
+    splits evenly whatever the view says, so only an even split keeps every rank's part the same."""
+    unknown = [rank for rank, c in enumerate(classes) if c is None]
+    if unknown:
+        return (), f"even shares: {len(unknown)} member(s) of unknown speed (rank {unknown[0]} first)"
+    top = max(classes, default=0)
+    shares = tuple(max(1, round(FULL_SHARE * 2 ** ((c - top) / CLASSES_PER_OCTAVE))) for c in classes)
     if len(set(shares)) <= 1:
         return (), "even shares: every member is as fast as the fastest"
-    unknown = len(classes) - len(known)
-    return shares, (f"shares {','.join(map(str, shares))} by speed class (fastest class {top})"
-                    + (f"; {unknown} member(s) of unknown speed get the full share" if unknown else ""))
+    return shares, f"shares {','.join(map(str, shares))} by speed class (fastest class {top})"
