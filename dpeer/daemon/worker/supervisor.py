@@ -281,7 +281,7 @@ class WorkerSupervisor:
         a report whose fields do not parse is dropped with a warning, never raised into the daemon."""
         try:
             self._take_report(record)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # OverflowError: float(10**400)
             log.warning("dropped a malformed report of the worker (%s: %s): %.300s", type(exc).__name__, exc,
                         record)
 

@@ -203,3 +203,11 @@ def test_a_speed_report_of_an_integer_too_large_for_a_float_is_ignored_not_raise
     write(tmp_path, {"kind": "speed", "micro_batches_per_s": 10**400})
     sup.poll(0.0)
     assert sup.speed is None
+
+
+def test_a_progress_report_of_a_loss_too_large_for_a_float_is_dropped_not_raised(tmp_path: Path) -> None:
+    sup = WorkerSupervisor("n1", "demo", tmp_path, TrainingConfig())
+    sup.attach(WorkerEventLog())
+    write(tmp_path, {"kind": "progress", "step": 3, "samples": 12, "loss": 10**400, "digest": "ab"})
+    sup.poll(0.0)
+    assert sup.train is None
