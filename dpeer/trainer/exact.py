@@ -147,8 +147,9 @@ class ExactStep:
 
     def _group(self, world: int) -> GroupSums:
         """The sums of a group of ``world``, made anew (its buckets planned, its hooks set) when the
-        group's size changed."""
-        if self._sums is None or self._sums.world != world:
+        group's size or its path changed (a view's shares can move a group of one size between the
+        owners' path and the allreduce)."""
+        if self._sums is None or self._sums.world != world or self._sums.sharded != self._sharded:
             self.close()
             self._sums = GroupSums(self, world, self._sharded)
         return self._sums

@@ -205,7 +205,7 @@ class GroupSums:
     parameter keeps a gradient of its own, copied in after backward)."""
 
     def __init__(self, step: ExactStep, world: int, sharded: bool) -> None:
-        self.world = world
+        self.world, self.sharded = world, sharded
         self.control = ControlSlots(step.micro, step.nb, step.norms.numel, world, step.device)
         self.plan = plan_buckets(step.nb * fx.BUCKET, self.control.grads, self.control.buf.element_size(), fx.BUCKET)
         samples = step.spec.global_batch

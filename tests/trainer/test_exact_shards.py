@@ -65,10 +65,11 @@ def _held_bytes(step: ExactStep) -> int:
 
 
 def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: int, bucket_bytes: int,
-           shares: tuple[int, ...] = (), micro: int = MICRO) -> None:
-    """One rank: STEPS steps of the demo (``micro`` micro-batches a step, split by ``shares``; in
-    overlap buckets of ``bucket_bytes``, 0: the default), each step's gradient and parameter digests,
-    and the owners' buffer bytes, to ``out``."""
+           shares: tuple[int, ...] | list[tuple[int, ...]] = (), micro: int = MICRO) -> None:
+    """One rank: STEPS steps of the demo (``micro`` micro-batches a step, split by ``shares``, or by
+    ``shares[s]`` at step s when it is a list, as views that change the shares do; in overlap
+    buckets of ``bucket_bytes``, 0: the default), each step's gradient and parameter digests, and
+    the owners' buffer bytes, to ``out``."""
     torch.set_num_threads(1)
     if bucket_bytes:
         exact_sums.plan_buckets = functools.partial(overlap.plan_buckets, first_bytes=bucket_bytes, bucket_bytes=bucket_bytes)
@@ -81,7 +82,7 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
             if s == nan_at:
                 with torch.no_grad():
                     next(spec.model.parameters())[0].fill_(float("nan"))
-            step.plan(s, rank, world, shares)
+            step.plan(s, rank, world, shares[s] if isinstance(shares, list) else shares)
             sharded.append(step._sharded)
             try:
                 run_step(step, rank, world)
@@ -101,10 +102,11 @@ def _train(rank: int, world: int, store: str, out: str, options: dict, nan_at: i
 
 
 def _run(tmp_path: Path, world: int, options: dict, nan_at: int = -1, bucket_bytes: int = 0,
-         shares: tuple[int, ...] = (), micro: int = MICRO) -> list[dict]:
+         shares: tuple[int, ...] | list[tuple[int, ...]] = (), micro: int = MICRO) -> list[dict]:
     ctx = multiprocessing.get_context("spawn")
-    store = tmp_path / f"store-{world}-{len(shares)}"
-    outs = [tmp_path / f"w{world}-{'-'.join(map(str, shares))}-r{r}.json" for r in range(world)]
+    name = f"w{world}-{abs(hash(str(shares)))}"
+    store = tmp_path / f"store-{name}"
+    outs = [tmp_path / f"{name}-r{r}.json" for r in range(world)]
     procs = [ctx.Process(target=_train, args=(r, world, str(store), str(outs[r]), options, nan_at, bucket_bytes,
                                               shares, micro))
              for r in range(world)]
@@ -158,3 +160,18 @@ def test_uneven_shares_give_the_1_rank_runs_bits(tmp_path: Path, micro: int, sha
         assert r["sharded"] == [sharded] * STEPS
         assert len(r["mine"]) == share_counts(micro, shares)[ranks.index(r)]
         assert r["rows"] == solo["rows"], f"shares {shares} differ from the 1-rank run"
+
+
+@pytest.mark.timeout(600)
+def test_shares_that_move_a_group_between_its_sum_paths_keep_the_1_rank_runs_bits(tmp_path: Path) -> None:
+    """Views whose shares change while the group keeps its size (3) move it between the owners' path
+    (1/1/0, and 0/1/1) and the allreduce (2/0/0): each step must take the path its own split needs
+    (the group's sums were kept by size alone, so a 2/0/0 step ran on the owners' path and left
+    the fault-free run's bits; found by the chaos smoke run)."""
+    schedule = [(), (8, 1, 1), (1, 8, 8), (8, 1, 1)]
+    assert len(schedule) == STEPS
+    solo = _run(tmp_path, 1, {}, micro=2)[0]
+    ranks = _run(tmp_path, 3, {}, shares=schedule, micro=2)
+    for r in ranks:
+        assert r["sharded"] == [True, False, True, False]
+        assert r["rows"] == solo["rows"], "a change of path within one group size left the 1-rank run's bits"
