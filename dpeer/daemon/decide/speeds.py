@@ -4,8 +4,8 @@ from them, as pure decisions (issue 41).
 A box's worker measures its speed (micro-batches a second); its daemon turns that into a class on
 a quarter-octave scale (`speed_class`, with hysteresis, so a speed near a boundary does not flap)
 and its member record carries the class. The leader gives each member of a view a share of a
-step's work (`plan_shares`): the fastest known class gets FULL_SHARE, a box twice as slow half of
-it. The shares change where the work is done, never the step's result (the exact reduction).
+step's work (`plan_shares`): the fastest class gets FULL_SHARE, a box twice as slow half of it,
+and every member the same while any member's class is unknown. The shares change where the work is done, never the step's result (the exact reduction).
 """
 
 from __future__ import annotations

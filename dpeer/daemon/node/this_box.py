@@ -38,7 +38,7 @@ class ThisBox:
     def speed_class(self) -> int | None:
         """This box's speed class from its worker's latest speed, held near its committed class
         (hysteresis); the committed class while the worker has reported none (a restarted worker);
-        None (unknown: an even share) when the box's split is even."""
+        None (unknown, which keeps the whole group even) when the box's split is even."""
         if not self.by_speed:
             return None
         me = self.node.reads.state.members.get(self.node.id)
