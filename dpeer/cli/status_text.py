@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-HEADER = ("NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE")
+HEADER = ("NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE", "SPEED", "SHARE")
 
 
 def committed_step(doc: dict[str, Any]) -> int | None:
@@ -24,19 +24,23 @@ def committed_step(doc: dict[str, Any]) -> int | None:
 
 def member_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The members with what the table shows of each: `kind` (voter, learner or None while not
-    committed), `role` (leader, else the kind), `rank` in the group this node trains in, and
+    committed), `role` (leader, else the kind), `rank` in the group this node trains in,
     `step`: the group's newest committed step for the group's members (a step commits on every
-    rank at once), None for the others or while this node trains in no group."""
+    rank at once), None for the others or while this node trains in no group, and `share`: its
+    weight in the group's split of a step ("even" when the view splits evenly)."""
     voters, learners = set(doc.get("voters", ())), set(doc.get("learners", ()))
     group = doc.get("group") or {}
     ranks = {n: i for i, n in enumerate(group.get("members", ()))}
+    shares = group.get("shares") or ()
     step = committed_step(doc) if group else None
     rows = []
     for m in doc["members"]:
         node = m["node_id"]
         kind = "voter" if node in voters else "learner" if node in learners else None
+        rank = ranks.get(node)
+        share = None if rank is None else shares[rank] if rank < len(shares) else "even"
         rows.append({**m, "kind": kind, "role": "leader" if node == doc.get("leader") else kind,
-                     "rank": ranks.get(node), "step": step if node in ranks else None})
+                     "rank": rank, "step": step if rank is not None else None, "share": share})
     return rows
 
 
@@ -56,6 +60,14 @@ def _crossed(field: object) -> dict[str, tuple[int, int]]:
     return out
 
 
+def _speed(speed_class: object) -> str:
+    """A member's speed class as the micro-batches a second it stands for (2 ** (class / 4): a
+    quarter octave a class, decide/speeds.py), "-" while unknown or not a class."""
+    if type(speed_class) is not int:
+        return "-"
+    return f"{2 ** (speed_class / 4):.3g}/s"
+
+
 def _size(count: int) -> str:
     """A byte count for people: 512 B, 1.5 KiB, 3.2 GiB."""
     size, unit = float(count), "B"
@@ -67,9 +79,11 @@ def _size(count: int) -> str:
 
 
 def members_table(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per member under a header, columns as wide as their widest cell."""
+    """One line per member under a header, columns as wide as their widest cell; SPEED is the
+    micro-batches a second of the member's committed speed class, SHARE its weight in a step."""
     cells = [list(HEADER)] + [[r["node_id"], r["addr"], r["state"], _cell(r["role"]), _cell(r["rank"]),
-                               _cell(r["step"]), str(r["incarnation"]), str(r["version"]), _cell(r.get("site"))]
+                               _cell(r["step"]), str(r["incarnation"]), str(r["version"]), _cell(r.get("site")),
+                               _speed(r.get("speed_class")), _cell(r.get("share"))]
                               for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(HEADER))]
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]

@@ -69,7 +69,8 @@ def test_one_line_per_member_with_address_state_role_and_step() -> None:
         ("leader", "voter", 1, 17), ("voter", "voter", 0, 17), ("learner", "learner", None, None),
         (None, None, None, None)]
     table = members_table(rows)
-    assert table[0].split() == ["NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE"]
+    assert table[0].split() == ["NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE", "SPEED",
+                                "SHARE"]
     assert [line.split()[:6] for line in table[1:]] == [
         ["n1", "10.0.0.1:7100", "alive", "leader", "1", "17"], ["n2", "10.0.0.2:7100", "alive", "voter", "0", "17"],
         ["n3", "10.0.0.3:7100", "dead", "learner", "-", "-"], ["n4", "10.0.0.4:7100", "alive", "-", "-", "-"]]
@@ -84,8 +85,20 @@ def test_the_members_table_shows_each_member_s_site() -> None:
         m["site"] = site
     del status["members"][3]["site"]  # a status from a daemon older than sites
     table = members_table(member_rows(status))
-    assert [line.split()[0::8] for line in table] == [
+    assert [line.split()[0:9:8] for line in table] == [
         ["NODE", "SITE"], ["n1", "lab-2"], ["n2", "lab-2"], ["n3", "auto-n3"], ["n4", "-"]]
+
+
+def test_the_members_table_shows_each_member_s_speed_and_share_of_a_step() -> None:
+    status = doc(TRAINING, TRAIN, ["n1", "n2"])
+    for m, speed_class in zip(status["members"], [12, 8, None, "fast"]):
+        m["speed_class"] = speed_class  # n4's: a status of another version, shown as unknown
+    status["group"]["shares"] = [8, 4]
+    table = members_table(member_rows(status))
+    assert [line.split()[-2:] for line in table] == [
+        ["SPEED", "SHARE"], ["8/s", "8"], ["4/s", "4"], ["-", "-"], ["-", "-"]]
+    status["group"]["shares"] = []  # an even split
+    assert [line.split()[-1] for line in members_table(member_rows(status))][1:3] == ["even", "even"]
 
 
 def test_a_mistyped_command_gets_the_closest_one() -> None:
