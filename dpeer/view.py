@@ -3,13 +3,16 @@
 The leader proposes it, the log commits it (its payload keeps the store address as text), the
 daemon hands it to its worker through the channel (channel.local.Assignment adds where to resume
 and which address to bind), and the worker forms its group from it. Each member's site (where the
-box stands, daemon/decide/sites.py) comes with it. Pure: imports only Address.
+box stands, daemon/decide/sites.py) comes with it, and each member's share of a step (`share_counts`
+says how many units that is, alike for the leader's plan and the worker's split). Pure: imports only
+Address.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from dpeer.address import Address
 
@@ -21,6 +24,26 @@ def valid_shares(shares: tuple[int, ...], members: int) -> bool:
     """Whether `shares` may stand as a view's shares for `members` members: none (even shares), or
     one integer weight from 1 to MAX_SHARE a member."""
     return shares == () or (len(shares) == members and all(type(s) is int and 1 <= s <= MAX_SHARE for s in shares))
+
+
+def share_counts(total: int, shares: Sequence[int]) -> list[int]:
+    """How many of ``total`` items each rank gets by its weight in ``shares``: the floors of the exact
+    shares, the rest one each to the largest remainders (the lower rank first on a tie), so equal
+    weights split as evenly as shard_bounds does. While there are as many items as ranks, every
+    rank gets one at least (taken from the rank with the most, the lower first): a box given none
+    would measure no speed and keep its old, slow class for good."""
+    if not shares or any(type(s) is not int or s < 1 for s in shares):
+        raise ValueError(f"shares must be positive integers, got {list(shares)}")
+    weight = sum(shares)
+    counts = [total * s // weight for s in shares]
+    by_remainder = sorted(range(len(shares)), key=lambda r: (-(total * shares[r] % weight), r))
+    for r in by_remainder[: total - sum(counts)]:
+        counts[r] += 1
+    if total >= len(shares):
+        for r in [r for r, c in enumerate(counts) if c == 0]:
+            counts[counts.index(max(counts))] -= 1
+            counts[r] = 1
+    return counts
 
 
 def valid_site(name: str) -> bool:

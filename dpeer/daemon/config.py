@@ -137,6 +137,12 @@ class TrainingConfig(Strict):
         """YAML's 1.0e+26 is a float: as the integer it names, the bound check says what is wrong with it."""
         return int(value) if isinstance(value, float) and value.is_integer() else value
 
+    @property
+    def step_units(self) -> int:
+        """The units a step's work is split in among the ranks by their shares: its micro-batches
+        in exact mode, its samples in fast mode (trainer: ExactStep and FastStep)."""
+        return self.global_batch // self.micro_batch if self.reduction == "exact" else self.global_batch
+
     @model_validator(mode="after")
     def _exact_batches(self) -> "TrainingConfig":
         if self.reduction == "exact" and self.global_batch % self.micro_batch:

@@ -79,7 +79,8 @@ class Daemon:
                                 seed=seed, events=self, ids=ids)
         self.resyncer = Resyncer(node, self.transport)
         self.box = ThisBox(node, worker, config.site or "", config.training.split == "speed")
-        self.leader = LeaderChores(node, timing.leader, self.box, config.training.failure_repeats)
+        self.leader = LeaderChores(node, timing.leader, self.box, config.training.failure_repeats,
+                                   config.training.step_units)
         ckpt_dir = config.data_dir / "checkpoints"
         self.link = None if worker is None else WorkerLink(node, self.transport, worker, self.leader, metrics,
                                                            ckpt_dir)

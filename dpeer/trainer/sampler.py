@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
+from dpeer.view import share_counts
+
 _MASK64 = (1 << 64) - 1
 _ROUNDS = 6
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -127,26 +129,6 @@ def shard_bounds(total: int, rank: int, world: int, shares: Sequence[int] = ()) 
     base, extra = divmod(total, world)
     start = rank * base + min(rank, extra)
     return start, start + base + (1 if rank < extra else 0)
-
-
-def share_counts(total: int, shares: Sequence[int]) -> list[int]:
-    """How many of ``total`` items each rank gets by its weight in ``shares``: the floors of the exact
-    shares, the rest one each to the largest remainders (the lower rank first on a tie), so equal
-    weights split as evenly as shard_bounds does. While there are as many items as ranks, every
-    rank gets one at least (taken from the rank with the most, the lower first): a box given none
-    would measure no speed and keep its old, slow class for good."""
-    if not shares or any(type(s) is not int or s < 1 for s in shares):
-        raise ValueError(f"shares must be positive integers, got {list(shares)}")
-    weight = sum(shares)
-    counts = [total * s // weight for s in shares]
-    by_remainder = sorted(range(len(shares)), key=lambda r: (-(total * shares[r] % weight), r))
-    for r in by_remainder[: total - sum(counts)]:
-        counts[r] += 1
-    if total >= len(shares):
-        for r in [r for r, c in enumerate(counts) if c == 0]:
-            counts[counts.index(max(counts))] -= 1
-            counts[r] = 1
-    return counts
 
 
 def shard(indices: list[int], rank: int, world: int, shares: Sequence[int] = ()) -> list[int]:

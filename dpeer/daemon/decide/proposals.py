@@ -16,7 +16,7 @@ from typing import ClassVar, Collection, Mapping, Sequence, Union
 from dpeer.address import Address
 from dpeer.consensus.voting import ChangeOp
 from dpeer.daemon.decide.sightings import Sightings, Windows, copy_of, held_by_another
-from dpeer.daemon.decide.speeds import RESHARE_EVERY, plan_shares
+from dpeer.daemon.decide.speeds import RESHARE_EVERY, plan_shares, worth_resharing
 from dpeer.membership import MemberState
 from dpeer.statemachine.entry import EntryKind
 from dpeer.statemachine.payloads import ControlMode, MemberDead, MemberJoined, MemberLeft, Payload, ViewChange
@@ -401,7 +401,7 @@ def quiet_window(
 def decide_view(
     state: ClusterState, members: list[str], changed_at: float, now: float, quiet: float,
     store_port_of: Mapping[str, int], failed_generation: int = 0, sites: Mapping[str, str] | None = None,
-    classes: Mapping[str, int | None] | None = None, shares_since: float = -math.inf,
+    classes: Mapping[str, int | None] | None = None, shares_since: float = -math.inf, units: int | None = None,
 ) -> Decision:
     """Propose the next generation once the wanted members have held still for `quiet` seconds.
 
@@ -414,7 +414,8 @@ def decide_view(
     member a share of a step planned from `classes`, their speed classes (None: even shares); a
     change of the shares alone is a new generation too (the workers re-form in place), once the
     committed shares have stood RESHARE_EVERY seconds (since `shares_since`), so speeds that keep
-    moving do not keep re-forming the group.
+    moving do not keep re-forming the group, and only where the new split of a step's `units`
+    (speeds.worth_resharing; None: every change is worth it) makes the step faster.
     """
     current = state.view
     failed = _group_failed(state, failed_generation)
@@ -436,6 +437,11 @@ def decide_view(
         if now - shares_since < RESHARE_EVERY:
             return _none(f"the members' shares changed: they wait {RESHARE_EVERY - (now - shares_since):.1f}s more "
                          f"(a group re-forms for its shares alone at most every {RESHARE_EVERY:g}s)")
+        if units is not None and classes is not None:
+            worth, gain = worth_resharing(units, current.shares, shares, [classes.get(m) for m in members])
+            if not worth:
+                return _none(f"generation {current.generation} keeps its shares: {gain}")
+            why += f"; {gain}"
     if now - changed_at < quiet:
         return _none(f"waiting {quiet - (now - changed_at):.3f}s more for changes to settle")
     rank0 = members[0]

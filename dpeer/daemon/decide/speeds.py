@@ -5,7 +5,10 @@ A box's worker measures its speed (micro-batches a second); its daemon turns tha
 a quarter-octave scale (`speed_class`, with hysteresis, so a speed near a boundary does not flap)
 and its member record carries the class. The leader gives each member of a view a share of a
 step's work (`plan_shares`): the fastest class gets FULL_SHARE, a box twice as slow half of it,
-and every member the same while any member's class is unknown. The shares change where the work is done, never the step's result (the exact reduction).
+and every member the same while any member's class is unknown. A change of the shares alone is
+taken only where it cuts the step's predicted time by MIN_GAIN (`worth_resharing`): re-forming a
+group costs a few steps, and speeds measured on a busy box wander. The shares change where the
+work is done, never the step's result (the exact reduction).
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import math
 from typing import Sequence
 
 from dpeer.statemachine.payloads import MAX_SPEED_CLASS, MIN_SPEED_CLASS
+from dpeer.view import share_counts
 
 CLASSES_PER_OCTAVE = 4  # a class is a quarter octave: speeds about 19% apart
 HOLD = 0.6  # a box keeps its class while its speed stays within this many classes of it
 FULL_SHARE = 8  # the share of the fastest members (a view's weights run from 1 to this)
 RESHARE_EVERY = 30.0  # seconds a view's shares stand before a change of the shares alone re-forms the group
+MIN_GAIN = 0.1  # a change of the shares alone must cut the step's predicted time by this fraction
 
 
 def speed_class(rate: float, current: int | None) -> int:
@@ -45,3 +50,28 @@ def plan_shares(classes: Sequence[int | None]) -> tuple[tuple[int, ...], str]:
     if len(set(shares)) <= 1:
         return (), "even shares: every member is as fast as the fastest"
     return shares, f"shares {','.join(map(str, shares))} by speed class (fastest class {top})"
+
+
+def step_time(units: int, shares: Sequence[int], classes: Sequence[int]) -> float:
+    """A step's predicted time, in seconds per unit of the fastest possible box: its slowest
+    member's units (`share_counts` of the step's `units`; empty shares: even) over its speed,
+    2 ** (class / 4) units a second."""
+    counts = share_counts(units, shares or [1] * len(classes))
+    return max(count / 2 ** (c / CLASSES_PER_OCTAVE) for count, c in zip(counts, classes))
+
+
+def worth_resharing(units: int, current: Sequence[int], planned: Sequence[int],
+                    classes: Sequence[int | None]) -> tuple[bool, str]:
+    """Whether the same members should re-form with `planned` shares instead of `current` ones,
+    with the reason: yes while any class is unknown (an older build splits evenly, so the shares
+    must go even), else only if the planned split of a step's `units` (micro-batches, or samples in
+    fast mode) cuts its predicted time by MIN_GAIN: a split that moves no unit is not worth a re-form."""
+    known = [c for c in classes if c is not None]
+    if len(known) < len(classes) or len(current) not in (0, len(classes)) or units < 1:
+        return True, "even shares while a member's speed is unknown"
+    before, after = step_time(units, current, known), step_time(units, planned, known)
+    ratio = after / before
+    if ratio <= 1 - MIN_GAIN:
+        return True, f"the step's predicted time {ratio:.2f}x"
+    return False, (f"the new shares would take the step's predicted time to {ratio:.2f}x of the current "
+                   f"shares' (a re-form for the shares alone needs {1 - MIN_GAIN:.2f}x or less)")

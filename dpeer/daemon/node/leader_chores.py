@@ -49,9 +49,12 @@ class LeaderChores:
 
     def __init__(
         self, node: Node, timing: LeaderTiming, box: Box, repeat_limit: int = REPEAT_LIMIT,
+        step_units: int | None = None,
     ) -> None:
-        """box: this box as the leader's own member record should say it."""
+        """box: this box as the leader's own member record should say it; step_units: the units a
+        step's work is split in (TrainingConfig.step_units; None: a change of shares is always taken)."""
         self.node, self.box = node, box
+        self.step_units = step_units
         self.quiet = timing.quiet_window
         self.confirmed_quiet = timing.confirmed_quiet
         self._before: list[str] | None = None
@@ -175,7 +178,7 @@ class LeaderChores:
             self._shares = (committed, now)
         classes = {n: state.members[n].speed_class for n in members}
         return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of, classes,
-                           self._shares[1])
+                           self._shares[1], self.step_units)
 
     def checkpoint_reported(self, node_id: str, held: Held) -> int:
         """A node holds the checkpoint of `held.step`; returns the committed checkpoint's step."""

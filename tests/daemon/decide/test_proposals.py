@@ -183,6 +183,11 @@ def test_a_view_gives_shares_by_speed_class_and_a_change_of_shares_alone_is_a_ne
     regrown = decide_view(s, ["a", "b", "c"], 0.0, 100.0, 0.1, {**ports, "c": 8102},
                           classes={"a": 12, "b": 4, "c": 12}, shares_since=100.0)
     assert regrown.proposal.shares == (8, 2, 8)  # a change of members takes the new shares at once
+    # with the step's size known: a change of the shares that moves no micro-batch is not taken
+    kept = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 4}, units=2)
+    assert not kept.propose and "keeps its shares" in kept.reason and "1.00x" in kept.reason
+    taken = decide_view(s, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 12, "b": 4}, units=16)
+    assert taken.proposal.shares == (8, 2) and "predicted time 0.65x" in taken.reason
     even = state({"a": "active", "b": "active"}, view=View(3, ("a", "b"), Address.parse("10.0.0.1:8100")))
     assert not decide_view(even, ["a", "b"], 0.0, 100.0, 0.1, ports, classes={"a": 5, "b": 5}).propose
     assert not decide_view(even, ["a", "b"], 0.0, 100.0, 0.1, ports).propose  # no classes given: even

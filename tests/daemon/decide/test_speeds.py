@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dpeer.daemon.decide.speeds import FULL_SHARE, plan_shares, speed_class
+from dpeer.daemon.decide.speeds import FULL_SHARE, MIN_GAIN, plan_shares, speed_class, step_time, worth_resharing
 from dpeer.statemachine.payloads import MAX_SPEED_CLASS, MIN_SPEED_CLASS
 from dpeer.view import MAX_SHARE, valid_shares
 
@@ -66,3 +66,26 @@ def test_shares_follow_the_speed_classes(classes: list[int | None], shares: tupl
 def test_shares_stay_within_a_views_weights() -> None:
     shares, _ = plan_shares([MAX_SPEED_CLASS, MIN_SPEED_CLASS, 0])
     assert shares == (FULL_SHARE, 1, 1) and FULL_SHARE <= MAX_SHARE
+
+
+def test_a_step_s_predicted_time_is_its_slowest_member_s_units_over_its_speed() -> None:
+    assert step_time(4, (), [8, 8]) == 2 / 4  # even: 2 micro-batches each at 4 a second
+    assert step_time(4, (), [8, 4]) == 2 / 2  # the slow box (2 a second) holds the step
+    assert step_time(6, (8, 4), [8, 4]) == 2 / 2  # 4 and 2: both take a second
+    assert step_time(2, (8, 1), [8, 0]) == 1 / 1  # one micro-batch each whatever the shares
+
+
+@pytest.mark.parametrize("units, current, planned, classes, worth, why", [
+    (2, (), (8, 2), [8, 0], False, "1.00x"),  # two micro-batches on two boxes: 1 and 1 either way
+    (16, (), (8, 4), [8, 4], True, "0.69x"),  # the slow box did 8 of 16, now 5: 2.75 s, not 4
+    (16, (8, 4), (8, 5), [8, 5], False, "0.92x"),  # a class's wander moves one unit: less than MIN_GAIN
+    (64, (8, 4), (8, 5), [8, 5], False, "0.98x"),
+    (16, (8, 4), (), [8, None], True, "unknown"),  # an unknown speed goes even at once
+    (16, (8, 4), (), [8, 8], True, "0.73x"),  # equal again: even
+])
+def test_a_change_of_the_shares_alone_is_worth_a_re_form_only_where_the_step_gets_faster(
+        units: int, current: tuple[int, ...], planned: tuple[int, ...], classes: list[int | None], worth: bool,
+        why: str) -> None:
+    got, reason = worth_resharing(units, current, planned, classes)
+    assert got is worth and why in reason, reason
+    assert MIN_GAIN == 0.1

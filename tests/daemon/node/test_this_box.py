@@ -1,9 +1,11 @@
-"""ThisBox's speed class: from its worker's latest speed, held near the committed class (hysteresis)."""
+"""ThisBox's speed class: from its worker's latest speed, held near the committed class (hysteresis);
+and the units of a step the leader plans shares over."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.node.this_box import ThisBox
 
 
@@ -28,3 +30,8 @@ def test_a_box_whose_worker_reported_no_speed_keeps_its_committed_class() -> Non
 
 def test_a_box_whose_split_is_even_tells_no_speed_class() -> None:
     assert _box(12, 16.0, by_speed=False).speed_class() is None  # training.split: even
+
+
+def test_the_leader_plans_shares_over_micro_batches_in_exact_mode_and_samples_in_fast_mode() -> None:
+    assert TrainingConfig(global_batch=64, micro_batch=16).step_units == 4
+    assert TrainingConfig(global_batch=64, micro_batch=16, reduction="fast").step_units == 64
