@@ -1,7 +1,7 @@
 """The invariants the simulation checks after every event, and at the end of a run.
 
 Safety, at every check: one leader per (epoch, term); every two boxes agree on every committed
-index; one member set per view generation; a worker is handed only committed views; no two
+index; one view (members, sites, shares) per generation, its shares valid; a worker is handed only committed views; no two
 groups step in one tick, except an older group on boxes that have not learned of the newer view
 (they know no leader, so their fence is due, or no newer view reached them yet: the window a view
 change leaves open, which the house found; see the report of issue 18); a box that has known no leader past its fence time does not train;
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from dpeer.consensus import Role
 from dpeer.statemachine.entry import Entry, EntryKind
 from dpeer.statemachine.state import ClusterState, apply
+from dpeer.view import valid_shares
 
 from tests.house.cluster import House
 
@@ -51,7 +52,7 @@ class Checker:
     committed: dict[int, tuple[int, str, str]] = field(default_factory=dict)
     seen_to: dict[str, tuple[int, int]] = field(default_factory=dict)  # box -> (life, index checked)
     leaders: dict[tuple[int, int], str] = field(default_factory=dict)
-    views: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the views the state machine took
+    views: dict[int, tuple] = field(default_factory=dict)  # the views the state machine took: (members, sites, shares)
     state: ClusterState = field(default_factory=ClusterState)  # the committed log applied, as a box does
     unapplied: dict[int, Entry] = field(default_factory=dict)  # committed entries seen, not yet applied
     ticks_seen: int = 0  # data-plane ticks judged so far (each once, at the next check)
@@ -143,7 +144,10 @@ class Checker:
             e = self.unapplied.pop(self.state.applied_index + 1)
             self.state, result = apply(self.state, e)
             if result.accepted and e.kind is EntryKind.VIEW:
-                gen, members = e.payload["generation"], tuple(e.payload["members"])
+                view = self.state.view
+                gen, members = view.generation, (view.members, view.sites, view.shares)
+                if not valid_shares(view.shares, len(view.members)):
+                    raise Violation(f"generation {gen} commits shares {view.shares} for members {view.members}")
                 if self.views.setdefault(gen, members) != members:
                     raise Violation(f"two views of generation {gen}: {self.views[gen]} and {members}")
 

@@ -1,7 +1,8 @@
 """N complete daemons in one process on the virtual clock, over the in-memory network.
 
 Each box is the real dpeer Daemon (node driver, leader chores, service, resync, checkpoint
-recording, views) on a real LMDB Store in a tmpfs folder, with a modelled worker. Boxes crash
+recording, views) on a real LMDB Store in a tmpfs folder, with a modelled worker of a drawn speed,
+in configured sites (half the seeds) or measured ones. Boxes crash
 (every task of the box cancelled, the store closed), restart from their disk, lose the disk,
 lose power in the middle of a log append (the write torn: tests/support/disk.py), pause; the
 network partitions (also one way), loses and delays. Operators call the services as `dpeer`
@@ -71,9 +72,14 @@ class House:
         self.data_cut: set[tuple[str, str]] = set()
         self.training = Training(loop.time, loop.call_later, lambda a, b: (a, b) not in self.data_cut)
         self.boxes: dict[str, Box] = {}
+        # speeds and sites from their own source, so the fault schedule (the seed's rng) is as before
+        mixed = random.Random(seed ^ 0x5B3ED)
+        placed = mixed.random() < 0.5  # half the seeds configure sites, the others measure them
+        self.sites = {f"n{i + 1}": mixed.choice(("lab-a", "lab-b")) if placed else None for i in range(size + spares)}
         for i in range(size + spares):
             nid = f"n{i + 1}"
             worker = SimWorker(self.training, nid, 29500 + i, float("inf") if nid in unready else BUILD_S)
+            worker.base_speed = mixed.choice((4.0, 8.0, 16.0))
             self.training.workers[nid] = worker
             self.boxes[nid] = Box(nid, f"10.0.0.{i + 1}:7100", root / nid, worker, gone=i >= size)
         self.founders = [f"n{i + 1}" for i in range(size)]
@@ -88,7 +94,8 @@ class House:
         assert box.daemon is None, f"{nid} is already up"
         peers = join if join is not None else [b.addr for b in self.boxes.values() if b is not box and not b.gone]
         box.data_dir.mkdir(parents=True, exist_ok=True)
-        config = NodeConfig(node_id=nid, listen=box.addr, data_dir=box.data_dir, join=peers, preset="lan")
+        config = NodeConfig(node_id=nid, listen=box.addr, data_dir=box.data_dir, join=peers, preset="lan",
+                            site=self.sites[nid])
         ids = SeededIds(self.id_seeds.getrandbits(64))
         store = Store.open(box.data_dir / "store", node_id=nid, ids=ids)
         box.worker.start(self.loop.time())

@@ -4,8 +4,8 @@
 drawn from the seed for `seconds` virtual seconds: crashes and restarts, wiped disks, pauses,
 partitions (both ways, one way, flip-flopping), loss, delay, worker crashes, a power loss, a
 box losing power in the middle of a log append (the write torn at a drawn offset, or lost: a
-storage fault in the log's last entry), a spare box joining, a graceful leave, and `force` on a
-box; an operator writes and reads keys throughout. The invariants (checks.py) run every
+storage fault in the log's last entry), a spare box joining, a graceful leave, `force` on a
+box, and a box whose worker turns faster or slower (its shares follow); an operator writes and reads keys throughout. The invariants (checks.py) run every
 CHECK_EVERY virtual seconds and after every fault. Then every fault heals and the cluster gets
 `settle` seconds to converge, after which acknowledged writes must be present and the newest
 group must train.
@@ -45,7 +45,8 @@ HEALTHY_AFTER = 3.0  # seconds without a fault before the cluster counts as heal
 BOOT_S = 3.0
 TMP = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 KINDS = {"crash": 3, "wipe": 1, "pause": 2, "partition": 3, "one_way": 2, "flip_flop": 1, "loss": 2,
-         "delay": 1, "worker": 2, "power_loss": 1, "torn_write": 1, "join_spare": 1, "leave": 1, "force": 1}
+         "delay": 1, "worker": 2, "power_loss": 1, "torn_write": 1, "join_spare": 1, "leave": 1, "force": 1,
+         "speed": 1}
 
 
 @dataclass
@@ -236,6 +237,12 @@ async def _apply(house: House, rng: random.Random, kind: str) -> str:
     if kind == "worker":
         house.crash_worker(victim)
         return f"worker of {victim} crashes"
+    if kind == "speed":  # something else on the box takes its cores, or lets go of them
+        worker = house.boxes[victim].worker
+        worker.base_speed = min(64.0, max(1.0, worker.base_speed * rng.choice((0.25, 0.5, 2.0, 4.0))))
+        if worker.speed is not None:
+            worker.speed = worker.base_speed
+        return f"{victim}'s worker now measures {worker.base_speed:g} micro-batches a second"
     if kind == "power_loss":
         for nid in up:
             await house.crash(nid)

@@ -5,8 +5,9 @@ committed views, forms a group once every member of the view took that generatio
 rendezvous that waits for all), and steps together with its group every STEP_S while all members
 still run it and reach each other; a member that left (crash, fence, restart, newer view,
 partition of the data plane) makes the others' collective fail, and each reports the failure.
-Every CKPT_EVERY steps each member reports a checkpoint. The Training world keeps the ledger the
-invariants read: which generations stepped at which tick, and every view handed to a worker.
+Every CKPT_EVERY steps each member reports a checkpoint; after SPEED_AFTER steps a worker reports
+its box's speed, so views carry shares. The Training world keeps the ledger the invariants read:
+which generations stepped at which tick, and every view handed to a worker.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dpeer.statemachine.state import Checkpoint
 from dpeer.view import View
 
 BUILD_S, STEP_S, CKPT_EVERY, FORM_TIMEOUT_S = 0.3, 0.05, 20, 3.0
+SPEED_AFTER = 5  # steps a worker takes in a process's life before it reports its speed (trainer/pace.py WARMUP)
 
 
 def digest(step: int) -> str:
@@ -44,7 +46,9 @@ class SimWorker:
         self.train: TrainStatus | None = None
         self.last_failure: LastFailure | None = None  # the modelled job never raises: group failures only
         self.latest_step = self.reforms = self.restarts = self.starts = 0
-        self.speed: float | None = None  # not modelled: no box reports a speed, so views keep even shares
+        self.speed: float | None = None  # micro-batches a second, reported once it stepped SPEED_AFTER times
+        self.base_speed = 8.0  # what it measures when it reports (the house draws it per box; a "slow" fault moves it)
+        self._stepped = 0  # steps in this process's life
         self.gen = 0  # the generation it is in (handed and not failed), 0: none
         self.members: tuple[str, ...] = ()
         self.formed = False
@@ -81,6 +85,7 @@ class SimWorker:
         """A new process: builds, then waits for a view."""
         self.alive, self.ready, self.formed = True, False, False
         self.gen, self.members, self.given_generation, self.store_port = 0, (), 0, 0
+        self.speed, self._stepped = None, 0  # a new process measures anew
         self._ready_at, self._restart_at, self._pending = now + self.build_s, None, None
         self.starts += 1
         self._life += 1
@@ -102,7 +107,7 @@ class SimWorker:
             return
         self.given_generation = view.generation
         if self.cluster == "house":
-            self.world.handed.append((self.node_id, view.generation, tuple(view.members)))
+            self.world.handed.append((self.node_id, view.generation, (tuple(view.members), view.sites, view.shares)))
         if checkpoint is not None:
             self.resume_step = max(self.resume_step, checkpoint.step)
         self._pending = view
@@ -130,6 +135,12 @@ class SimWorker:
                 and not self.halted:
             self.restarts += 1
             self.start(now)
+
+    def stepped(self) -> None:
+        """One more step in this life: past SPEED_AFTER, its speed is what it measures."""
+        self._stepped += 1
+        if self._stepped >= SPEED_AFTER:
+            self.speed = self.base_speed
 
     def fence(self, fenced: bool, why: str, now: float) -> None:
         """Stop training while no quorum is reachable; start again once one is."""
@@ -179,7 +190,7 @@ class Training:
     later: Callable[[float, Callable[[], object]], object]  # loop.call_later
     reaches: Callable[[str, str], bool]  # whether the data plane carries a -> b
     workers: dict[str, SimWorker] = field(default_factory=dict)
-    handed: list[tuple[str, int, tuple[str, ...]]] = field(default_factory=list)
+    handed: list[tuple[str, int, tuple]] = field(default_factory=list)  # (box, generation, (members, sites, shares))
     stepped: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)  # per tick: generations that stepped
     failures: int = 0
     steps: int = 0
@@ -216,6 +227,7 @@ class Training:
             for w in ws:
                 w.latest_step = step
                 w.train = TrainStatus(step, step, 0.0, digest(step))
+                w.stepped()
                 if step % CKPT_EVERY == 0 and w.events is not None:
                     w.context.run(w.events.checkpoint_written, Held(step, digest(step)))
                     w.context.run(w.bell)
