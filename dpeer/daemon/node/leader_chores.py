@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 
 from dpeer.consensus import Role
 from dpeer.daemon.decide.checkpoints import Held, decide_checkpoint, still_pending
@@ -173,9 +174,10 @@ class LeaderChores:
             self._sites_note = sites.reason
         committed = state.view.shares if state.view is not None else ()
         if self._shares is None or self._shares[0] != committed:
-            # a new leader cannot know how long the committed shares stood: they stand from now, so
-            # leaders that change fast never re-form the group for its shares more often than they would
-            self._shares = (committed, now)
+            # a new leader cannot know how long the committed shares stood and takes them as old: a
+            # cluster's first split by speed need not wait RESHARE_EVERY, at the cost of one re-form
+            # for the shares more than the hold allows per election
+            self._shares = (committed, now if self._shares is not None else -math.inf)
         classes = {n: state.members[n].speed_class for n in members}
         return decide_view(state, members, self._changed_at, now, quiet, ports, failed, sites.of, classes,
                            self._shares[1], self.step_units)

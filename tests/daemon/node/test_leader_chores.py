@@ -202,9 +202,7 @@ def test_the_leader_s_record_carries_its_speed_class_and_its_next_view_shares_by
     members = {"a": replace(state.members["a"], speed_class=12), "b": replace(state.members["b"], speed_class=8)}
     node.reads.state = replace(state, members=MappingProxyType(members))
     assert leader.decide(11.0) is None  # the wanted members, first seen: the quiet window starts
-    # a new leader does not know how long the committed (even) shares stood: they stand from its first view pass
-    assert leader.decide(11.0 + RESHARE_EVERY - 1.0) is None
-    d = leader.decide(11.0 + RESHARE_EVERY)
+    d = leader.decide(11.0 + leader.quiet + 0.01)  # a new leader takes the committed shares as old
     assert d is not None and d.proposal.generation == 5 and d.proposal.shares == (8, 4)
     assert "their shares changed" in d.reason
     node.reads.state = replace(node.reads.state, view=replace(state.view, generation=5, shares=(8, 4)))
