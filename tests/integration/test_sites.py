@@ -34,8 +34,8 @@ def test_configured_sites_are_committed_in_the_view_and_shown(make_cluster) -> N
         shown = cli("members", "--addr", cluster.node("n1").addr)
         assert shown.returncode == 0, shown.stderr
         header, *rows = shown.stdout.splitlines()
-        assert header.split()[-1] == "SITE"
-        assert {row.split()[0]: row.split()[-1] for row in rows} == wanted
+        assert header.split()[8] == "SITE"
+        assert {row.split()[0]: row.split()[8] for row in rows} == wanted
         generation = docs["n1"]["group"]["generation"]
 
         n3 = cluster.node("n3")

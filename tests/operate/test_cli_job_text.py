@@ -35,7 +35,7 @@ def test_a_halted_job_shows_in_the_text_status_with_what_to_do(daemons: Daemons,
     lines = text.stdout.splitlines()
     assert f"job failed: {doc['job']['error']}" in lines, text.stdout
     assert "what to do: fix the cause on every box, then `dpeer job retry`" in lines, text.stdout
-    assert any(re.fullmatch(rf"n1\s+{re.escape(n1.addr)}\s+alive\s+leader\s+-\s+-\s+\d+\s+\d+\s+-", line)
+    assert any(re.fullmatch(rf"n1\s+{re.escape(n1.addr)}\s+alive\s+leader\s+-\s+-\s+\d+\s+\d+\s+-\s+-\s+-", line)
                for line in lines), text.stdout
 
 
