@@ -35,41 +35,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_steady import step_time  # noqa: E402
 
 from dpeer.channel.local import read_reports  # noqa: E402
+from dpeer.chaos.slow_core import SlowCore  # noqa: E402
 from dpeer.launch.cluster import LocalCluster  # noqa: E402
 
 ARMS = ("alone-fast", "alone-slow", "even", "speed")
-PERIOD_US = 100_000
-
-
-class SlowCore:
-    """A cgroup whose processes get ``fraction`` of one CPU (CFS quota), removed on close."""
-
-    def __init__(self, fraction: float) -> None:
-        self.path = Path(f"/sys/fs/cgroup/cpu/dpeer-bench-{os.getpid()}")
-        self.path.mkdir()
-        (self.path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (self.path / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * fraction)))
-
-    def prefix(self) -> list[str]:
-        """What starts a daemon in the cgroup, on core 1 (its worker and spares inherit both)."""
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec taskset -c 1 "$@"', "slow"]
-
-    def close(self) -> None:
-        """Remove the cgroup once the processes stopped in it are gone (they take a moment to exit)."""
-        deadline = time.monotonic() + 30
-        while (self.path / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        try:
-            self.path.rmdir()
-        except OSError as exc:
-            print(f"could not remove {self.path}: {exc}", file=sys.stderr)
-
-
 def run_arm(arm: str, root: Path, slow: SlowCore, args: argparse.Namespace) -> dict[str, Any]:
     """One arm's cluster to ``warm + steps`` steps: box 1's speed (samples/s) and final digest."""
     fast = ("127.0.0.1", ["taskset", "-c", "0"])
-    places = {"alone-fast": [fast], "alone-slow": [("127.0.0.1", slow.prefix())]}.get(
-        arm, [fast, ("127.0.0.1", slow.prefix())])
+    places = {"alone-fast": [fast], "alone-slow": [("127.0.0.1", slow.prefix(1))]}.get(
+        arm, [fast, ("127.0.0.1", slow.prefix(1))])
     steps = args.warm + args.steps
     config = {"training": {"steps": steps, "global_batch": args.global_batch, "micro_batch": args.micro_batch,
                            "threads": 1, "reduction": "exact", "checkpoint_every": 0, "spare_worker": False,
