@@ -79,8 +79,10 @@ class Daemon:
                                 seed=seed, events=self, ids=ids)
         self.resyncer = Resyncer(node, self.transport)
         self.box = ThisBox(node, worker, config.site or "", config.training.split == "speed")
+        # the job's step from the config of a box that runs it; a box that runs no job may have any
+        # training config (the defaults most often), so its leader takes every change of shares
         self.leader = LeaderChores(node, timing.leader, self.box, config.training.failure_repeats,
-                                   config.training.step_units)
+                                   config.training.step_units if worker is not None else None)
         ckpt_dir = config.data_dir / "checkpoints"
         self.link = None if worker is None else WorkerLink(node, self.transport, worker, self.leader, metrics,
                                                            ckpt_dir)
