@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpeer.statemachine.payloads import MAX_SPEED_CLASS, MIN_SPEED_CLASS
+
 HEADER = ("NODE", "ADDR", "STATE", "ROLE", "RANK", "STEP", "INC", "VERSION", "SITE", "SPEED", "SHARE")
 
 
@@ -31,17 +33,26 @@ def member_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     voters, learners = set(doc.get("voters", ())), set(doc.get("learners", ()))
     group = doc.get("group") or {}
     ranks = {n: i for i, n in enumerate(group.get("members", ()))}
-    shares = group.get("shares") or ()
+    shares = _shares(group.get("shares"), len(ranks))
     step = committed_step(doc) if group else None
     rows = []
     for m in doc["members"]:
         node = m["node_id"]
         kind = "voter" if node in voters else "learner" if node in learners else None
         rank = ranks.get(node)
-        share = None if rank is None else shares[rank] if rank < len(shares) else "even"
+        share = None if rank is None or shares is None else shares[rank] if shares else "even"
         rows.append({**m, "kind": kind, "role": "leader" if node == doc.get("leader") else kind,
                      "rank": rank, "step": step if rank is not None else None, "share": share})
     return rows
+
+
+def _shares(field: object, members: int) -> list | None:
+    """The status field ``group.shares``: one weight per member in rank order, [] (or null) for an
+    even split; what is not of that shape (a daemon of another version) is None, shown as unknown
+    (never as "even", and never raised on)."""
+    if field is None or field == []:
+        return []
+    return field if type(field) is list and len(field) == members else None
 
 
 def _cell(value: Any) -> str:
@@ -62,8 +73,9 @@ def _crossed(field: object) -> dict[str, tuple[int, int]]:
 
 def _speed(speed_class: object) -> str:
     """A member's speed class as the micro-batches a second it stands for (2 ** (class / 4): a
-    quarter octave a class, decide/speeds.py), "-" while unknown or not a class."""
-    if type(speed_class) is not int:
+    quarter octave a class, decide/speeds.py), "-" while unknown or not a class (out of the
+    records' range too: 2 ** (5000 / 4) is no float)."""
+    if type(speed_class) is not int or not MIN_SPEED_CLASS <= speed_class <= MAX_SPEED_CLASS:
         return "-"
     return f"{2 ** (speed_class / 4):.3g}/s"
 

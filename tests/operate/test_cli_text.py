@@ -101,6 +101,22 @@ def test_the_members_table_shows_each_member_s_speed_and_share_of_a_step() -> No
     assert [line.split()[-1] for line in members_table(member_rows(status))][1:3] == ["even", "even"]
 
 
+def test_the_speed_and_share_columns_of_a_status_of_another_shape_do_not_raise() -> None:
+    status = doc(TRAINING, TRAIN, ["n1", "n2"])
+    # classes out of the records' range (-80 to 80): 2 ** (5000 / 4) overflows a float, 10 ** 400 / 4 too
+    for m, speed_class in zip(status["members"], [5000, 10 ** 400, -5000, 81]):
+        m["speed_class"] = speed_class
+    status["group"]["shares"] = [8, 4]
+    assert [line.split()[-2] for line in members_table(member_rows(status))][1:] == ["-", "-", "-", "-"]
+    # shares that are not one weight per member: "-" (not known), never "even", never a raise
+    for shares in (5, True, {"n1": 8}, "84", [8], [8, 4, 2]):
+        status["group"]["shares"] = shares
+        table = members_table(member_rows(status))
+        assert [line.split()[-1] for line in table][1:3] == ["-", "-"], (shares, table)
+    status["group"]["shares"] = None  # an even split, as an empty list
+    assert [line.split()[-1] for line in members_table(member_rows(status))][1:3] == ["even", "even"]
+
+
 def test_a_mistyped_command_gets_the_closest_one() -> None:
     cases = {("stauts",): "did you mean 'status'?", ("kv", "gte", "k"): "did you mean 'get'?",
              ("job", "pase"): "did you mean 'pause'?", ("membres", "--json"): "did you mean 'members'?",
