@@ -30,8 +30,9 @@ def share_counts(total: int, shares: Sequence[int]) -> list[int]:
     """How many of ``total`` items each rank gets by its weight in ``shares``: the floors of the exact
     shares, the rest one each to the largest remainders (the lower rank first on a tie), so equal
     weights split as evenly as shard_bounds does. While there are as many items as ranks, every
-    rank gets one at least (taken from the rank with the most, the lower first): a box given none
-    would measure no speed and keep its old, slow class for good."""
+    rank gets one at least (taken from a rank with the most: of several, the one of the least
+    weight, the higher rank on a tie, so a heavier rank never ends with fewer items than a lighter
+    one): a box given none would measure no speed and keep its old, slow class for good."""
     if not shares or any(type(s) is not int or s < 1 for s in shares):
         raise ValueError(f"shares must be positive integers, got {list(shares)}")
     weight = sum(shares)
@@ -41,7 +42,9 @@ def share_counts(total: int, shares: Sequence[int]) -> list[int]:
         counts[r] += 1
     if total >= len(shares):
         for r in [r for r, c in enumerate(counts) if c == 0]:
-            counts[counts.index(max(counts))] -= 1
+            most = max(counts)
+            giver = min((i for i, c in enumerate(counts) if c == most), key=lambda i: (shares[i], -i))
+            counts[giver] -= 1
             counts[r] = 1
     return counts
 

@@ -1,3 +1,5 @@
+import itertools
+
 import pytest
 
 from dpeer.trainer.sampler import (
@@ -120,6 +122,24 @@ def test_a_much_slower_box_keeps_one_micro_batch_while_there_are_enough() -> Non
     assert share_counts(3, [8, 1, 1]) == [1, 1, 1]
     assert share_counts(10, [64, 1, 1]) == [8, 1, 1]
     assert share_counts(9, [8, 1]) == [8, 1]
+
+
+def test_a_rank_lifted_to_one_item_takes_it_from_the_lightest_of_those_with_the_most() -> None:
+    """The floor of one item takes it from a rank with the most; of several, the one of the least
+    weight: a heavier (faster) rank never ends with fewer items than a lighter one. (8, 7, 1) is
+    plan_shares of classes 0, -1 and -12; 4 micro-batches, the default 64 / 16, split 2/2/0 before
+    the floor, and taking rank 0's left the fastest box 1 against the slower one's 2."""
+    assert share_counts(4, [8, 7, 1]) == [2, 1, 1]
+    assert share_counts(4, [5, 4, 1]) == [2, 1, 1]
+    assert share_counts(4, [1, 7, 8]) == [1, 1, 2]
+    assert share_counts(4, [8, 8, 1]) == [2, 1, 1]  # equal weights: the lower rank keeps the more, as even
+    for world in range(2, 7):
+        for weights in itertools.product(range(1, 9), repeat=world) if world <= 3 else (
+                [1 + (r * 5 + world) % 8 for r in range(world)], [8] * (world - 1) + [1], [1] + [8] * (world - 1)):
+            for total in range(world, 3 * world + 3):
+                counts = share_counts(total, list(weights))
+                assert all(counts[a] >= counts[b] for a in range(world) for b in range(world)
+                           if weights[a] > weights[b]), (total, weights, counts)
 
 
 @pytest.mark.parametrize("shares", [[0, 1], [1, -2], [1.5, 1], [], [True, 1]])
