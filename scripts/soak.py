@@ -12,7 +12,8 @@ The bound of one data dir, in allocated bytes (what ``du`` counts; 4 KiB blocks)
   those since the committed checkpoint, or since the previous one when the commit lags), 320
   bytes and one index per sample of the global batch a step at most, plus the folded head:
   0.3 KB and one step's records a generation, 0.1 KB a digest kept (one a checkpoint and one a
-  generation, at most DIGESTS_KEPT);
+  generation, at most DIGESTS_KEPT); twice that while a fold rewrites it (the old file and the
+  new one are both on disk until the rename);
 - reports: the live file and REPORTS_KEPT sealed ones, REPORTS_ROTATE_BYTES and a record each;
 - views: VIEWS_KEPT files; other: checkpoint.json, final.pt (a checkpoint's size), the socket.
 
@@ -106,7 +107,7 @@ def bound(shape: Shape, step: int, generation: int, checkpoint_bytes: int) -> di
     return {
         "store": 2 * (LOG_ENTRIES * shape.entry_bytes + 2 * shape.state_bytes),
         "checkpoints": CHECKPOINTS_HELD * ckpt,
-        "ledger": blocks(ledger),
+        "ledger": 2 * blocks(ledger),  # the old file and the fold's new one, until its rename
         "reports": (local.REPORTS_KEPT + 1) * blocks(local.REPORTS_ROTATE_BYTES + 4096),
         "views": local.VIEWS_KEPT * BLOCK,
         "other": ckpt + 4 * BLOCK,
