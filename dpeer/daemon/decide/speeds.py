@@ -67,8 +67,10 @@ def worth_resharing(units: int, current: Sequence[int], planned: Sequence[int],
     must go even), else only if the planned split of a step's `units` (micro-batches, or samples in
     fast mode) cuts its predicted time by MIN_GAIN: a split that moves no unit is not worth a re-form."""
     known = [c for c in classes if c is not None]
-    if len(known) < len(classes) or len(current) not in (0, len(classes)) or units < 1:
+    if len(known) < len(classes):
         return True, "even shares while a member's speed is unknown"
+    if len(current) not in (0, len(classes)) or units < 1:
+        return True, f"no prediction for {len(current)} shares of {len(classes)} members over {units} units"
     before, after = step_time(units, current, known), step_time(units, planned, known)
     ratio = after / before
     if ratio <= 1 - MIN_GAIN:
