@@ -302,8 +302,8 @@ def _claims() -> list[tuple[str, str, Callable[[], tuple[str, ...]]]]:
         ("docs/operations.md", r"Presets `(\w+)` \(the\s+default\), `(\w+)` and `(\w+)`",
          lambda: (node.preset, *[p for p in LEADER_PRESETS if p != node.preset])),
         ("docs/operations.md", r"exactly \(up to (\d+) characters\)", lambda: (str(MAX_VALUE),)),
-        ("docs/operations.md", r"the median of its last (\d+) probe round\s+trips is under (\S+) ms, and turns \*far\* "
-         r"again only once that median is over (\S+) ms",
+        ("docs/operations.md", r"the smallest of its last (\d+) probe round\s+trips is under (\S+) ms, and turns \*far\* "
+         r"again only once that smallest is over (\S+) ms",
          lambda: (str(probe_rtt.RECENT), g(sites.NEAR_MS), g(sites.FAR_MS))),
         ("docs/recovery.md", r"quiet window \((\S+) s on `lan`\)", lambda: (g(LEADER_PRESETS["lan"].quiet_window),)),
         ("docs/recovery.md", r"backing off \((\S+) s doubling to (\S+) s on `lan`\)",

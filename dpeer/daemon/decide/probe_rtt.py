@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 MAX_OUTSTANDING = 1024
-RECENT = 8  # round trips kept per member for sites.near_peers' median
+RECENT = 16  # round trips kept per member for sites.near_peers' floor
 
 
 class ProbeTimes:

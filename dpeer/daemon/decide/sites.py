@@ -3,8 +3,10 @@
 A box's site is the one its config names (`site: lab-2`). A box that names none is placed by the
 round trips of SWIM's direct probes, in two steps:
 
-1. Each box judges its own links (`near_peers`): a peer is near when the median of the last
-   round trips to it is under NEAR_MS, far once that median is over FAR_MS; in between it keeps
+1. Each box judges its own links (`near_peers`) by their floor: a peer is near when the smallest
+   of the last round trips to it is under NEAR_MS, far once that floor is over FAR_MS (a busy
+   box or a full queue only adds to a round trip, never takes from it, so the floor is the
+   link's distance: a peer starved of CPU answers late but does not move away); in between it keeps
    what it was (hysteresis, so a link near the threshold does not flap), as it does while it
    has no round trip to the peer (after a restart, or while the peer is down). The box's member
    record carries the near peers, so the leader sees every box's links through the log.
@@ -18,7 +20,6 @@ most of its boxes had in the previous view, so a site's name holds while boxes c
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
@@ -26,10 +27,10 @@ from typing import Collection, Mapping, Sequence
 from dpeer.statemachine.state import ClusterState, MemberStatus
 from dpeer.view import valid_site
 
-NEAR_MS = 10.0  # a link whose median round trip is under this is near (one site)
+NEAR_MS = 10.0  # a link whose smallest recent round trip is under this is near (one site)
 FAR_MS = 20.0  # ... and far (another site) once over this; in between it stays as it was
 RULE = (f"a configured site wins; the others are grouped by single linkage: two boxes share a site when "
-        f"either one's median round trip to the other (recent probes) is under {NEAR_MS:g} ms (a near link "
+        f"either one's smallest round trip to the other (recent probes) is under {NEAR_MS:g} ms (a near link "
         f"turns far only over {FAR_MS:g} ms); a measured site is named auto- and its smallest node id, and "
         "keeps its name from view to view")
 AUTO = "auto-"  # the prefix of measured sites' names, which a configured site may not take
@@ -48,13 +49,13 @@ def site_problem(name: str) -> str:
 
 def near_peers(samples: Mapping[str, Sequence[float]], before: Collection[str],
                near_ms: float = NEAR_MS, far_ms: float = FAR_MS) -> tuple[str, ...]:
-    """The peers this box's links to are near, sorted: median round trip (ms) under near_ms, or
+    """The peers this box's links to are near, sorted: smallest recent round trip (ms) under near_ms, or
     at most far_ms for a peer that was near `before`. A peer with no sample keeps what it was (a
     restarted box has measured nothing yet, a dead peer answers nothing: neither is evidence)."""
     near = {peer for peer in before if not samples.get(peer)}
     for peer, rtts in samples.items():
-        median = statistics.median(rtts) if rtts else None
-        if median is not None and (median < near_ms or (peer in before and median <= far_ms)):
+        floor = min(rtts) if rtts else None
+        if floor is not None and (floor < near_ms or (peer in before and floor <= far_ms)):
             near.add(peer)
     return tuple(sorted(near))
 

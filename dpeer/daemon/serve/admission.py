@@ -100,12 +100,11 @@ class Admission:
             log.log(logging.WARNING if verdict.holding is Holding.HELD else logging.INFO,
                     "a box at %s claims node id %s under store %s (boot %s): %s", request.addr, request.node_id,
                     request.uid[:8], request.boot[:8] or "unknown", verdict.reason)
-        if verdict.holding is Holding.FREE:
-            self._claims.pop(key, None)
-            return
         if len(self._claims) >= MAX_CLAIMS:
             self._claims.clear()
         self._claims[key] = verdict.holding
+        if verdict.holding is Holding.FREE:
+            return
         raise (BadRequest if verdict.holding is Holding.HELD else Unavailable)(verdict.reason)
 
     async def _verdict(self, request: calls.JoinRequest) -> Verdict:

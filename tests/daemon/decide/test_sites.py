@@ -28,8 +28,10 @@ def test_a_configured_site_name(name: str, problem: str) -> None:
 
 @pytest.mark.parametrize("samples, before, near", [
     ({"b": [0.4, 0.5, 0.6], "c": [30.0, 31.0, 29.0]}, (), ("b",)),  # LAN and WAN
-    ({"b": [0.5, 0.5, 80.0]}, (), ("b",)),  # one slow probe does not move the median
-    ({"b": [15.0, 15.0, 15.0]}, (), ()),  # between the thresholds: far stays far
+    ({"b": [0.5, 0.5, 80.0]}, (), ("b",)),  # a slow probe does not move the floor
+    ({"b": [51.0, 75.0, 2.0, 60.0, 48.0]}, (), ("b",)),  # a peer starved of CPU: late answers, a near floor
+    ({"b": [30.0, 45.0, 31.0, 90.0]}, ("b",), ()),  # a WAN link: no probe comes back under 30 ms
+    ({"b": [15.0, 16.0, 15.0]}, (), ()),  # between the thresholds: far stays far
     ({"b": [15.0, 15.0, 15.0]}, ("b",), ("b",)),  # ... and near stays near
     ({"b": [NEAR_MS] * 3}, (), ()),  # the threshold itself is not under it
     ({"b": [FAR_MS] * 3}, ("b",), ("b",)),  # a near link turns far only over FAR_MS
