@@ -8,6 +8,7 @@ from dpeer.daemon.decide.sites import near_peers
 from dpeer.daemon.decide.speeds import speed_class
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.worker.supervisor import Worker
+from dpeer.statemachine.state import MemberStatus
 
 
 class ThisBox:
@@ -27,13 +28,17 @@ class ThisBox:
         return self.worker is None or self.worker.ready
 
     def site(self) -> tuple[str, tuple[str, ...]]:
-        """This box's configured site, or ("", the peers it measures near) when it names none."""
+        """This box's configured site, or ("", the peers it measures near) when it names none: of its
+        committed active members only (a peer committed dead or left links nothing, and kept, the
+        record would name every id ever measured near, for good: no sample keeps what was)."""
         if self.configured_site:
             return self.configured_site, ()
         node = self.node
-        me = node.reads.state.members.get(node.id)
-        samples = {n: rtts for n, rtts in node.probes.recent_ms().items() if n != node.id}
-        return "", near_peers(samples, me.near if me is not None else ())
+        members = node.reads.state.members
+        me = members.get(node.id)
+        active = {n for n, m in members.items() if m.status is MemberStatus.ACTIVE and n != node.id}
+        samples = {n: rtts for n, rtts in node.probes.recent_ms().items() if n in active}
+        return "", near_peers(samples, [n for n in me.near if n in active] if me is not None else ())
 
     def speed_class(self) -> int | None:
         """This box's speed class from its worker's latest speed, held near its committed class

@@ -35,3 +35,22 @@ def test_a_box_whose_split_is_even_tells_no_speed_class() -> None:
 def test_the_leader_plans_shares_over_micro_batches_in_exact_mode_and_samples_in_fast_mode() -> None:
     assert TrainingConfig(global_batch=64, micro_batch=16).step_units == 4
     assert TrainingConfig(global_batch=64, micro_batch=16, reduction="fast").step_units == 64
+
+
+def _measuring(members: dict[str, tuple[str, tuple[str, ...]]], samples: dict[str, list[float]]) -> ThisBox:
+    """A box n1 with no configured site: members maps a node id to (its committed status, its near)."""
+    from dpeer.statemachine.state import MemberStatus
+    state = SimpleNamespace(members={n: SimpleNamespace(status=MemberStatus(s), near=near)
+                                     for n, (s, near) in members.items()})
+    node = SimpleNamespace(id="n1", reads=SimpleNamespace(state=state),
+                           probes=SimpleNamespace(recent_ms=lambda: samples))
+    return ThisBox(node, None, "")  # type: ignore[arg-type]
+
+
+def test_the_box_s_near_peers_are_its_active_members_only() -> None:
+    """A peer committed dead or left, or never a member, is no link to judge: kept, the record named
+    every id the box ever measured near, for good (through restarts: no sample keeps what was)."""
+    box = _measuring({"n1": ("active", ("n2", "old")), "n2": ("active", ()), "old": ("dead", ()),
+                      "gone": ("left", ())}, {"n2": [1.0], "old": [1.0], "gone": [1.0], "stranger": [1.0]})
+    assert box.site() == ("", ("n2",))
+
