@@ -33,6 +33,7 @@ RULE = (f"a configured site wins; the others are grouped by single linkage: two 
         f"either one's smallest round trip to the other (recent probes) is under {NEAR_MS:g} ms (a near link "
         f"turns far only over {FAR_MS:g} ms); a measured site is named auto- and its smallest node id, and "
         "keeps its name from view to view")
+MAX_NEAR = 1024  # near peers a member record names (a join naming more is refused: serve/admission.py)
 AUTO = "auto-"  # the prefix of measured sites' names, which a configured site may not take
 MAX_CONFIGURED = 64  # characters of a configured site's name (a measured one may be longer: AUTO + a node id)
 
@@ -48,16 +49,18 @@ def site_problem(name: str) -> str:
 
 
 def near_peers(samples: Mapping[str, Sequence[float]], before: Collection[str],
-               near_ms: float = NEAR_MS, far_ms: float = FAR_MS) -> tuple[str, ...]:
+               near_ms: float = NEAR_MS, far_ms: float = FAR_MS, most: int = MAX_NEAR) -> tuple[str, ...]:
     """The peers this box's links to are near, sorted: smallest recent round trip (ms) under near_ms, or
     at most far_ms for a peer that was near `before`. A peer with no sample keeps what it was (a
-    restarted box has measured nothing yet, a dead peer answers nothing: neither is evidence)."""
+    restarted box has measured nothing yet, a dead peer answers nothing: neither is evidence). At
+    most `most` of them, the smallest ids (a record naming more is refused; the smallest ids are
+    the same on every box of a large site, so single linkage still joins it, whatever the jitter)."""
     near = {peer for peer in before if not samples.get(peer)}
     for peer, rtts in samples.items():
         floor = min(rtts) if rtts else None
         if floor is not None and (floor < near_ms or (peer in before and floor <= far_ms)):
             near.add(peer)
-    return tuple(sorted(near))
+    return tuple(sorted(near)[:most])
 
 
 @dataclass(frozen=True)

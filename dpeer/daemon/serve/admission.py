@@ -12,7 +12,7 @@ from typing import Callable
 
 from dpeer.daemon.config import NODE_ID_RULE, valid_node_id
 from dpeer.daemon.decide.proposals import NOBODY, Answer, Claim, Holding, Verdict, claim_verdict
-from dpeer.daemon.decide.sites import site_problem
+from dpeer.daemon.decide.sites import MAX_NEAR, site_problem
 from dpeer.daemon.node.driver import Node
 from dpeer.daemon.serve.forward import COMMAND_TIMEOUT
 from dpeer.errors import BadRequest, PeerError, Unavailable, Unreachable
@@ -27,7 +27,6 @@ log = logging.getLogger("dpeer.service")
 # How long the leader waits for a member record's address to say who answers there (a claim of its node id).
 PROBE_TIMEOUT = 2.0
 MAX_CLAIMS = 1024  # the claims whose last verdict was logged (so it is said once per change)
-MAX_NEAR = 1024  # near peers one join may name
 
 
 def check_id(value: str, what: str) -> None:

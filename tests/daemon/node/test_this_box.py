@@ -54,3 +54,16 @@ def test_the_box_s_near_peers_are_its_active_members_only() -> None:
                       "gone": ("left", ())}, {"n2": [1.0], "old": [1.0], "gone": [1.0], "stranger": [1.0]})
     assert box.site() == ("", ("n2",))
 
+
+def test_a_box_in_a_lan_of_thousands_names_no_more_near_peers_than_a_join_may() -> None:
+    """Over MAX_NEAR near peers the leader refuses the box's record (BadRequest), and after
+    REFUSALS_TO_STOP refusals the daemon stops itself: every box of a LAN of 1100 would."""
+    from dpeer.daemon.serve.admission import MAX_NEAR, check_site
+    from dpeer.transport.calls import JoinRequest
+    ids = [f"n{i}" for i in range(1, 1101)]
+    samples = {n: [0.5 + i / 1000] for i, n in enumerate(ids[1:])}
+    box = _measuring({n: ("active", ()) for n in ids}, samples)
+    site, near = box.site()
+    assert len(near) == MAX_NEAR and list(near) == sorted(near)
+    assert near == tuple(sorted(samples)[:MAX_NEAR])  # the smallest ids: the same on every box, whatever the jitter
+    check_site(JoinRequest(node_id="n1", addr="h:1", near=near))  # the leader takes it
