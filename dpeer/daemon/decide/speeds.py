@@ -65,12 +65,16 @@ def worth_resharing(units: int, current: Sequence[int], planned: Sequence[int],
     """Whether the same members should re-form with `planned` shares instead of `current` ones,
     with the reason: yes while any class is unknown (an older build splits evenly, so the shares
     must go even), else only if the planned split of a step's `units` (micro-batches, or samples in
-    fast mode) cuts its predicted time by MIN_GAIN: a split that moves no unit is not worth a re-form."""
+    fast mode) cuts its predicted time by MIN_GAIN: a split that moves no unit is not worth a re-form.
+    Yes too, unpredicted, where the current or the planned shares are not one per member (nor
+    even), or there are no units or no members."""
     known = [c for c in classes if c is not None]
     if len(known) < len(classes):
         return True, "even shares while a member's speed is unknown"
-    if len(current) not in (0, len(classes)) or units < 1:
-        return True, f"no prediction for {len(current)} shares of {len(classes)} members over {units} units"
+    odd = next((len(s) for s in (current, planned) if len(s) not in (0, len(classes))), None)
+    if odd is not None or units < 1 or not classes:
+        shares = len(current) if odd is None else odd
+        return True, f"no prediction for {shares} shares of {len(classes)} members over {units} units"
     before, after = step_time(units, current, known), step_time(units, planned, known)
     ratio = after / before
     if ratio <= 1 - MIN_GAIN:

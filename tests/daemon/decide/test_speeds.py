@@ -89,3 +89,14 @@ def test_a_change_of_the_shares_alone_is_worth_a_re_form_only_where_the_step_get
     got, reason = worth_resharing(units, current, planned, classes)
     assert got is worth and why in reason, reason
     assert MIN_GAIN == 0.1
+
+
+@pytest.mark.parametrize("current, planned", [
+    ((), (8, 8, 8)),  # planned shares of three members for two: the prediction zipped two of the three counts
+    ((8, 2), (8,)),
+    ((8, 2, 1), (8, 2)),  # ... current ones of another length too
+])
+def test_shares_of_another_length_than_the_members_get_no_prediction(
+        current: tuple[int, ...], planned: tuple[int, ...]) -> None:
+    worth, reason = worth_resharing(4, current, planned, [0, -4])
+    assert worth and "no prediction" in reason, reason
