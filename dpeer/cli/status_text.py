@@ -32,7 +32,10 @@ def member_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     weight in the group's split of a step ("even" when the view splits evenly)."""
     voters, learners = set(doc.get("voters", ())), set(doc.get("learners", ()))
     group = doc.get("group") or {}
-    ranks = {n: i for i, n in enumerate(group.get("members", ()))}
+    group = group if isinstance(group, dict) else {}
+    listed = group.get("members")
+    ids = type(listed) is list and all(type(n) is str for n in listed)
+    ranks = {n: i for i, n in enumerate(listed)} if ids else {}
     shares = _shares(group.get("shares"), len(ranks))
     step = committed_step(doc) if group else None
     rows = []
@@ -48,11 +51,13 @@ def member_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _shares(field: object, members: int) -> list | None:
     """The status field ``group.shares``: one weight per member in rank order, [] (or null) for an
-    even split; what is not of that shape (a daemon of another version) is None, shown as unknown
-    (never as "even", and never raised on)."""
+    even split; what is not of that shape (a daemon of another version: not a list, not one per
+    member, or not positive integer weights) is None, shown as unknown (never as "even", never
+    raised on, and no cell of it ends the table's row)."""
     if field is None or field == []:
         return []
-    return field if type(field) is list and len(field) == members else None
+    weights = type(field) is list and all(type(s) is int and s >= 1 for s in field)
+    return field if weights and len(field) == members else None
 
 
 def _cell(value: Any) -> str:

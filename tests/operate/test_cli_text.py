@@ -117,6 +117,23 @@ def test_the_speed_and_share_columns_of_a_status_of_another_shape_do_not_raise()
     assert [line.split()[-1] for line in members_table(member_rows(status))][1:3] == ["even", "even"]
 
 
+
+def test_share_weights_and_group_members_of_another_shape_show_unknown_and_do_not_raise() -> None:
+    status = doc(TRAINING, TRAIN, ["n1", "n2"])
+    # one entry per member, but not weights: a bool, a list, a line break that would end the row, 0
+    for shares in ([True, 4], [[8], 4], ["8\nn9 forged row", 4], [0, 4], [8.5, 4], [None, 4]):
+        status["group"]["shares"] = shares
+        table = members_table(member_rows(status))
+        assert len(table) == 5 and [line.split()[-1] for line in table][1:3] == ["-", "-"], (shares, table)
+    status["group"]["shares"] = [8, 4]
+    for members in (None, 5, [["n1"], "n2"], {"n1": 0}):  # group.members not a list of node ids
+        status["group"]["members"] = members
+        table = members_table(member_rows(status))
+        assert [line.split()[4] for line in table][1:] == ["-"] * 4, (members, table)  # RANK: not in a group
+    for group in ([1, 2], "n1", 7):  # a group that is no object
+        status["group"] = group
+        assert len(members_table(member_rows(status))) == 5
+
 def test_a_mistyped_command_gets_the_closest_one() -> None:
     cases = {("stauts",): "did you mean 'status'?", ("kv", "gte", "k"): "did you mean 'get'?",
              ("job", "pase"): "did you mean 'pause'?", ("membres", "--json"): "did you mean 'members'?",
