@@ -52,11 +52,13 @@ def near_peers(samples: Mapping[str, Sequence[float]], before: Collection[str],
                near_ms: float = NEAR_MS, far_ms: float = FAR_MS, most: int = MAX_NEAR) -> tuple[str, ...]:
     """The peers this box's links to are near, sorted: smallest recent round trip (ms) under near_ms, or
     at most far_ms for a peer that was near `before`. A peer with no sample keeps what it was (a
-    restarted box has measured nothing yet, a dead peer answers nothing: neither is evidence). At
-    most `most` of them, the smallest ids (a record naming more is refused; the smallest ids are
-    the same on every box of a large site, so single linkage still joins it, whatever the jitter)."""
-    near = {peer for peer in before if not samples.get(peer)}
-    for peer, rtts in samples.items():
+    restarted box has measured nothing yet, a dead peer answers nothing: neither is evidence; nor
+    is a sample that is no duration, NaN or below 0). At most `most` of them, the smallest ids (a
+    record naming more is refused; the smallest ids are the same on every box of a large site, so
+    single linkage still joins it, whatever the jitter)."""
+    durations = {peer: [r for r in rtts if r >= 0] for peer, rtts in samples.items()}  # not NaN, not < 0
+    near = {peer for peer in before if not durations.get(peer)}
+    for peer, rtts in durations.items():
         floor = min(rtts) if rtts else None
         if floor is not None and (floor < near_ms or (peer in before and floor <= far_ms)):
             near.add(peer)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from dpeer.daemon.decide.sites import (
@@ -44,6 +46,18 @@ def test_a_configured_site_name(name: str, problem: str) -> None:
 def test_near_peers_with_hysteresis(samples: dict, before: tuple, near: tuple) -> None:
     assert near_peers(samples, before) == near
 
+
+
+@pytest.mark.parametrize("samples, before, near", [
+    ({"b": [math.nan, 1.0]}, (), ("b",)),  # min() of a NaN first was NaN: the near link read far
+    ({"b": [1.0, math.nan]}, (), ("b",)),  # ... and near with the NaN last
+    ({"b": [math.nan, 30.0]}, ("b",), ()),
+    ({"b": [math.nan]}, ("b",), ("b",)),  # no real round trip: as it was
+    ({"b": [-5.0, 30.0]}, (), ()),  # no round trip takes less than nothing: not near of itself
+    ({"b": [math.inf, 30.0]}, ("b",), ()),  # an endless round trip is far
+])
+def test_round_trips_that_are_no_durations_are_no_evidence(samples: dict, before: tuple, near: tuple) -> None:
+    assert near_peers(samples, before) == near
 
 def test_a_link_that_flaps_around_the_threshold_is_judged_once() -> None:
     """Round trips swinging between 8 and 18 ms: once near, the box keeps saying so; a far one stays far."""
