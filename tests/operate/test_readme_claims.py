@@ -306,6 +306,8 @@ def _claims() -> list[tuple[str, str, Callable[[], tuple[str, ...]]]]:
          r"again only once that smallest is over (\S+) ms",
          lambda: (str(probe_rtt.RECENT), g(sites.NEAR_MS), g(sites.FAR_MS))),
         ("docs/operations.md", r"at most (\d+) of them, the smallest ids", lambda: (str(sites.MAX_NEAR),)),
+        ("CHANGELOG.md", r"the smallest of a link's last (\d+) round trips under\s+(\S+) ms links two boxes, over (\S+) ms",
+         lambda: (str(probe_rtt.RECENT), g(sites.NEAR_MS), g(sites.FAR_MS))),
         ("docs/recovery.md", r"quiet window \((\S+) s on `lan`\)", lambda: (g(LEADER_PRESETS["lan"].quiet_window),)),
         ("docs/recovery.md", r"backing off \((\S+) s doubling to (\S+) s on `lan`\)",
          lambda: (g(LEADER_PRESETS["lan"].failure_grace), g(failures.BACKOFF_CAP))),
