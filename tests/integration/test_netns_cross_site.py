@@ -5,6 +5,7 @@ step matches what the exact reduction sends for the model's size."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -14,6 +15,9 @@ import pytest
 import yaml
 
 from dpeer.chaos import netns
+from dpeer.transport.options import Security
+from dpeer.transport import calls
+from dpeer.transport.client import NodeClient
 from tests.integration.test_netns_partition import status, step_in_world, wait
 from tests.support.netns_boxes import Boxes
 
@@ -37,6 +41,25 @@ def counted(doc: dict) -> tuple[int, dict]:
     return doc["train"]["latest_step"], doc["cross_site_bytes"]
 
 
+async def _pause(addr: str) -> calls.JobControlReply:
+    async with NodeClient(addr, Security(), timeout=10.0) as client:
+        return await client.job_control("pause")
+
+
+def _settled(addr: str) -> tuple[int, dict] | None:
+    """The (step, bytes) reading of a paused box whose worker moved no byte and no step across two
+    of the counters' beats; None until then."""
+    readings = []
+    for _ in range(2):
+        doc = status(addr)
+        if not doc or doc.get("control") != "paused" or not doc.get("train"):
+            return None
+        readings.append(counted(doc))
+        time.sleep(0.6)  # one metrics beat between the two readings
+    (step0, bytes0), (step1, bytes1) = readings
+    return readings[1] if step0 == step1 and bytes0["worker"] == bytes1["worker"] else None
+
+
 def test_each_box_counts_the_bytes_its_daemon_and_worker_move_to_the_other_site(boxes: Boxes, tmp_path: Path):
     net = boxes.net
     conf = tmp_path / "dpeer.yaml"
@@ -51,8 +74,11 @@ def test_each_box_counts_the_bytes_its_daemon_and_worker_move_to_the_other_site(
 
     first = {i: counted(status(addrs[i])) for i in (1, 2)}
     wait("40 more steps", lambda: min(step_in_world(status(addrs[i]), 2) for i in (1, 2)) >= first[1][0] + 40)
-    time.sleep(1.0)  # the counters are read on the metrics' beat (0.5 s)
-    last = {i: counted(status(addrs[i])) for i in (1, 2)}
+    # the counters are read on the metrics' beat (0.5 s) while the step is current: a reading taken
+    # mid-training misses up to a beat of steps' bytes (0.79x of the wire's figure on a fast step).
+    # So the last reading is taken paused, once the worker's counts and the step held still.
+    assert asyncio.run(_pause(addrs[1])).accepted
+    last = {i: wait(f"n{i}'s worker paused, its counts settled", lambda i=i: _settled(addrs[i])) for i in (1, 2)}
     for i in (1, 2):
         (step0, bytes0), (step1, bytes1) = first[i], last[i]
         assert bytes1["daemon"]["sent"] > 0 and bytes1["daemon"]["received"] > 0, bytes1  # heartbeats, Raft
