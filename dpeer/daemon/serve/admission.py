@@ -108,10 +108,11 @@ class Admission:
 
     async def _verdict(self, request: calls.JoinRequest) -> Verdict:
         """The claim's verdict from what this node heard; when unsure, judged again with who answers
-        at the record's address."""
+        at the record's address. The join itself is no sighting: a node that got it while no leader
+        was known holds it and forwards it for up to COMMAND_TIMEOUT, so it may come from a process
+        that died since (and whose restart would then read as a later copy of it, refused for good);
+        only the claimant's own messages, and who answers at its address, tell that it lives."""
         node, now = self.node, self.node.clock()
-        up = request.up if request.boot else None
-        node.sightings.saw(request.node_id, request.uid, request.addr, now, request.boot, up)  # a sign of life too
         claim = Claim(request.node_id, request.uid, request.addr, request.boot)
         verdict = claim_verdict(node.reads.state, claim, node.sightings, node.windows, now)
         record = node.reads.state.members.get(request.node_id)

@@ -169,6 +169,21 @@ def test_a_restart_is_no_copy_to_a_node(leader) -> None:
         _hear(node, clock, OLD, HOME, COPY, up)
 
 
+def test_a_join_forwarded_late_from_a_dead_process_does_not_make_its_restart_a_copy(leader) -> None:
+    """A peer held n1's join while no leader was known and forwards it once one is: the process
+    that sent it (ORIG, 4 s old then) died meanwhile and n1 restarted (COPY). The leader, itself
+    restarted, never heard ORIG: the late join is refused (COPY answers at HOME) and COPY's
+    messages are not refused as a copy's (found by the house simulation, seed 929)."""
+    node, service, clock = leader
+    _hear(node, clock, OLD, HOME, COPY, 0.1)  # the restarted process, heard by its gossip
+    answers = _answering(service, HOME, OLD, COPY, 0.3)
+    with pytest.raises(BadRequest):
+        asyncio.run(service.join(_join(HOME, OLD, ORIG, 4.0)))  # the dead process's join, forwarded late
+    assert answers.asked == [HOME]
+    for up in (0.5, 0.7):
+        _hear(node, clock, OLD, HOME, COPY, up)  # not refused: no live process started before it
+
+
 def test_the_leaders_status_counts_a_voter_two_processes_answer_for_as_unheld(tmp_path: Path) -> None:
     clock = ManualClock()
     store = Store.open(tmp_path / "s", node_id="n0")
