@@ -117,7 +117,6 @@ def test_the_speed_and_share_columns_of_a_status_of_another_shape_do_not_raise()
     assert [line.split()[-1] for line in members_table(member_rows(status))][1:3] == ["even", "even"]
 
 
-
 def test_share_weights_and_group_members_of_another_shape_show_unknown_and_do_not_raise() -> None:
     status = doc(TRAINING, TRAIN, ["n1", "n2"])
     # one entry per member, but not weights: a bool, a list, a line break that would end the row, 0

@@ -47,7 +47,6 @@ def test_near_peers_with_hysteresis(samples: dict, before: tuple, near: tuple) -
     assert near_peers(samples, before) == near
 
 
-
 @pytest.mark.parametrize("samples, before, near", [
     ({"b": [math.nan, 1.0]}, (), ("b",)),  # min() of a NaN first was NaN: the near link read far
     ({"b": [1.0, math.nan]}, (), ("b",)),  # ... and near with the NaN last
@@ -58,6 +57,7 @@ def test_near_peers_with_hysteresis(samples: dict, before: tuple, near: tuple) -
 ])
 def test_round_trips_that_are_no_durations_are_no_evidence(samples: dict, before: tuple, near: tuple) -> None:
     assert near_peers(samples, before) == near
+
 
 def test_a_link_that_flaps_around_the_threshold_is_judged_once() -> None:
     """Round trips swinging between 8 and 18 ms: once near, the box keeps saying so; a far one stays far."""

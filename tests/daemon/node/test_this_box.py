@@ -1,5 +1,5 @@
 """ThisBox's speed class: from its worker's latest speed, held near the committed class (hysteresis);
-and the units of a step the leader plans shares over."""
+the units of a step the leader plans shares over; and the near peers its record names."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from types import SimpleNamespace
 
 from dpeer.daemon.config import TrainingConfig
 from dpeer.daemon.node.this_box import ThisBox
+from dpeer.daemon.serve.admission import MAX_NEAR, check_site
+from dpeer.statemachine.state import MemberStatus
+from dpeer.transport.calls import JoinRequest
 
 
 def _box(committed: int | None, speed: float | None, worker: bool = True, by_speed: bool = True) -> ThisBox:
@@ -39,7 +42,6 @@ def test_the_leader_plans_shares_over_micro_batches_in_exact_mode_and_samples_in
 
 def _measuring(members: dict[str, tuple[str, tuple[str, ...]]], samples: dict[str, list[float]]) -> ThisBox:
     """A box n1 with no configured site: members maps a node id to (its committed status, its near)."""
-    from dpeer.statemachine.state import MemberStatus
     state = SimpleNamespace(members={n: SimpleNamespace(status=MemberStatus(s), near=near)
                                      for n, (s, near) in members.items()})
     node = SimpleNamespace(id="n1", reads=SimpleNamespace(state=state),
@@ -58,8 +60,6 @@ def test_the_box_s_near_peers_are_its_active_members_only() -> None:
 def test_a_box_in_a_lan_of_thousands_names_no_more_near_peers_than_a_join_may() -> None:
     """Over MAX_NEAR near peers the leader refuses the box's record (BadRequest), and after
     REFUSALS_TO_STOP refusals the daemon stops itself: every box of a LAN of 1100 would."""
-    from dpeer.daemon.serve.admission import MAX_NEAR, check_site
-    from dpeer.transport.calls import JoinRequest
     ids = [f"n{i}" for i in range(1, 1101)]
     samples = {n: [0.5 + i / 1000] for i, n in enumerate(ids[1:])}
     box = _measuring({n: ("active", ()) for n in ids}, samples)
